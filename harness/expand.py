@@ -1,0 +1,414 @@
+"""Expand a validated :class:`Case` into concrete :class:`Instance` objects.
+
+Any of world_size, dtype, reduce_op, async, device, layout, shape, ``args`` values and
+``params`` values may be a list; the cross product becomes separate instances with readable
+ids such as ``gloo-ws4-bfloat16-max-async``. Axis-dependent checks (a per-rank map that does
+not match the world size, a root rank outside the world) happen here, still at collection.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from . import dtypes, ops
+from .errors import CaseFileError, ExprError
+from .expr import Expr, parse
+from .model import Case, Expectation, Fill, Instance, Override, Step, TensorSpec, Tolerance
+from .validate import KEYWORDS, expr_names
+
+DEFAULT_DEVICE = {"nccl": "cuda", "gloo": "cpu", "mpi": "cpu", "ucc": "cpu"}
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _is_shape_axis(shape: Any) -> bool:
+    return isinstance(shape, list) and bool(shape) and all(isinstance(s, list) for s in shape)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "T" if value else "F"
+    if isinstance(value, list):
+        return ".".join(_fmt(v) for v in value)
+    return str(value).replace(" ", "")
+
+
+def parse_fill(case: Case, raw: Any) -> Fill:
+    """Turn a raw YAML fill into a :class:`Fill` (expressions parsed, not evaluated)."""
+    if isinstance(raw, dict) and "generator" in raw:
+        params = {k: v for k, v in raw.items() if k != "generator"}
+        return Fill("generator", (raw["generator"], tuple(sorted(params.items()))))
+    if isinstance(raw, dict):
+        return Fill("per_rank", {k: parse_fill(case, v) for k, v in raw.items()})
+    if isinstance(raw, str):
+        if raw in KEYWORDS:
+            return Fill(raw)  # type: ignore[arg-type]
+        return Fill("expr", parse(raw, (*expr_names(case), "i")))
+    return Fill("list", raw)
+
+
+def _list_shape(value: Any) -> tuple[int, ...] | None:
+    if not isinstance(value, list):
+        return None
+    if not value:
+        return (0,)
+    inner = _list_shape(value[0])
+    if inner is None:
+        return (len(value),)
+    return (len(value), *inner)
+
+
+class _Expander:
+    def __init__(self, case: Case, backend: str) -> None:
+        self.case = case
+        self.raw = case.raw
+        self.backend = backend
+        self.op = ops.get(self.raw["op"]) if "op" in self.raw else None
+        self.step_ops = [ops.get(s["op"]) for s in self.raw.get("steps", []) if "op" in s]
+        self.all_ops = [self.op] if self.op else self.step_ops
+
+    # -- axes ------------------------------------------------------------------------------
+    def axes(self) -> list[tuple[str, str, list[Any]]]:
+        """(axis name, id prefix, values) in id order."""
+        raw = self.raw
+        out: list[tuple[str, str, list[Any]]] = [
+            ("world_size", "ws", _as_list(raw.get("world_size", 2))),
+            ("dtype", "", [dtypes.canonical(d) for d in _as_list(raw.get("dtype", "float32"))]),
+        ]
+        if any(o.reduces for o in self.all_ops):
+            out.append(("reduce_op", "", _as_list(raw.get("reduce_op", "sum"))))
+        if any(o.supports_async and o.name not in ops.ALWAYS_ASYNC for o in self.all_ops):
+            out.append(("async", "", _as_list(raw.get("async", False))))
+        out.append(("device", "", _as_list(raw.get("device", "default"))))
+        out.append(("layout", "", _as_list(raw.get("layout", "contiguous"))))
+        shape = raw.get("shape")
+        if _is_shape_axis(shape):
+            out.append(("shape", "shape", shape))
+        for key in ("src", "dst", "group"):
+            value = raw.get("args", {}).get(key)
+            if value is None:
+                continue
+            axis = value if (isinstance(value, list) and (key != "group" or isinstance(
+                value[0], list))) else [value]
+            out.append((f"args.{key}", key, axis))
+        for key, value in raw.get("params", {}).items():
+            out.append((f"params.{key}", key, _as_list(value)))
+        return out
+
+    def id_for(self, point: dict[str, Any], axes: list[tuple[str, str, list[Any]]]) -> str:
+        parts = [self.backend]
+        for name, prefix, values in axes:
+            v = point[name]
+            if name == "async":
+                parts.append("async" if v else "sync")
+            elif name in ("device", "layout") and len(values) == 1 and v in ("default",
+                                                                           "contiguous"):
+                continue
+            elif name in ("shape",) or name.startswith(("args.", "params.")):
+                if len(values) > 1 or name.startswith("args."):
+                    parts.append(f"{prefix}{_fmt(v)}")
+            else:
+                parts.append(f"{prefix}{_fmt(v)}")
+        return "-".join(parts)
+
+    # -- one instance ----------------------------------------------------------------------
+    def instance(self, point: dict[str, Any], inst_id: str) -> Instance:
+        raw, case = self.raw, self.case
+        ws: int = point["world_size"]
+        params = {k.split(".", 1)[1]: v for k, v in point.items() if k.startswith("params.")}
+        env = {"world_size": ws, **params}
+        device = point["device"]
+        if device == "default":
+            device = DEFAULT_DEVICE.get(self.backend, "cpu")
+        if self.op is not None:
+            tensors, steps, expected, shorthand = self._shorthand(point, env)
+        else:
+            tensors, steps, expected = self._program(point, env)
+            shorthand = None
+        main = self.all_ops[0]
+        expectation = Expectation()
+        if raw.get("raises"):
+            r = raw["raises"]
+            expectation = (Expectation("raises", match=r) if isinstance(r, str) else
+                           Expectation("raises", match=r["match"],
+                                       ranks=tuple(r.get("ranks", [])) or None))
+        elif raw.get("hangs"):
+            expectation = Expectation("hangs")
+        elif raw.get("crashes"):
+            expectation = Expectation("crashes")
+        tol = raw.get("tolerance")
+        marks = [*raw.get("marks", []), main.name, main.family]
+        return Instance(
+            file=case.file, line=case.line, case=case.name, id=inst_id,
+            description=case.description, backend=self.backend, device=device, world_size=ws,
+            dtype=point["dtype"], op=main.name, family=main.family,
+            reduce_op=point.get("reduce_op"), async_op=bool(point.get("async", False)),
+            params=tuple(sorted(params.items())),
+            axes=tuple((k, _jsonish(v)) for k, v in point.items()),
+            tensors=tensors, steps=steps, expected=expected, shorthand=shorthand,
+            tolerance=Tolerance(**tol) if tol else None, expectation=expectation,
+            overrides=self._overrides(), deadline=raw.get("deadline"),
+            isolate=bool(raw.get("isolate") or raw.get("hangs") or raw.get("crashes")),
+            marks=tuple(dict.fromkeys(marks)),
+            premul_factor=float(raw.get("args", {}).get("premul_factor", 2.0)),
+        )
+
+    def _eval_shape(self, shape: list[Any], env: dict[str, Any], path: tuple[Any, ...]
+                    ) -> tuple[int, ...]:
+        out: list[int] = []
+        for i, dim in enumerate(shape):
+            if isinstance(dim, str):
+                try:
+                    dim = parse(dim, tuple(env))(env)
+                except (ExprError, KeyError) as exc:
+                    raise self.case.error((*path, i), f"bad shape expression: {exc}") from None
+            if not isinstance(dim, int) or dim < 0:
+                raise self.case.error((*path, i), f"shape entries must be whole numbers >= 0, "
+                                      f"got {dim!r}")
+            out.append(dim)
+        return tuple(out)
+
+    def _check_ranks(self, fill: Fill, ws: int, path: tuple[Any, ...], what: str) -> None:
+        if fill.kind != "per_rank":
+            return
+        keys = fill.data
+        bad = sorted(k for k in keys if k != "others" and int(k) >= ws)
+        if bad:
+            raise self.case.error(path, f"{what} names rank {bad[0]} but world_size is {ws}",
+                                  f"ranks run 0..{ws - 1}; limit world_size or drop rank {bad[0]}")
+        missing = [r for r in range(ws) if r not in keys]
+        if missing and "others" not in keys:
+            raise self.case.error(path, f"{what} gives no value for rank(s) "
+                                  f"{', '.join(map(str, missing))} at world_size {ws}",
+                                  "add them, or an 'others:' entry")
+
+    def _root_args(self, point: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
+        args: dict[str, Any] = {}
+        ws = point["world_size"]
+        for key in ("src", "dst", "group"):
+            if f"args.{key}" in point:
+                value = point[f"args.{key}"]
+                if isinstance(value, str):
+                    value = parse(value, tuple(env))(env)
+                ranks = value if isinstance(value, list) else [value]
+                if any(not isinstance(r, int) or r >= ws or r < 0 for r in ranks):
+                    raise self.case.error(("args", key), f"{key}={value!r} is outside "
+                                          f"world_size {ws}", f"ranks run 0..{ws - 1}")
+                args[key] = tuple(value) if isinstance(value, list) else value
+        if "tag" in self.raw.get("args", {}):
+            args["tag"] = self.raw["args"]["tag"]
+        return args
+
+    def _shorthand(self, point: dict[str, Any], env: dict[str, Any]
+                   ) -> tuple[tuple[TensorSpec, ...], tuple[Step, ...], tuple[tuple[str, Fill], ...],
+                              tuple[str, str] | None]:
+        assert self.op is not None
+        op, raw, ws = self.op, self.raw, point["world_size"]
+        args = self._root_args(point, env)
+        group = args.pop("group", None)
+        tensors: list[TensorSpec] = []
+        expected: list[tuple[str, Fill]] = []
+        bufs: list[tuple[str, str]] = []
+        shorthand: tuple[str, str] | None = None
+        if op.in_role:
+            init = parse_fill(self.case, raw["input"])
+            self._check_ranks(init, ws, ("input",), "input")
+            in_shape = self._input_shape(point, env, init)
+            in_name = "input"
+            out_name = "input" if op.out_role == op.in_role else "output"
+            tensors.append(TensorSpec(in_name, in_shape, point["dtype"], init, point["layout"]))
+            bufs.append((op.in_role, in_name))
+            if out_name != in_name:
+                out_shape = op.out_shape(in_shape, ws) if in_shape is not None else None
+                tensors.append(TensorSpec(out_name, out_shape, point["dtype"], Fill("poison"),
+                                          point["layout"]))
+                bufs.append((op.out_role, out_name))
+                expected.append((in_name, Fill("unchanged")))
+            exp = parse_fill(self.case, raw.get("expected", "auto"))
+            self._check_ranks(exp, ws, ("expected",), "expected")
+            expected.insert(0, (out_name, exp))
+            shorthand = (in_name, out_name)
+        step_args = tuple(sorted(args.items()))
+        if group is not None:
+            step_args = (*step_args, ("group", group))
+        step = Step(kind="op", line=self.case.line, op=op.name, bufs=tuple(bufs), args=step_args,
+                    ranks=tuple(group) if group is not None else None,
+                    async_op=bool(point.get("async", False)) or op.name in ops.ALWAYS_ASYNC)
+        return tuple(tensors), (step,), tuple(expected), shorthand
+
+    def _input_shape(self, point: dict[str, Any], env: dict[str, Any], init: Fill
+                     ) -> tuple[int, ...] | None:
+        if "shape" in point:
+            return self._eval_shape(point["shape"], env, ("shape",))
+        if "shape" in self.raw:
+            return self._eval_shape(self.raw["shape"], env, ("shape",))
+        shapes = {_list_shape(init.for_rank(r).data) for r in range(point["world_size"])
+                  if init.for_rank(r).kind == "list"}
+        shapes.discard(None)
+        if len(shapes) > 1:
+            raise self.case.error(("input",), "per-rank inputs have different shapes "
+                                  f"{sorted(shapes)}", "collectives need one shape on all ranks")
+        if not shapes:
+            raise self.case.error(("name",), "cannot tell the input's shape",
+                                  "add 'shape: [N]' (needed with expressions and generators)")
+        return shapes.pop()
+
+    def _program(self, point: dict[str, Any], env: dict[str, Any]
+                 ) -> tuple[tuple[TensorSpec, ...], tuple[Step, ...], tuple[tuple[str, Fill], ...]]:
+        raw, ws = self.raw, point["world_size"]
+        names = (*expr_names(self.case),)
+        tensors: list[TensorSpec] = []
+        for name, spec in raw["tensors"].items():
+            init = parse_fill(self.case, spec["init"])
+            self._check_ranks(init, ws, ("tensors", name, "init"), f"tensors.{name}.init")
+            shape = (self._eval_shape(spec["shape"], env, ("tensors", name, "shape"))
+                     if "shape" in spec else None)
+            dtype = dtypes.canonical(spec["dtype"]) if "dtype" in spec else point["dtype"]
+            if dtype is None:
+                raise self.case.error(("tensors", name, "dtype"), f"unknown dtype {spec['dtype']!r}")
+            tensors.append(TensorSpec(name, shape, dtype, init,
+                                      spec.get("layout", point["layout"])))
+        steps: list[Step] = []
+        for idx, s in enumerate(raw["steps"]):
+            line = self.case.doc.pos((*self.case.origin["steps"], idx)).line
+            ranks: tuple[int, ...] | Expr | None = None
+            if "ranks" in s:
+                r = s["ranks"]
+                ranks = parse(r, names) if isinstance(r, str) else tuple(_as_list(r))
+                if isinstance(ranks, tuple) and any(x >= ws for x in ranks):
+                    raise self.case.error(("steps", idx, "ranks"), f"ranks {list(ranks)} "
+                                          f"outside world_size {ws}")
+            if "op" in s:
+                op = ops.get(s["op"])
+                bufs = tuple((role.name, s[role.name]) for role in op.roles)
+                args: list[tuple[str, Any]] = []
+                for key in ("src", "dst", "tag"):
+                    if key in s:
+                        v = s[key]
+                        args.append((key, parse(v, names) if isinstance(v, str) else v))
+                if "group" in s:
+                    args.append(("group", tuple(s["group"])))
+                asy = s.get("async", bool(point.get("async", False))) or op.name in ops.ALWAYS_ASYNC
+                steps.append(Step("op", line, op=op.name, bufs=bufs, args=tuple(args),
+                                  ranks=ranks, async_op=asy, handle=s.get("handle")))
+            elif "wait" in s:
+                steps.append(Step("wait", line, ranks=ranks, waits=tuple(_as_list(s["wait"]))))
+            else:
+                kind = next(k for k in ("sleep", "sync", "raise", "abort", "exit") if k in s)
+                steps.append(Step(kind, line, ranks=ranks, value=s[kind]))
+        expected: list[tuple[str, Fill]] = []
+        for tname, fill_raw in raw.get("expected", {}).items():
+            fill = parse_fill(self.case, fill_raw)
+            self._check_ranks(fill, ws, ("expected", tname), f"expected.{tname}")
+            expected.append((tname, fill))
+        return tuple(tensors), tuple(steps), tuple(expected)
+
+    def _overrides(self) -> tuple[Override, ...]:
+        out: list[Override] = []
+        for i, o in enumerate(self.raw.get("overrides", [])):
+            when = o.get("when", {})
+            conds = tuple(sorted((k, tuple(_as_list(v))) for k, v in when.items()
+                                 if k not in ("torch", "params", "args")))
+            conds += tuple((f"params.{k}", tuple(_as_list(v)))
+                           for k, v in when.get("params", {}).items())
+            conds += tuple((f"args.{k}", tuple(_as_list(v))) for k, v in when.get("args", {}).items())
+            patch = tuple((k, v) for k, v in o.items() if k not in ("when", "reason", "issue"))
+            line = self.case.doc.pos((*self.case.origin["overrides"], i)).line
+            out.append(Override(conds, when.get("torch", ""), patch, o["reason"],
+                                o.get("issue", ""), line))
+        return tuple(out)
+
+
+def _jsonish(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def expand(case: Case, backend: str) -> list[Instance]:
+    """All instances of ``case`` for ``backend``; raises CaseFileError on axis conflicts."""
+    if "backends" in case.raw and backend not in case.raw["backends"]:
+        return []
+    ex = _Expander(case, backend)
+    axes = ex.axes()
+    out: list[Instance] = []
+    seen: set[str] = set()
+    for values in itertools.product(*(v for _, _, v in axes)):
+        point = {name: v for (name, _, _), v in zip(axes, values, strict=True)}
+        inst_id = ex.id_for(point, axes)
+        if inst_id in seen:
+            raise case.error(("name",), f"two points of the matrix get the same id {inst_id!r}",
+                             "an axis lists the same value twice")
+        seen.add(inst_id)
+        try:
+            out.append(ex.instance(point, inst_id))
+        except ExprError as exc:
+            raise case.error(("name",), f"at {inst_id}: {exc}") from None
+    return out
+
+
+def override_applies(o: Override, inst: Instance, torch_version: str) -> bool:
+    """Whether override ``o`` matches ``inst`` on this torch version."""
+    axes = dict(inst.axes)
+    axes["backend"] = inst.backend
+    axes["device"] = inst.device
+    for key, allowed in o.when:
+        have = axes.get(key)
+        if key == "dtype":
+            allowed = tuple(dtypes.canonical(a) or a for a in allowed)
+        if have not in allowed and not (isinstance(have, list) and tuple(have) in allowed):
+            return False
+    if o.torch:
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
+
+        base = Version(torch_version.split("+")[0])
+        if base not in SpecifierSet(o.torch, prereleases=True):
+            return False
+    return True
+
+
+def resolve(inst: Instance, torch_version: str) -> Instance:
+    """Apply the instance's matching overrides (later ones win) to its expectation."""
+    from dataclasses import replace
+
+    exp, tol, expected = inst.expectation, inst.tolerance, inst.expected
+    for o in inst.overrides:
+        if not override_applies(o, inst, torch_version):
+            continue
+        patch = dict(o.patch)
+        reason = o.reason + (f" ({o.issue})" if o.issue else "")
+        if patch.get("skip"):
+            exp = replace(exp, skip=reason)
+        if patch.get("xfail"):
+            exp = replace(exp, xfail=reason)
+        if "raises" in patch:
+            r = patch["raises"]
+            exp = replace(exp, kind="raises", match=r if isinstance(r, str) else r["match"],
+                          ranks=None if isinstance(r, str) else tuple(r.get("ranks", [])) or None,
+                          reason=reason)
+        if patch.get("hangs"):
+            exp = replace(exp, kind="hangs", reason=reason)
+        if patch.get("crashes"):
+            exp = replace(exp, kind="crashes", reason=reason)
+        if "tolerance" in patch:
+            tol = Tolerance(**patch["tolerance"])
+        if "expected" in patch and inst.shorthand:
+            out_name = inst.shorthand[1]
+            expected = tuple((n, _override_fill(patch["expected"]) if n == out_name else f)
+                             for n, f in expected)
+    return replace(inst, expectation=exp, tolerance=tol, expected=expected)
+
+
+def _override_fill(raw: Any) -> Fill:
+    if isinstance(raw, str) and raw in KEYWORDS:
+        return Fill(raw)  # type: ignore[arg-type]
+    if isinstance(raw, dict):
+        return Fill("per_rank", {k: _override_fill(v) for k, v in raw.items()})
+    if isinstance(raw, str):
+        return Fill("expr", parse(raw, ("rank", "world_size", "i")))
+    return Fill("list", raw)
+
+
+__all__ = ["CaseFileError", "expand", "parse_fill", "resolve"]

@@ -1,0 +1,205 @@
+"""A whitelisting evaluator for the small expressions case files may contain.
+
+Case files can come from untrusted pull requests and run on expensive GPU runners, so nothing in
+them reaches ``eval``. An expression is parsed with :mod:`ast`, checked against a whitelist
+(arithmetic, comparisons, ``x if c else y``, a few pure functions, and names the caller
+provides) at load time, and evaluated by walking the tree. The same tree evaluates over Python
+ints (for op arguments such as ``dst: (rank + 1) % world_size``) and over torch tensors (for
+element values over the flat index ``i``), because it only uses operators both support.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ExprError
+
+MAX_LENGTH = 400
+MAX_NODES = 200
+MAX_POW_EXPONENT = 128
+MAX_INT_BITS = 128
+
+_BINOPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.BitAnd: operator.and_,
+    ast.BitOr: operator.or_,
+    ast.BitXor: operator.xor,
+    ast.LShift: operator.lshift,
+    ast.RShift: operator.rshift,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+    ast.Invert: operator.invert,
+}
+_CMP: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+}
+
+
+def _is_tensor(x: Any) -> bool:
+    return hasattr(x, "dtype") and hasattr(x, "shape")
+
+
+def _where(cond: Any, a: Any, b: Any) -> Any:
+    if _is_tensor(cond) or _is_tensor(a) or _is_tensor(b):
+        import torch
+
+        def as_t(v: Any) -> Any:
+            return v if _is_tensor(v) else torch.tensor(v)
+
+        return torch.where(as_t(cond).bool(), as_t(a), as_t(b))
+    return a if cond else b
+
+
+def _min(a: Any, b: Any) -> Any:
+    if _is_tensor(a) or _is_tensor(b):
+        import torch
+
+        return torch.minimum(torch.as_tensor(a), torch.as_tensor(b))
+    return min(a, b)
+
+
+def _max(a: Any, b: Any) -> Any:
+    if _is_tensor(a) or _is_tensor(b):
+        import torch
+
+        return torch.maximum(torch.as_tensor(a), torch.as_tensor(b))
+    return max(a, b)
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "where": _where,
+    "min": _min,
+    "max": _max,
+    "abs": abs,
+}
+
+_ALLOWED_NODES = (
+    ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.IfExp, ast.BoolOp, ast.Name,
+    ast.Constant, ast.Call, ast.Load, ast.And, ast.Or, ast.Not,
+    *_BINOPS, *_UNARY, *_CMP,
+)
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A parsed, whitelisted expression; ``names`` are the free variables it uses."""
+
+    source: str
+    tree: ast.Expression
+    names: frozenset[str]
+
+    def __call__(self, env: Mapping[str, Any]) -> Any:
+        return _eval(self.tree.body, env)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rank processes receive the source and re-parse it: ASTs pickle, but this keeps the
+        # wire format small and re-checks the whitelist on the receiving side.
+        return (parse, (self.source, sorted(self.names)))
+
+
+def parse(source: str, allowed_names: Iterable[str]) -> Expr:
+    """Parse ``source`` and check it only uses whitelisted syntax and ``allowed_names``."""
+    allowed = set(allowed_names)
+    if len(source) > MAX_LENGTH:
+        raise ExprError(f"expression is longer than {MAX_LENGTH} characters")
+    try:
+        tree = ast.parse(source.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ExprError(f"not a valid expression: {exc.msg}") from None
+    nodes = list(ast.walk(tree))
+    if len(nodes) > MAX_NODES:
+        raise ExprError(f"expression has more than {MAX_NODES} parts")
+    used: set[str] = set()
+    for node in nodes:
+        if not isinstance(node, _ALLOWED_NODES):
+            raise ExprError(f"{type(node).__name__} is not allowed in expressions "
+                            "(only arithmetic, comparisons, 'x if c else y' and "
+                            f"{', '.join(sorted(FUNCTIONS))})")
+        if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float, bool)):
+            raise ExprError(f"constant {node.value!r} is not a number")
+        if isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+                raise ExprError("only these functions may be called: "
+                                + ", ".join(sorted(FUNCTIONS)))
+            if node.keywords:
+                raise ExprError("keyword arguments are not allowed in expressions")
+        if isinstance(node, ast.Name) and not _is_callee(tree, node):
+            if node.id not in allowed:
+                raise ExprError(f"unknown name {node.id!r}; available here: "
+                                + ", ".join(sorted(allowed)))
+            used.add(node.id)
+    return Expr(source, tree, frozenset(used))
+
+
+def _is_callee(tree: ast.AST, name: ast.Name) -> bool:
+    return any(isinstance(n, ast.Call) and n.func is name for n in ast.walk(tree))
+
+
+def _check_int(value: Any) -> Any:
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise ExprError(f"integer result exceeds {MAX_INT_BITS} bits")
+    return value
+
+
+def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return env[node.id]
+    if isinstance(node, ast.BinOp):
+        left, right = _eval(node.left, env), _eval(node.right, env)
+        if isinstance(node.op, ast.Pow) and not _is_tensor(right) and abs(right) > MAX_POW_EXPONENT:
+            raise ExprError(f"exponent {right} is larger than {MAX_POW_EXPONENT}")
+        if isinstance(node.op, ast.LShift) and not _is_tensor(right) and right > MAX_INT_BITS:
+            raise ExprError(f"shift {right} is larger than {MAX_INT_BITS}")
+        try:
+            return _check_int(_BINOPS[type(node.op)](left, right))
+        except ZeroDivisionError:
+            raise ExprError("division by zero") from None
+    if isinstance(node, ast.UnaryOp):
+        operand = _eval(node.operand, env)
+        if isinstance(node.op, ast.Not):
+            return ~operand.bool() if _is_tensor(operand) else not operand
+        return _UNARY[type(node.op)](operand)
+    if isinstance(node, ast.Compare):
+        result: Any = None
+        left = _eval(node.left, env)
+        for op, comp in zip(node.ops, node.comparators, strict=True):
+            right = _eval(comp, env)
+            part = _CMP[type(op)](left, right)
+            result = part if result is None else result & part
+            left = right
+        return result
+    if isinstance(node, ast.BoolOp):
+        values = [_eval(v, env) for v in node.values]
+        if any(_is_tensor(v) for v in values):
+            out = values[0]
+            for v in values[1:]:
+                out = (out & v) if isinstance(node.op, ast.And) else (out | v)
+            return out
+        if isinstance(node.op, ast.And):
+            return all(values)
+        return any(values)
+    if isinstance(node, ast.IfExp):
+        return _where(_eval(node.test, env), _eval(node.body, env), _eval(node.orelse, env))
+    if isinstance(node, ast.Call):
+        assert isinstance(node.func, ast.Name)
+        return FUNCTIONS[node.func.id](*(_eval(a, env) for a in node.args))
+    raise ExprError(f"{type(node).__name__} is not allowed")  # unreachable after parse()

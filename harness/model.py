@@ -1,0 +1,251 @@
+"""Records that flow between pipeline stages.
+
+Parent side: :class:`Case` (validated YAML) -> :class:`Instance` (one concrete test).
+Rank side: :class:`Instance` in, :class:`RankResult` out. Parent again:
+:class:`InstanceResult` (the verdict), then the report record (a plain dict, see
+``harness.report``). Everything here pickles cleanly and imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .expr import Expr
+
+FillKind = Literal["list", "expr", "generator", "poison", "zeros", "per_rank", "unspecified",
+                   "unchanged", "auto"]
+
+
+@dataclass(frozen=True)
+class Fill:
+    """How to fill (inputs) or what to expect in (expectations) a tensor on one rank.
+
+    ``list``: nested list in ``data``; ``expr``: an :class:`Expr` over ``i`` in ``data``;
+    ``generator``: ``data = (name, params)``; ``per_rank``: ``data`` maps rank (or
+    ``"others"``) to a Fill; ``poison``/``zeros``: fixed patterns; ``unspecified``: the
+    contract says nothing; ``unchanged``: must equal its pre-op contents; ``auto``: the op's
+    reference model.
+    """
+
+    kind: FillKind
+    data: Any = None
+
+    def for_rank(self, rank: int) -> Fill:
+        """Resolve a per-rank map down to this rank's fill (``unspecified`` if not given)."""
+        if self.kind != "per_rank":
+            return self
+        table: dict[Any, Fill] = self.data
+        if rank in table:
+            return table[rank].for_rank(rank)
+        if "others" in table:
+            return table["others"].for_rank(rank)
+        return Fill("unspecified")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A named buffer of the program, created on every rank before the first step."""
+
+    name: str
+    shape: tuple[int | Expr, ...] | None  # None: taken from the explicit values
+    dtype: str
+    init: Fill
+    layout: str = "contiguous"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a rank program.
+
+    ``kind`` is ``op`` (call ``op`` with ``bufs`` role->tensor name and ``args``), ``wait``
+    (wait on ``waits`` handles), ``sleep`` (``value`` seconds on the host), ``sync``
+    (device synchronize), or a deliberate fault used to test the harness and to document
+    failure modes: ``raise`` (message), ``abort``, ``exit`` (code).
+    """
+
+    kind: str
+    line: int
+    op: str | None = None
+    bufs: tuple[tuple[str, str], ...] = ()
+    args: tuple[tuple[str, Any], ...] = ()  # values: int/float/str/list or Expr
+    ranks: tuple[int, ...] | Expr | None = None  # None: every rank
+    async_op: bool = False
+    handle: str | None = None
+    waits: tuple[str, ...] = ()
+    value: Any = None
+
+    def describe(self) -> str:
+        if self.kind == "op":
+            return f"{self.op}(" + ", ".join(f"{k}={v}" for k, v in self.bufs) + ")"
+        if self.kind == "wait":
+            return "wait(" + ", ".join(self.waits) + ")"
+        return f"{self.kind}({self.value!r})" if self.value is not None else self.kind
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float = 0.0
+    rtol: float = 0.0
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What the instance must do: ``pass`` (values match), or fail in a declared way."""
+
+    kind: Literal["pass", "raises", "hangs", "crashes"] = "pass"
+    match: str = ""  # regex for ``raises``, searched in "ExcType: message"
+    ranks: tuple[int, ...] | None = None  # ranks that must raise (None: at least one)
+    xfail: str = ""  # non-empty: a known divergence; failing is expected (reason)
+    skip: str = ""  # non-empty: skipped with this reason
+    reason: str = ""  # why the expectation differs from the contract (from an override)
+
+
+@dataclass(frozen=True)
+class Override:
+    """A per-backend / per-torch-version change of the expectation, with a reason."""
+
+    when: tuple[tuple[str, tuple[Any, ...]], ...]
+    torch: str  # a version specifier, "" for any
+    patch: tuple[tuple[str, Any], ...]
+    reason: str
+    issue: str
+    line: int
+
+
+@dataclass(frozen=True)
+class Case:
+    """A validated case, before matrix expansion.
+
+    ``raw`` is the schema-valid mapping with file defaults merged in; ``origin`` maps each of
+    its top-level keys to the document path it came from (the case itself or ``defaults``),
+    so later stages can point errors at the right line.
+    """
+
+    file: str  # path as shown to the user (relative to rootdir)
+    line: int
+    name: str
+    description: str
+    raw: dict[str, Any]
+    origin: dict[str, tuple[str | int, ...]]
+    doc: Any  # the harness.yamlload.Document, for positions
+
+    def error(self, path: tuple[str | int, ...], message: str, hint: str = "") -> Exception:
+        """A CaseFileError pointing at ``path`` (a path inside this case's mapping)."""
+        base = self.origin.get(str(path[0]), ()) if path else ()
+        full = (*base, *path[1:]) if path else base
+        return self.doc.error(full, message, hint)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One concrete test: a case at one point of its matrix."""
+
+    file: str
+    line: int
+    case: str
+    id: str  # the bracket part of the test id: gloo-ws2-float32-sum-sync
+    description: str
+    backend: str
+    device: str  # "cpu" or "cuda"
+    world_size: int
+    dtype: str
+    op: str  # the main op (first op step), for reports
+    family: str
+    reduce_op: str | None
+    async_op: bool
+    params: tuple[tuple[str, Any], ...]
+    axes: tuple[tuple[str, Any], ...]  # every axis value, for reports and baselines
+    tensors: tuple[TensorSpec, ...]
+    steps: tuple[Step, ...]
+    expected: tuple[tuple[str, Fill], ...]
+    shorthand: tuple[str, str] | None  # (in tensor, out tensor) when ``expected: auto`` applies
+    tolerance: Tolerance | None
+    expectation: Expectation
+    overrides: tuple[Override, ...]
+    deadline: float | None
+    isolate: bool
+    marks: tuple[str, ...]
+    premul_factor: float = 2.0
+
+    @property
+    def case_id(self) -> str:
+        return f"{self.file}::{self.case}"
+
+    @property
+    def key(self) -> str:
+        """Stable identity for baselines: case id plus axes, independent of pytest."""
+        return f"{self.case_id}[{self.id}]"
+
+
+Outcome = Literal["passed", "failed", "error", "hang", "crash", "skipped", "xfail", "xpass"]
+
+
+@dataclass
+class StepEvent:
+    """Timeline of one step on one rank (seconds since the instance started on that rank)."""
+
+    index: int
+    what: str
+    t_enter: float
+    t_return: float
+    completed_at_return: bool | None = None
+    t_wait_return: float | None = None
+    completed_after_wait: bool | None = None
+
+
+@dataclass
+class TensorCheck:
+    """Comparison of one tensor on one rank with its expectation."""
+
+    tensor: str
+    ok: bool
+    expectation: str  # "explicit", "auto", "unchanged", ...
+    wrong: int = 0
+    total: int = 0
+    first_wrong: list[tuple[int, str, str]] = field(default_factory=list)  # (index, exp, got)
+    digest: str = ""  # sha256 of the bytes, for cross-rank agreement
+    note: str = ""
+
+
+@dataclass
+class RankResult:
+    """What one rank reports back for one instance."""
+
+    rank: int
+    status: Literal["ok", "raised", "not_run"]
+    checks: list[TensorCheck] = field(default_factory=list)
+    events: list[StepEvent] = field(default_factory=list)
+    exc_type: str = ""
+    exc_message: str = ""
+    traceback: str = ""
+    step: int = -1  # index of the step that raised
+    duration: float = 0.0
+
+
+@dataclass
+class RankState:
+    """The parent's view of a rank that did not report (hang, crash, fail-fast)."""
+
+    rank: int
+    state: Literal["finished", "raised", "blocked", "died", "killed"]
+    step: int = -1
+    step_desc: str = ""
+    stack: str = ""
+    exitcode: int | None = None
+    signal: str = ""
+    stderr_tail: str = ""
+
+
+@dataclass
+class InstanceResult:
+    """The verdict for one instance: outcome, a human message and per-rank detail."""
+
+    outcome: Outcome
+    message: str
+    ranks: list[RankResult] = field(default_factory=list)
+    states: list[RankState] = field(default_factory=list)
+    duration: float = 0.0
+    pool_replaced: bool = False
+    expected_kind: str = "pass"
+    reason: str = ""

@@ -1,0 +1,24 @@
+"""The op table: one entry per op (see :mod:`harness.ops.base`), looked up by name.
+
+To add an op, write one :class:`~harness.ops.base.Op` subclass in the family's module and
+add it to that module's ``OPS``; nothing else in the harness has per-op branches.
+"""
+
+from __future__ import annotations
+
+from . import collectives, p2p
+from .base import CallContext, Op, RefContext, Role, reduce_tensors
+
+ALL_OPS: dict[str, Op] = {op.name: op for op in (*collectives.OPS, *p2p.OPS)}
+
+# Ops that are always async (their name says so) ignore the case's ``async`` axis.
+ALWAYS_ASYNC = frozenset({"isend", "irecv"})
+
+
+def get(name: str) -> Op:
+    """The entry for ``name``; KeyError if there is none."""
+    return ALL_OPS[name]
+
+
+__all__ = ["ALL_OPS", "ALWAYS_ASYNC", "CallContext", "Op", "RefContext", "Role", "get",
+           "reduce_tensors"]

@@ -1,0 +1,164 @@
+"""The shape of an op entry: everything the harness knows about one op lives in one object.
+
+An :class:`Op` says which buffers the op takes (its *roles*), which scalar arguments it
+accepts, how to call it in a rank, what its result is (the reference model), and its
+bus-bandwidth factor. Parent-side code reads only the plain attributes; ``call`` and
+``reference`` run in rank processes and import torch lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+Access = Literal["in", "out", "inout"]
+Form = Literal["tensor", "list"]
+Only = Literal["all", "src", "dst"]
+
+# A value of None in a per-rank expectation list means "the contract leaves it unspecified".
+PerRank = list["torch.Tensor | None"]
+
+
+@dataclass(frozen=True)
+class Role:
+    """A buffer an op takes.
+
+    ``form="list"`` means the op takes a Python list of tensors: the case declares one tensor
+    whose dim 0 has one entry per list element, and the harness passes ``list(t.unbind(0))``
+    (views, so writes land in the case tensor). ``only`` restricts the buffer to the root rank
+    (``src``/``dst`` argument); other ranks pass None.
+    """
+
+    name: str
+    access: Access
+    form: Form = "tensor"
+    only: Only = "all"
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What a rank passes to :meth:`Op.call`: resolved arguments and runtime handles."""
+
+    dist: Any  # the torch.distributed module
+    rank: int
+    world_size: int
+    group: Any  # a ProcessGroup or None (the default group)
+    group_ranks: tuple[int, ...]  # global ranks of the group, in group order
+    reduce_op: Any  # a torch.distributed.ReduceOp (or premul-sum op) or None
+    async_op: bool
+    args: dict[str, Any]
+
+
+class Op:
+    """Base class of op entries. Subclasses set the class attributes and override methods."""
+
+    name: str = ""
+    family: str = ""  # groups ops in reports and case files
+    roles: tuple[Role, ...] = ()
+    args: tuple[str, ...] = ()  # scalar arguments a step may pass (besides group/async)
+    required_args: tuple[str, ...] = ()
+    reduces: bool = False
+    supports_async: bool = True
+    torch_name: str = ""  # attribute of torch.distributed that must exist; default: name
+    # Shorthand form (``op: X`` with ``input:``/``expected:``): which role gets ``input``
+    # and which role ``expected`` describes. Equal for in-place ops.
+    in_role: str = "tensor"
+    out_role: str = "tensor"
+
+    def bus_factor(self, world_size: int) -> float:
+        """nccl-tests' bus-bandwidth factor: busbw = algbw * factor."""
+        return 1.0
+
+    def out_shape(self, in_shape: tuple[int, ...], world_size: int) -> tuple[int, ...]:
+        """Shape of the output buffer given the input buffer's shape (shorthand form)."""
+        return in_shape
+
+    def role(self, name: str) -> Role:
+        for r in self.roles:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def available(self, dist: Any) -> bool:
+        """Whether the installed torch.distributed has this op."""
+        return hasattr(dist, self.torch_name or self.name)
+
+    def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        """Invoke the op in a rank; return the Work for async calls (or None)."""
+        raise NotImplementedError
+
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        """Expected contents of the out-role buffer on every rank (shorthand form).
+
+        ``inputs[r]`` is rank r's in-role buffer before the op (global rank index). Ranks
+        outside the group get their pre-op buffer back ("unchanged" is checked for them).
+        """
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class RefContext:
+    """Arguments the reference model needs, resolved for one instance."""
+
+    world_size: int
+    group_ranks: tuple[int, ...]
+    reduce_op: str | None
+    args: dict[str, Any]
+    out_shape: tuple[int, ...]
+
+
+def reduce_tensors(tensors: Sequence[torch.Tensor], op: str, args: dict[str, Any]) -> torch.Tensor:
+    """Reduce ``tensors`` elementwise with ``op`` in a wide type, then cast back.
+
+    Integer arithmetic is done in int64 and truncated, which reproduces wrap-around in narrow
+    types; floats in float64/complex128, which is exact for the harness's exact generators
+    (any reduction order gives the same bits) and the single correctly rounded value otherwise.
+    """
+    import torch
+
+    dtype = tensors[0].dtype
+    if dtype == torch.bool:
+        stacked = torch.stack([t for t in tensors])
+        if op in ("sum", "max", "bor", "bxor"):
+            if op == "bxor":
+                return (stacked.to(torch.int64).sum(0) % 2).bool()
+            return stacked.any(0)
+        if op in ("product", "min", "band"):
+            return stacked.all(0)
+        raise ValueError(f"reduce op {op} has no meaning for bool")
+    if dtype.is_complex:
+        wide = torch.complex128
+    elif dtype.is_floating_point:
+        wide = torch.float64
+    else:
+        wide = torch.int64
+    xs = [t.to(wide) for t in tensors]
+    acc = xs[0].clone()
+    for x in xs[1:]:
+        if op in ("sum", "avg", "premul_sum"):
+            acc = acc + x
+        elif op == "product":
+            acc = acc * x
+        elif op == "min":
+            acc = torch.minimum(acc, x)
+        elif op == "max":
+            acc = torch.maximum(acc, x)
+        elif op == "band":
+            acc = acc & x
+        elif op == "bor":
+            acc = acc | x
+        elif op == "bxor":
+            acc = acc ^ x
+        else:
+            raise ValueError(f"unknown reduce op {op}")
+    if op == "premul_sum":
+        acc = acc * float(args.get("premul_factor", 2.0))
+    if op == "avg":
+        n = len(tensors)
+        acc = acc / n if (dtype.is_floating_point or dtype.is_complex) else torch.div(
+            acc, n, rounding_mode="trunc")
+    return acc.to(dtype)

@@ -1,0 +1,218 @@
+"""Entries for the core collectives: one class per op, its call and its reference result."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .base import CallContext, Op, PerRank, RefContext, Role, reduce_tensors
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _members(inputs: Sequence[torch.Tensor], ctx: RefContext) -> list[torch.Tensor]:
+    return [inputs[g] for g in ctx.group_ranks]
+
+
+def _unchanged_outside(inputs: Sequence[torch.Tensor], ctx: RefContext,
+                       inside: dict[int, torch.Tensor | None]) -> PerRank:
+    return [inside[r] if r in inside else inputs[r] for r in range(ctx.world_size)]
+
+
+class AllReduce(Op):
+    name = "all_reduce"
+    family = "all_reduce"
+    roles = (Role("tensor", "inout"),)
+    reduces = True
+
+    def bus_factor(self, world_size: int) -> float:
+        return 2 * (world_size - 1) / world_size
+
+    def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        return ctx.dist.all_reduce(bufs["tensor"], op=ctx.reduce_op, group=ctx.group,
+                                   async_op=ctx.async_op)
+
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        assert ctx.reduce_op is not None
+        out = reduce_tensors(_members(inputs, ctx), ctx.reduce_op, ctx.args)
+        return _unchanged_outside(inputs, ctx, {g: out for g in ctx.group_ranks})
+
+
+class Broadcast(Op):
+    name = "broadcast"
+    family = "broadcast"
+    roles = (Role("tensor", "inout"),)
+    args = ("src",)
+    required_args = ("src",)
+
+    def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        return ctx.dist.broadcast(bufs["tensor"], src=ctx.args["src"], group=ctx.group,
+                                  async_op=ctx.async_op)
+
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        src = inputs[ctx.args["src"]]
+        return _unchanged_outside(inputs, ctx, {g: src for g in ctx.group_ranks})
+
+
+class Reduce(Op):
+    name = "reduce"
+    family = "reduce"
+    roles = (Role("tensor", "inout"),)
+    args = ("dst",)
+    required_args = ("dst",)
+    reduces = True
+
+    def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        return ctx.dist.reduce(bufs["tensor"], dst=ctx.args["dst"], op=ctx.reduce_op,
+                               group=ctx.group, async_op=ctx.async_op)
+
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        assert ctx.reduce_op is not None
+        dst = ctx.args["dst"]
+        out = reduce_tensors(_members(inputs, ctx), ctx.reduce_op, ctx.args)
+        # Non-destination buffers are scratch space in the contract (NCCL may write them).
+        inside: dict[int, torch.Tensor | None] = {g: None for g in ctx.group_ranks}
+        inside[dst] = out
+        return _unchanged_outside(inputs, ctx, inside)
+
+
+class AllGather(Op):
+    name = "all_gather"
+    family = "all_gather"
+    roles = (Role("output", "out", form="list"), Role("input", "in"))
+    in_role = "input"
+    out_role = "output"
+
+    def bus_factor(self, world_size: int) -> float:
+        return (world_size - 1) / world_size
+
+    def out_shape(self, in_shape: tuple[int, ...], world_size: int) -> tuple[int, ...]:
+        return (world_size, *in_shape)
+
+    def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        return ctx.dist.all_gather(bufs["output"], bufs["input"], group=ctx.group,
+                                   async_op=ctx.async_op)
+
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        import torch
+
+        out = torch.stack(_members(inputs, ctx))
+        return [out if r in ctx.group_ranks else None for r in range(ctx.world_size)]
+
+
+class Gather(Op):
+    name = "gather"
+    family = "gather"
+    roles = (Role("input", "in"), Role("output", "out", form="list", only="dst"))
+    args = ("dst",)
+    required_args = ("dst",)
+    in_role = "input"
+    out_role = "output"
+
+    def out_shape(self, in_shape: tuple[int, ...], world_size: int) -> tuple[int, ...]:
+        return (world_size, *in_shape)
+
+    def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        return ctx.dist.gather(bufs["input"], gather_list=bufs["output"], dst=ctx.args["dst"],
+                               group=ctx.group, async_op=ctx.async_op)
+
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        import torch
+
+        out = torch.stack(_members(inputs, ctx))
+        # Only the destination passes a gather list; elsewhere the output is never handed to
+        # the op, so it must still hold its poison: the harness checks it as "unchanged".
+        return [out if r == ctx.args["dst"] else None for r in range(ctx.world_size)]
+
+
+class Scatter(Op):
+    name = "scatter"
+    family = "scatter"
+    roles = (Role("output", "out"), Role("input", "in", form="list", only="src"))
+    args = ("src",)
+    required_args = ("src",)
+    in_role = "input"
+    out_role = "output"
+
+    def out_shape(self, in_shape: tuple[int, ...], world_size: int) -> tuple[int, ...]:
+        return in_shape[1:]
+
+    def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        return ctx.dist.scatter(bufs["output"], scatter_list=bufs["input"], src=ctx.args["src"],
+                                group=ctx.group, async_op=ctx.async_op)
+
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        src = inputs[ctx.args["src"]]
+        pos = {g: i for i, g in enumerate(ctx.group_ranks)}
+        return [src[pos[r]] if r in pos else None for r in range(ctx.world_size)]
+
+
+class ReduceScatter(Op):
+    name = "reduce_scatter"
+    family = "reduce_scatter"
+    roles = (Role("output", "out"), Role("input", "in", form="list"))
+    reduces = True
+    in_role = "input"
+    out_role = "output"
+
+    def bus_factor(self, world_size: int) -> float:
+        return (world_size - 1) / world_size
+
+    def out_shape(self, in_shape: tuple[int, ...], world_size: int) -> tuple[int, ...]:
+        return in_shape[1:]
+
+    def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        return ctx.dist.reduce_scatter(bufs["output"], bufs["input"], op=ctx.reduce_op,
+                                       group=ctx.group, async_op=ctx.async_op)
+
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        assert ctx.reduce_op is not None
+        out = reduce_tensors(_members(inputs, ctx), ctx.reduce_op, ctx.args)
+        pos = {g: i for i, g in enumerate(ctx.group_ranks)}
+        return [out[pos[r]] if r in pos else None for r in range(ctx.world_size)]
+
+
+class AllToAll(Op):
+    name = "all_to_all"
+    family = "all_to_all"
+    roles = (Role("output", "out", form="list"), Role("input", "in", form="list"))
+    in_role = "input"
+    out_role = "output"
+
+    def bus_factor(self, world_size: int) -> float:
+        return (world_size - 1) / world_size
+
+    def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        return ctx.dist.all_to_all(bufs["output"], bufs["input"], group=ctx.group,
+                                   async_op=ctx.async_op)
+
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        import torch
+
+        pos = {g: i for i, g in enumerate(ctx.group_ranks)}
+        out: PerRank = []
+        for r in range(ctx.world_size):
+            if r not in pos:
+                out.append(None)
+                continue
+            out.append(torch.stack([inputs[g][pos[r]] for g in ctx.group_ranks]))
+        return out
+
+
+class Barrier(Op):
+    name = "barrier"
+    family = "barrier"
+    roles = ()
+    in_role = ""
+    out_role = ""
+
+    def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        return ctx.dist.barrier(group=ctx.group, async_op=ctx.async_op)
+
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        return [None] * ctx.world_size
+
+
+OPS: tuple[Op, ...] = (AllReduce(), Broadcast(), Reduce(), AllGather(), Gather(), Scatter(),
+                       ReduceScatter(), AllToAll(), Barrier())

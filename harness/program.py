@@ -1,0 +1,251 @@
+"""Run one :class:`Instance` inside a rank: build buffers, execute steps, check results.
+
+This is the per-rank code shared by the harness's own pools and by the "external ranks" mode
+(ranks started by torchrun/srun): it needs only an initialized default process group.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import ops, tensors
+from .expr import Expr
+from .model import Fill, Instance, RankResult, Step, StepEvent, TensorCheck
+
+REDUCE_OPS = {
+    "sum": "SUM", "product": "PRODUCT", "min": "MIN", "max": "MAX", "band": "BAND",
+    "bor": "BOR", "bxor": "BXOR", "avg": "AVG",
+}
+
+
+@dataclass
+class RankEnv:
+    """What a rank knows about itself; ``groups`` caches subgroups across instances."""
+
+    rank: int
+    world_size: int
+    device: str
+    progress: Any = None  # shared int array [instance seq, step index], or None
+    groups: dict[tuple[int, ...], Any] = field(default_factory=dict)
+    seq: int = 0
+
+
+def _reduce_op(name: str | None, factor: float) -> Any:
+    if name is None:
+        return None
+    if name == "premul_sum":
+        maker = getattr(dist, "_make_nccl_premul_sum", None)
+        if maker is None:
+            raise RuntimeError("this torch has no PREMUL_SUM (torch.distributed."
+                               "_make_nccl_premul_sum)")
+        return maker(factor)
+    return getattr(dist.ReduceOp, REDUCE_OPS[name])
+
+
+def _in_ranks(step: Step, rank: int, world_size: int, env: dict[str, Any]) -> bool:
+    if step.ranks is None:
+        return True
+    if isinstance(step.ranks, Expr):
+        return bool(step.ranks({**env, "rank": rank, "world_size": world_size}))
+    return rank in step.ranks
+
+
+def _group(renv: RankEnv, ranks: tuple[int, ...] | None) -> tuple[Any, tuple[int, ...]]:
+    if ranks is None:
+        return None, tuple(range(renv.world_size))
+    if ranks not in renv.groups:
+        renv.groups[ranks] = dist.new_group(list(ranks))
+    return renv.groups[ranks], ranks
+
+
+def prepare_groups(inst: Instance, renv: RankEnv) -> None:
+    """Create every subgroup the program uses, in program order, on every rank.
+
+    ``new_group`` is collective over the whole world, so non-members must call it too, and in
+    the same order; caching per pool keeps later instances from creating it again.
+    """
+    for step in inst.steps:
+        group = dict(step.args).get("group")
+        if group is not None:
+            _group(renv, tuple(group))
+
+
+def _device(renv: RankEnv) -> torch.device:
+    if renv.device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _build(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> dict[str, torch.Tensor]:
+    bufs: dict[str, torch.Tensor] = {}
+    dev = _device(renv)
+    for spec in inst.tensors:
+        fill = spec.init.for_rank(renv.rank)
+        t = tensors.materialize(fill, spec.shape, tensors.torch_dtype(spec.dtype), renv.rank,
+                                renv.world_size, env, inst.reduce_op)
+        bufs[spec.name] = tensors.with_layout(t.to(dev), spec.layout)
+    return bufs
+
+
+def _args(step: Step, rank: int, world_size: int, env: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in step.args:
+        if isinstance(v, Expr):
+            v = v({**env, "rank": rank, "world_size": world_size})
+        out[k] = v
+    return out
+
+
+def _wait(work: Any, ev: StepEvent, t0: float) -> None:
+    work.wait()
+    ev.t_wait_return = time.perf_counter() - t0
+    ev.completed_after_wait = bool(work.is_completed())
+
+
+def run_instance(inst: Instance, renv: RankEnv) -> RankResult:
+    """Execute ``inst`` on this rank and check every expectation that concerns it."""
+    t0 = time.perf_counter()
+    res = RankResult(rank=renv.rank, status="ok")
+    env: dict[str, Any] = dict(inst.params)
+    step_idx = -1
+    try:
+        prepare_groups(inst, renv)
+        bufs = _build(inst, renv, env)
+        before = {n: t.detach().cpu().clone() for n, t in bufs.items()}
+        touched: set[str] = set()
+        handles: dict[str, tuple[Any, StepEvent]] = {}
+        pending: list[tuple[Any, StepEvent]] = []
+        for step_idx, step in enumerate(inst.steps):
+            if renv.progress is not None:
+                renv.progress[1] = step_idx
+            if not _in_ranks(step, renv.rank, renv.world_size, env):
+                continue
+            ev = StepEvent(step_idx, step.describe(), time.perf_counter() - t0, 0.0)
+            if step.kind == "op":
+                work = _call(inst, step, renv, env, bufs, touched)
+                ev.t_return = time.perf_counter() - t0
+                if work is not None:
+                    ev.completed_at_return = bool(work.is_completed())
+                    if step.handle:
+                        handles[step.handle] = (work, ev)
+                    else:
+                        _wait(work, ev, t0)
+            elif step.kind == "wait":
+                for h in step.waits:
+                    if h in handles:
+                        work, wev = handles.pop(h)
+                        _wait(work, wev, t0)
+                ev.t_return = time.perf_counter() - t0
+            else:
+                _special(step)
+                ev.t_return = time.perf_counter() - t0
+            res.events.append(ev)
+        step_idx = len(inst.steps)
+        pending.extend(handles.values())
+        for work, wev in pending:  # never leave work in flight: the pool is reused
+            _wait(work, wev, t0)
+        if renv.device == "cuda":
+            torch.cuda.synchronize()
+        res.checks = _check(inst, renv, env, bufs, before, touched)
+    except Exception as exc:  # reported to the parent, which decides the outcome
+        res.status = "raised"
+        res.exc_type = type(exc).__name__
+        res.exc_message = str(exc)
+        res.traceback = traceback.format_exc()
+        res.step = step_idx
+    res.duration = time.perf_counter() - t0
+    return res
+
+
+def _call(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
+          bufs: dict[str, torch.Tensor], touched: set[str]) -> Any:
+    assert step.op is not None
+    op = ops.get(step.op)
+    args = _args(step, renv.rank, renv.world_size, env)
+    group, group_ranks = _group(renv, args.pop("group", None))
+    passed: dict[str, Any] = {}
+    for role_name, tname in step.bufs:
+        role = op.role(role_name)
+        root = args.get("src") if role.only == "src" else args.get("dst")
+        if role.only != "all" and renv.rank != root:
+            passed[role_name] = None
+            continue
+        t = bufs[tname]
+        passed[role_name] = list(t.unbind(0)) if role.form == "list" else t
+        touched.add(tname)
+    ctx = ops.CallContext(dist=dist, rank=renv.rank, world_size=renv.world_size, group=group,
+                          group_ranks=group_ranks,
+                          reduce_op=_reduce_op(inst.reduce_op, inst.premul_factor)
+                          if op.reduces else None,
+                          async_op=step.async_op, args=args)
+    return op.call(ctx, passed)
+
+
+def _special(step: Step) -> None:
+    if step.kind == "sleep":
+        time.sleep(float(step.value))
+    elif step.kind == "sync":
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+    elif step.kind == "raise":
+        raise RuntimeError(str(step.value))
+    elif step.kind == "abort":
+        os.abort()
+    elif step.kind == "exit":
+        os._exit(int(step.value))
+
+
+def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> torch.Tensor | None:
+    assert inst.shorthand is not None
+    op = ops.get(inst.op)
+    in_spec = next(s for s in inst.tensors if s.name == inst.shorthand[0])
+    out_spec = next(s for s in inst.tensors if s.name == inst.shorthand[1])
+    dtype = tensors.torch_dtype(in_spec.dtype)
+    inputs = [tensors.materialize(in_spec.init.for_rank(r), in_spec.shape, dtype, r,
+                                  renv.world_size, env, inst.reduce_op)
+              for r in range(renv.world_size)]
+    step = inst.steps[0]
+    args = _args(step, renv.rank, renv.world_size, env)
+    group = args.pop("group", None)
+    ctx = ops.RefContext(world_size=renv.world_size,
+                         group_ranks=tuple(group) if group else tuple(range(renv.world_size)),
+                         reduce_op=inst.reduce_op,
+                         args={**args, "premul_factor": inst.premul_factor},
+                         out_shape=tuple(out_spec.shape or ()))
+    return op.reference(inputs, ctx)[renv.rank]
+
+
+def _check(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, torch.Tensor],
+           before: dict[str, torch.Tensor], touched: set[str]) -> list[TensorCheck]:
+    checks: list[TensorCheck] = []
+    declared = dict(inst.expected)
+    for spec in inst.tensors:
+        got = bufs[spec.name]
+        fill: Fill = declared.get(spec.name, Fill("unspecified")).for_rank(renv.rank)
+        how = fill.kind
+        exp: torch.Tensor | None
+        if fill.kind == "auto":
+            exp = _reference(inst, renv, env)
+            how = "auto"
+        elif fill.kind == "unchanged":
+            exp = before[spec.name]
+        elif fill.kind == "unspecified":
+            exp = None
+        else:
+            exp = tensors.materialize(fill, tuple(got.shape), got.dtype, renv.rank,
+                                      renv.world_size, env, inst.reduce_op)
+            how = "explicit" if fill.kind == "list" else fill.kind
+        if exp is None and spec.name not in touched:
+            # Never handed to an op on this rank: whatever the contract, it must be untouched.
+            exp, how = before[spec.name], "untouched"
+        if exp is None:
+            continue
+        checks.append(tensors.compare(spec.name, got, exp.to(got.dtype), how, inst.tolerance))
+    return checks

@@ -1,0 +1,249 @@
+"""Rank-side tensor work: build buffers from fills, poison outputs, compare with expectations.
+
+Runs inside rank processes (imports torch at module import). Values are pure functions of
+(fill, rank, world size, element index), so every rank can rebuild every other rank's input
+to compute reference results locally, as nccl-tests does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from . import dtypes
+from .model import Fill, TensorCheck, Tolerance
+
+FIRST_WRONG = 5
+_EXACT_FLOATS = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype for a canonical name (AttributeError if this torch lacks it)."""
+    dt = getattr(torch, name)
+    assert isinstance(dt, torch.dtype)
+    return dt
+
+
+def _bits_view(t: torch.Tensor) -> torch.Tensor:
+    size = t.element_size()
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32,
+                                8: torch.int64}[size])
+
+
+def poison(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A buffer whose every element shows up as wrong if the op never writes it."""
+    if dtype in _EXACT_FLOATS or dtype.is_complex:
+        return torch.full(shape, float("nan"), dtype=dtype)
+    t = torch.empty(shape, dtype=dtype)
+    t.view(torch.uint8).fill_(0xA5)
+    return t
+
+
+def _gen_rng(seed: int, rank: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed((seed * 1_000_003 + rank * 7919 + 12345) % (2**63))
+    return g
+
+
+def generate(name: str, params: Mapping[str, Any], shape: tuple[int, ...], dtype: torch.dtype,
+             rank: int, world_size: int, reduce_op: str | None) -> torch.Tensor:
+    """Values of a named generator (see README "Generators")."""
+    n = 1
+    for d in shape:
+        n *= d
+    seed = int(params.get("seed", 0))
+    info = dtypes.info(str(dtype).removeprefix("torch."))
+    if name == "constant":
+        return torch.full(shape, params.get("value", 1), dtype=dtype)
+    if name == "ranks":
+        return _ranks_code(n, info, rank, world_size).reshape(shape).to(dtype)
+    if name == "nan_inf":
+        specials = torch.tensor([float("nan"), float("inf"), float("-inf"), 1.0, -2.0],
+                                dtype=torch.float64)
+        idx = (torch.arange(n) + rank) % len(specials)
+        return specials[idx].reshape(shape).to(dtype)
+    g = _gen_rng(seed, rank)
+    if name == "random":
+        if info.kind in ("float", "float8", "complex"):
+            return (torch.rand(n, generator=g, dtype=torch.float64) * 2 - 1).reshape(shape).to(dtype)
+        return _random_bits(n, info, g).reshape(shape).to(dtype)
+    if name == "exact":
+        return _exact(n, info, g, rank, world_size, reduce_op or "sum").reshape(shape).to(dtype)
+    raise ValueError(f"unknown generator {name!r}")
+
+
+def _ranks_code(n: int, info: dtypes.DtypeInfo, rank: int, world_size: int) -> torch.Tensor:
+    """Encode (source rank, index) so a misplaced chunk is visible, exactly representable."""
+    if info.kind == "bool":
+        return (torch.arange(n) + rank) % 2 == 1
+    if info.kind in ("float", "float8", "complex"):
+        limit = 2 ** min(info.mantissa_bits, 24)
+    else:
+        limit = 2 ** min(info.bits - (1 if info.kind == "int" else 0), 24)
+    k = max(1, limit // (world_size + 1))
+    return ((rank + 1) * k + torch.arange(n) % k).to(torch.int64)
+
+
+def _random_bits(n: int, info: dtypes.DtypeInfo, g: torch.Generator) -> torch.Tensor:
+    if info.kind == "bool":
+        return torch.randint(0, 2, (n,), generator=g) == 1
+    bits = min(info.bits, 62)
+    lo = -(2 ** (bits - 1)) if info.kind == "int" else 0
+    hi = 2 ** (bits - 1) if info.kind == "int" else 2**bits
+    return torch.randint(lo, hi, (n,), generator=g, dtype=torch.int64)
+
+
+def _exact(n: int, info: dtypes.DtypeInfo, g: torch.Generator, rank: int, world_size: int,
+           reduce_op: str) -> torch.Tensor:
+    """Data whose reduction is exact in any order (anchors.md, "Exact data")."""
+    if info.kind == "bool":
+        return torch.randint(0, 2, (n,), generator=g) == 1
+    if info.kind in ("int", "uint"):
+        if reduce_op in ("sum", "avg", "premul_sum"):
+            lim = max(1, min(2 ** (info.bits - 2) // world_size, 1000))
+            lo = -lim if info.kind == "int" else 0
+            return torch.randint(lo, lim + 1, (n,), generator=g, dtype=torch.int64)
+        if reduce_op == "product":
+            choices = torch.tensor([1, 2, 3] if info.kind == "uint" else [-1, 1, 2])
+            return choices[torch.randint(0, 3, (n,), generator=g)]
+        return _random_bits(n, info, g)
+    p = info.mantissa_bits
+    if reduce_op in ("sum", "avg", "premul_sum"):
+        # Integers times one shared power of two, |sum| < 2**p: every partial sum is exact.
+        m = max(1, (2**p - 1) // world_size)
+        ints = torch.randint(-m, m + 1, (n,), generator=g, dtype=torch.int64)
+        vals = ints.to(torch.float64) * 0.125
+    elif reduce_op == "product":
+        # One rank contributes a mantissa, the others +-2**k: products only shift exponents.
+        if rank == 0:
+            mant = torch.randint(1, 2 ** (p - 1) + 1, (n,), generator=g).to(torch.float64)
+            sign = torch.randint(0, 2, (n,), generator=g) * 2 - 1
+            vals = mant * sign / 2 ** (p - 1)
+        else:
+            k = torch.randint(-1, 2, (n,), generator=g).to(torch.float64)
+            sign = torch.randint(0, 2, (n,), generator=g) * 2 - 1
+            vals = torch.pow(2.0, k) * sign
+    else:
+        m = 2 ** min(p, 20)
+        vals = torch.randint(-m, m + 1, (n,), generator=g).to(torch.float64) * 0.25
+    if info.kind == "complex":
+        imag = vals.flip(0) if n else vals
+        return torch.complex(vals, imag)
+    return vals
+
+
+def materialize(fill: Fill, shape: tuple[int, ...] | None, dtype: torch.dtype, rank: int,
+                world_size: int, env: Mapping[str, Any], reduce_op: str | None) -> torch.Tensor:
+    """Build this rank's contiguous CPU tensor for ``fill`` (already resolved for the rank)."""
+    kind = fill.kind
+    if kind == "list":
+        data = fill.data
+        if isinstance(data, list):
+            t = torch.tensor(data, dtype=torch.float64 if dtype.is_floating_point else None)
+            t = t.to(dtype)
+            if shape is not None and tuple(t.shape) != tuple(shape):
+                t = t.reshape(shape)
+            return t
+        assert shape is not None, "a scalar fill needs a shape"
+        return torch.full(shape, data, dtype=dtype)
+    assert shape is not None, f"a {kind} fill needs a shape"
+    if kind == "zeros":
+        return torch.zeros(shape, dtype=dtype)
+    if kind == "poison":
+        return poison(shape, dtype)
+    if kind == "expr":
+        n = 1
+        for d in shape:
+            n *= d
+        value = fill.data({**env, "rank": rank, "world_size": world_size,
+                           "i": torch.arange(n, dtype=torch.int64)})
+        t = torch.as_tensor(value)
+        if t.dtype == torch.bool and dtype != torch.bool:
+            t = t.to(torch.int64)
+        if dtype == torch.bool:
+            t = t != 0
+        return t.expand(n).reshape(shape).to(dtype) if t.dim() == 0 else t.reshape(shape).to(dtype)
+    if kind == "generator":
+        name, params = fill.data
+        return generate(name, dict(params), shape, dtype, rank, world_size, reduce_op)
+    raise ValueError(f"cannot build a tensor from a {kind!r} fill")
+
+
+def with_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """Return a tensor holding ``t``'s values in the requested memory layout."""
+    if layout == "contiguous":
+        return t
+    if layout == "transposed":
+        if t.dim() < 2:
+            base = torch.empty((*t.shape, 2), dtype=t.dtype, device=t.device)
+            view = base[..., 0]
+        else:
+            base = torch.empty(tuple(reversed(t.shape)), dtype=t.dtype, device=t.device)
+            view = base.permute(*reversed(range(t.dim())))
+        view.copy_(t)
+        return view
+    if layout == "strided":
+        if t.dim() == 0:
+            return t
+        base = torch.empty((*t.shape[:-1], t.shape[-1] * 2), dtype=t.dtype, device=t.device)
+        view = base[..., ::2]
+        view.copy_(t)
+        return view
+    if layout == "channels_last":
+        if t.dim() != 4:
+            raise ValueError("layout channels_last needs a 4-d shape")
+        return t.contiguous(memory_format=torch.channels_last)
+    raise ValueError(f"unknown layout {layout!r}")
+
+
+def digest(t: torch.Tensor) -> str:
+    """A short hash of the tensor's bytes (cross-rank agreement checks)."""
+    data = t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _fmt(x: torch.Tensor) -> str:
+    if x.dtype == torch.bool:
+        return str(bool(x.item()))
+    if x.dtype.is_floating_point and x.dtype not in _EXACT_FLOATS:
+        return repr(float(x.to(torch.float32).item()))
+    return repr(x.item())
+
+
+def compare(name: str, got: torch.Tensor, exp: torch.Tensor, how: str,
+            tol: Tolerance | None) -> TensorCheck:
+    """Compare bit for bit (NaN equals any NaN; bool as bytes) or within a tolerance."""
+    got = got.detach().cpu()
+    exp = exp.detach().cpu()
+    check = TensorCheck(tensor=name, ok=True, expectation=how, total=exp.numel(),
+                        digest=digest(got))
+    if tuple(got.shape) != tuple(exp.shape) or got.dtype != exp.dtype:
+        check.ok = False
+        check.note = (f"shape/dtype differ: expected {tuple(exp.shape)} {exp.dtype}, "
+                      f"got {tuple(got.shape)} {got.dtype}")
+        check.wrong = exp.numel()
+        return check
+    g, e = got.reshape(-1), exp.reshape(-1)
+    if tol is not None and (tol.atol or tol.rtol) and (g.is_floating_point() or g.is_complex()):
+        wide = torch.complex128 if g.is_complex() else torch.float64
+        eq = torch.isclose(g.to(wide), e.to(wide), rtol=tol.rtol, atol=tol.atol, equal_nan=True)
+    elif g.dtype == torch.bool:
+        eq = g.view(torch.uint8) == e.view(torch.uint8)
+    elif g.is_complex():
+        gr, er = torch.view_as_real(g), torch.view_as_real(e)
+        eq = ((_bits_view(gr) == _bits_view(er)) | (gr.isnan() & er.isnan())).all(-1)
+    elif g.is_floating_point():
+        gn = g.to(torch.float32).isnan() if g.dtype not in _EXACT_FLOATS else g.isnan()
+        en = e.to(torch.float32).isnan() if e.dtype not in _EXACT_FLOATS else e.isnan()
+        eq = (_bits_view(g) == _bits_view(e)) | (gn & en)
+    else:
+        eq = g == e
+    bad = (~eq).nonzero().flatten()
+    check.wrong = int(bad.numel())
+    check.ok = check.wrong == 0
+    for idx in bad[:FIRST_WRONG].tolist():
+        check.first_wrong.append((int(idx), _fmt(e[idx]), _fmt(g[idx])))
+    return check

@@ -1,0 +1,353 @@
+"""Validate a loaded case file: JSON Schema first, then the checks a schema cannot express.
+
+Every problem becomes a :class:`~harness.errors.CaseFileError` naming ``file:line:col``, the
+key path, and what is allowed; all problems of a file are reported together.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+from importlib import resources
+from typing import Any
+
+import jsonschema
+
+from . import dtypes, ops
+from .errors import CaseFileError, CaseFileErrors, ExprError
+from .expr import parse
+from .model import Case
+from .yamlload import Document, Path
+
+KEYWORDS = ("poison", "zeros", "unspecified", "unchanged", "auto")
+BASE_NAMES = ("rank", "world_size")
+STEP_ACTIONS = ("op", "wait", "sleep", "sync", "raise", "abort", "exit")
+
+
+@functools.cache
+def case_schema() -> dict[str, Any]:
+    """The JSON Schema of case files shipped in the package."""
+    text = resources.files("harness").joinpath("schemas/case-file.schema.json").read_text()
+    return dict(json.loads(text))
+
+
+@functools.cache
+def _validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(case_schema())
+
+
+def _jsonable(value: Any) -> Any:
+    """Copy with every mapping key as a string (JSON Schema only knows string keys)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _doc_path(doc: Document, parts: tuple[Any, ...]) -> Path:
+    """Map a jsonschema path (string keys) back onto the document's keys (ints for ranks)."""
+    out: list[str | int] = []
+    for p in parts:
+        if isinstance(p, str) and p.isdigit() and (*out, int(p)) in doc.positions:
+            out.append(int(p))
+        else:
+            out.append(p)
+    return tuple(out)
+
+
+def suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    """A "did you mean" hint, or the list of what is allowed."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return "allowed: " + ", ".join(sorted(choices))
+
+
+def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
+    """A short message and a hint for one schema error."""
+    v = err.validator
+    if v == "additionalProperties":
+        allowed = sorted(err.schema.get("properties", {}))
+        extras = [k for k in err.instance if k not in err.schema.get("properties", {})]
+        if allowed:
+            return (f"unknown key {extras[0]!r}", suggest(extras[0], allowed))
+        return (f"unknown key {extras[0]!r}", "")
+    if v == "required":
+        return (err.message.replace("is a required property", "is required here"), "")
+    if v == "enum":
+        return (f"{err.instance!r} is not allowed",
+                suggest(str(err.instance), [str(x) for x in err.validator_value]))
+    if v == "anyOf" or v == "oneOf":
+        inst = err.instance
+        if isinstance(inst, str) and inst.lower() in ("yes", "no", "on", "off"):
+            return (f"{inst!r} is a string here", "write true or false")
+        best = jsonschema.exceptions.best_match(err.context or []) if err.context else None
+        if best is not None and best.validator not in ("type", "anyOf"):
+            return _schema_message(best)
+        return (f"{_short(inst)} does not fit here", _expected_types(err))
+    if v == "type":
+        return (f"{_short(err.instance)} is not of type {err.validator_value}", "")
+    if v == "pattern" and err.path and isinstance(err.instance, str):
+        return (f"{err.instance!r} is not a valid name here",
+                "use letters, digits, '_' (and '.', '-' in case names)")
+    return (err.message, "")
+
+
+def _expected_types(err: jsonschema.ValidationError) -> str:
+    kinds: list[str] = []
+    for sub in err.schema.get("anyOf", err.schema.get("oneOf", [])):
+        t = sub.get("type") or ("a map" if "$ref" in sub else "")
+        if isinstance(t, list):
+            t = " or ".join(t)
+        if t and t not in kinds:
+            kinds.append(str(t))
+    return "expected " + ", ".join(kinds) if kinds else ""
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def schema_errors(doc: Document) -> list[CaseFileError]:
+    """All schema violations of ``doc``, sorted by position."""
+    errors: list[CaseFileError] = []
+    for err in _validator().iter_errors(_jsonable(doc.data)):
+        path = _doc_path(doc, tuple(err.absolute_path))
+        message, hint = _schema_message(err)
+        if err.validator == "additionalProperties":
+            extra = [k for k in err.instance if k not in err.schema.get("properties", {})][0]
+            key_path = (*path, int(extra) if (*path, extra) not in doc.positions
+                        and str(extra).isdigit() else extra)
+            path = key_path if key_path in doc.positions else path
+        errors.append(doc.error(path, message, hint))
+    errors.sort(key=lambda e: (e.pos.line, e.pos.col))
+    return errors
+
+
+def load_cases(doc: Document) -> list[Case]:
+    """Validate ``doc`` and return its cases; raises :class:`CaseFileErrors` on any problem."""
+    if not isinstance(doc.data, dict):
+        raise CaseFileErrors([doc.error((), "a case file must be a mapping with a 'cases:' list")])
+    errors = schema_errors(doc)
+    if errors:
+        raise CaseFileErrors(errors)
+    defaults: dict[str, Any] = doc.data.get("defaults") or {}
+    cases: list[Case] = []
+    seen: dict[str, int] = {}
+    for idx, raw_case in enumerate(doc.data["cases"]):
+        merged: dict[str, Any] = {}
+        origin: dict[str, Path] = {}
+        for key, value in defaults.items():
+            merged[key] = value
+            origin[key] = ("defaults", key)
+        for key, value in raw_case.items():
+            merged[key] = value
+            origin[key] = ("cases", idx, key)
+        line = doc.pos(("cases", idx)).line
+        case = Case(file=doc.file, line=line, name=merged["name"],
+                    description=str(merged.get("description", "")), raw=merged, origin=origin,
+                    doc=doc)
+        if case.name in seen:
+            errors.append(case.error(("name",), f"duplicate case name {case.name!r} "
+                                     f"(first at line {seen[case.name]})",
+                                     "case names must be unique within a file"))
+        seen[case.name] = line
+        try:
+            check_case(case)
+        except CaseFileErrors as exc:
+            errors.extend(exc.errors)
+        cases.append(case)
+    if errors:
+        raise CaseFileErrors(errors)
+    return cases
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def expr_names(case: Case) -> tuple[str, ...]:
+    """Names an expression in this case may use."""
+    return (*BASE_NAMES, *case.raw.get("params", {}).keys())
+
+
+def check_expr(case: Case, path: Path, source: str, extra: tuple[str, ...] = ()) -> None:
+    """Parse an expression now, so a bad one fails collection at its line."""
+    try:
+        parse(source, (*expr_names(case), *extra))
+    except ExprError as exc:
+        raise CaseFileErrors([case.error(path, f"bad expression {source!r}: {exc}")]) from None
+
+
+def check_fill(case: Case, path: Path, value: Any, expected: bool) -> None:
+    """Check a fill (input or expectation) and every expression in it."""
+    if isinstance(value, dict) and "generator" not in value:
+        for k, v in value.items():
+            check_fill(case, (*path, k), v, expected)
+        return
+    if isinstance(value, str):
+        if value in KEYWORDS:
+            allowed_here = ("unspecified", "unchanged", "auto") if expected else ("poison", "zeros")
+            if value not in allowed_here:
+                raise CaseFileErrors([case.error(
+                    path, f"{value!r} cannot be used here",
+                    "allowed: " + ", ".join(allowed_here) + ", a list, or an expression")])
+            return
+        check_expr(case, path, value, ("i",))
+
+
+def check_case(case: Case) -> None:
+    """Schema-independent checks on one case (names, ops, dtypes, expressions, steps)."""
+    raw = case.raw
+    errs: list[CaseFileError] = []
+
+    def guard(fn: Any, *a: Any) -> None:
+        try:
+            fn(*a)
+        except CaseFileErrors as exc:
+            errs.extend(exc.errors)
+
+    has_op, has_steps = "op" in raw, "steps" in raw
+    if has_op == has_steps:
+        errs.append(case.error(("name",), "a case needs exactly one of 'op' (one collective) "
+                               "or 'steps' (a program)",
+                               "see README: 'Writing a case'"))
+    if has_op and raw["op"] not in ops.ALL_OPS:
+        errs.append(case.error(("op",), f"unknown op {raw['op']!r}",
+                               suggest(raw["op"], tuple(ops.ALL_OPS))))
+    for i, name in enumerate(_as_list(raw.get("dtype", "float32"))):
+        if dtypes.canonical(name) is None:
+            path: Path = ("dtype", i) if isinstance(raw.get("dtype"), list) else ("dtype",)
+            errs.append(case.error(path, f"unknown dtype {name!r}",
+                                   suggest(name, (*dtypes.DTYPES, *dtypes.ALIASES))))
+    for i, name in enumerate(_as_list(raw.get("reduce_op", "sum"))):
+        if name not in dtypes.REDUCE_OPS:
+            path = ("reduce_op", i) if isinstance(raw.get("reduce_op"), list) else ("reduce_op",)
+            errs.append(case.error(path, f"unknown reduce op {name!r}",
+                                   suggest(name, dtypes.REDUCE_OPS)))
+    declared = [k for k in ("raises", "hangs", "crashes") if raw.get(k)]
+    if len(declared) > 1:
+        errs.append(case.error((declared[1],), f"'{declared[0]}' and '{declared[1]}' "
+                               "cannot both be expected"))
+    if has_op:
+        if "tensors" in raw:
+            errs.append(case.error(("tensors",), "'tensors' belongs to the 'steps' form",
+                                   "with 'op:' describe the buffer with 'input' and 'shape'"))
+        if "input" not in raw and raw.get("op") in ops.ALL_OPS and ops.get(raw["op"]).in_role:
+            errs.append(case.error(("name",), "'input' is required with 'op'",
+                                   "give per-rank values, an expression over i, or a generator"))
+        guard(check_fill, case, ("input",), raw.get("input", 0), False)
+        guard(check_fill, case, ("expected",), raw.get("expected", "auto"), True)
+        if raw.get("op") in ops.ALL_OPS:
+            op = ops.get(raw["op"])
+            args = raw.get("args", {})
+            for req in op.required_args:
+                if req not in args:
+                    errs.append(case.error(("name",), f"op {op.name} needs args.{req}",
+                                           f"add 'args: {{{req}: 0}}'"))
+            for key in args:
+                if key not in (*op.args, "group", "premul_factor"):
+                    errs.append(case.error(("args", key), f"op {op.name} takes no argument "
+                                           f"{key!r}", suggest(key, (*op.args, "group"))))
+    if has_steps:
+        guard(check_steps, case)
+    for i, dim in enumerate(raw.get("shape", [])):
+        if isinstance(dim, str):
+            guard(check_expr, case, ("shape", i), dim)
+    for key in ("src", "dst"):
+        for j, v in enumerate(_as_list(raw.get("args", {}).get(key, []))):
+            if isinstance(v, str):
+                guard(check_expr, case, ("args", key, j) if isinstance(
+                    raw["args"][key], list) else ("args", key), v)
+    if errs:
+        raise CaseFileErrors(errs)
+
+
+def check_steps(case: Case) -> None:
+    """Check the steps form: tensors referenced exist, roles fit the op, handles are waited."""
+    raw = case.raw
+    tensors = raw.get("tensors", {})
+    errs: list[CaseFileError] = []
+    for name, spec in tensors.items():
+        try:
+            check_fill(case, ("tensors", name, "init"), spec["init"], False)
+        except CaseFileErrors as exc:
+            errs.extend(exc.errors)
+        for i, dim in enumerate(spec.get("shape", [])):
+            if isinstance(dim, str):
+                try:
+                    check_expr(case, ("tensors", name, "shape", i), dim)
+                except CaseFileErrors as exc:
+                    errs.extend(exc.errors)
+    handles: set[str] = set()
+    for idx, step in enumerate(raw["steps"]):
+        path: Path = ("steps", idx)
+        actions = [a for a in STEP_ACTIONS if a in step]
+        if len(actions) != 1:
+            errs.append(case.error(path, "a step needs exactly one of: " + ", ".join(STEP_ACTIONS)))
+            continue
+        action = actions[0]
+        if isinstance(step.get("ranks"), str):
+            try:
+                check_expr(case, (*path, "ranks"), step["ranks"])
+            except CaseFileErrors as exc:
+                errs.extend(exc.errors)
+        if action == "wait":
+            for h in _as_list(step["wait"]):
+                if h not in handles:
+                    errs.append(case.error((*path, "wait"), f"no earlier step has handle {h!r}",
+                                           "give the async step 'handle: NAME' first"))
+            continue
+        if action != "op":
+            continue
+        if step["op"] not in ops.ALL_OPS:
+            errs.append(case.error((*path, "op"), f"unknown op {step['op']!r}",
+                                   suggest(step["op"], tuple(ops.ALL_OPS))))
+            continue
+        op = ops.get(step["op"])
+        role_names = {r.name for r in op.roles}
+        for role in op.roles:
+            tname = step.get(role.name)
+            if tname is None:
+                errs.append(case.error(path, f"{op.name} needs '{role.name}: TENSOR'",
+                                       "name one of: " + ", ".join(tensors) if tensors else ""))
+            elif tname not in tensors:
+                errs.append(case.error((*path, role.name), f"unknown tensor {tname!r}",
+                                       suggest(tname, tuple(tensors)) if tensors else
+                                       "declare it under 'tensors:'"))
+        for key in ("tensor", "input", "output"):
+            if key in step and key not in role_names:
+                errs.append(case.error((*path, key), f"{op.name} takes no {key!r} buffer",
+                                       "its buffers: " + ", ".join(sorted(role_names))))
+        for key in ("src", "dst", "tag"):
+            if key in step and key not in op.args:
+                errs.append(case.error((*path, key), f"{op.name} takes no argument {key!r}"))
+            if isinstance(step.get(key), str):
+                try:
+                    check_expr(case, (*path, key), step[key])
+                except CaseFileErrors as exc:
+                    errs.extend(exc.errors)
+        for req in op.required_args:
+            if req not in step:
+                errs.append(case.error(path, f"{op.name} needs '{req}:'"))
+        if "handle" in step:
+            handles.add(step["handle"])
+    expected = raw.get("expected", {})
+    if not isinstance(expected, dict) or "generator" in expected:
+        errs.append(case.error(("expected",), "with 'steps', expected maps tensor names to values",
+                               "e.g. expected: {out: {0: [1, 2], 1: [3, 4]}}"))
+    else:
+        for tname, fill in expected.items():
+            if tname not in tensors:
+                errs.append(case.error(("expected", tname), f"unknown tensor {tname!r}",
+                                       suggest(str(tname), tuple(tensors))))
+                continue
+            try:
+                check_fill(case, ("expected", tname), fill, True)
+            except CaseFileErrors as exc:
+                errs.extend(exc.errors)
+    if errs:
+        raise CaseFileErrors(errs)

@@ -1,0 +1,147 @@
+"""Turn what the ranks did (:class:`PoolRun`) into an outcome and a message for a person."""
+
+from __future__ import annotations
+
+import re
+
+from .model import Instance, InstanceResult, RankResult, RankState
+from .pool import PoolRun
+
+MAX_TB_LINES = 25
+
+
+def _where(inst: Instance) -> str:
+    return f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]"
+
+
+def _indent(text: str, prefix: str = "      ") -> str:
+    return "\n".join(prefix + ln for ln in text.splitlines())
+
+
+def _tb(text: str) -> str:
+    lines = text.rstrip().splitlines()
+    if len(lines) > MAX_TB_LINES:
+        lines = ["...", *lines[-MAX_TB_LINES:]]
+    return "\n".join(lines)
+
+
+def describe_state(st: RankState, results: dict[int, RankResult]) -> str:
+    """One block per rank for hang/crash/fail-fast reports."""
+    if st.state == "finished":
+        return f"  rank {st.rank}: finished"
+    if st.state == "raised":
+        res = results[st.rank]
+        return f"  rank {st.rank}: raised {res.exc_type} in step {res.step}: {res.exc_message}"
+    if st.state == "died":
+        how = f"killed by {st.signal}" if st.signal else f"exited with code {st.exitcode}"
+        text = f"  rank {st.rank}: DIED ({how}) in step {st.step} ({st.step_desc})"
+        if st.stderr_tail:
+            text += "\n    last output:\n" + _indent(st.stderr_tail)
+        return text
+    text = f"  rank {st.rank}: BLOCKED in step {st.step} ({st.step_desc})"
+    if st.stack:
+        text += "\n    Python stack:\n" + _indent(st.stack)
+    return text
+
+
+def _raised(results: dict[int, RankResult]) -> list[RankResult]:
+    return [r for _, r in sorted(results.items()) if r.status == "raised"]
+
+
+def _value_failures(inst: Instance, results: dict[int, RankResult]) -> list[str]:
+    lines: list[str] = []
+    for rank, res in sorted(results.items()):
+        for c in res.checks:
+            if c.ok:
+                continue
+            first = ", ".join(f"[{i}] expected {e} got {g}" for i, e, g in c.first_wrong)
+            extra = f" ({c.note})" if c.note else ""
+            lines.append(f"  rank {rank}, tensor {c.tensor!r} ({c.expectation}): {c.wrong} of "
+                         f"{c.total} element(s) wrong{extra}" + (f"; first: {first}" if first
+                                                                else ""))
+    return lines
+
+
+def judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
+    """The outcome of one instance given what the pool observed."""
+    exp = inst.expectation
+    res = _judge(inst, run, deadline_s)
+    res.expected_kind = exp.kind
+    res.reason = exp.reason
+    if exp.xfail:
+        if res.outcome == "passed":
+            res.outcome = "xpass"
+            res.message = f"{_where(inst)}: passed, but was expected to fail: {exp.xfail}"
+        elif res.outcome in ("failed", "error", "hang", "crash"):
+            res.message = f"expected failure ({exp.xfail}):\n{res.message}"
+            res.outcome = "xfail"
+        res.reason = exp.xfail
+    return res
+
+
+def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
+    exp = inst.expectation
+    ranks = [run.results[r] for r in sorted(run.results)]
+    where = _where(inst)
+    states_text = "\n".join(describe_state(s, run.results) for s in run.states)
+    if run.kind == "crash":
+        died = [s for s in run.states if s.state == "died"]
+        if exp.kind == "crashes":
+            return InstanceResult("passed", f"{where}: rank(s) {[s.rank for s in died]} crashed "
+                                  "as expected", ranks, run.states)
+        return InstanceResult("crash", f"{where}: rank(s) {', '.join(str(s.rank) for s in died)}"
+                              f" died\n{states_text}", ranks, run.states)
+    if run.kind == "hang":
+        blocked = [s.rank for s in run.states if s.state == "blocked"]
+        if exp.kind == "hangs":
+            return InstanceResult("passed", f"{where}: rank(s) {blocked} hung as expected "
+                                  f"(detected after {deadline_s:g} s)", ranks, run.states)
+        return InstanceResult("hang", f"{where}: no result after the {deadline_s:g} s deadline;"
+                              f" rank(s) {blocked} blocked\n{states_text}", ranks, run.states)
+    raised = _raised(run.results)
+    if raised:
+        if exp.kind == "raises":
+            return _check_raises(inst, raised, ranks, run)
+        parts = [f"{where}: rank(s) {', '.join(str(r.rank) for r in raised)} raised"]
+        for r in raised:
+            parts.append(f"  rank {r.rank} raised in step {r.step}: {r.exc_type}: "
+                         f"{r.exc_message}\n{_indent(_tb(r.traceback))}")
+        others = [s for s in run.states if s.state != "raised"]
+        if others:
+            parts.append("  other ranks (stopped after the fail-fast grace period):")
+            parts.extend(describe_state(s, run.results) for s in others)
+        else:
+            parts.extend(f"  rank {r.rank}: finished" for r in ranks if r.status == "ok")
+        return InstanceResult("error", "\n".join(parts), ranks, run.states)
+    if exp.kind != "pass":
+        what = {"raises": f"an error matching {exp.match!r}", "hangs": "a hang",
+                "crashes": "a rank to crash"}[exp.kind]
+        why = f" ({exp.reason})" if exp.reason else ""
+        bad = _value_failures(inst, run.results)
+        return InstanceResult("failed", f"{where}: expected {what}{why}, but every rank "
+                              "completed" + ("; values:\n" + "\n".join(bad) if bad else
+                                             " with correct values"), ranks, run.states)
+    bad = _value_failures(inst, run.results)
+    if bad:
+        wrong_ranks = sorted({r.rank for r in ranks if any(not c.ok for c in r.checks)})
+        return InstanceResult("failed", f"{where}: wrong values on rank(s) "
+                              f"{', '.join(map(str, wrong_ranks))}\n" + "\n".join(bad),
+                              ranks, run.states)
+    return InstanceResult("passed", f"{where}: passed", ranks, run.states)
+
+
+def _check_raises(inst: Instance, raised: list[RankResult], ranks: list[RankResult],
+                  run: PoolRun) -> InstanceResult:
+    exp = inst.expectation
+    where = _where(inst)
+    pattern = re.compile(exp.match)
+    mismatched = [r for r in raised if not pattern.search(f"{r.exc_type}: {r.exc_message}")]
+    missing = [r for r in (exp.ranks or ()) if r not in {x.rank for x in raised}]
+    if mismatched or missing:
+        lines = [f"{where}: expected an error matching {exp.match!r}"]
+        lines += [f"  rank {r.rank} raised {r.exc_type}: {r.exc_message}" for r in mismatched]
+        lines += [f"  rank {r} did not raise" for r in missing]
+        return InstanceResult("failed", "\n".join(lines), ranks, run.states)
+    return InstanceResult("passed", f"{where}: rank(s) {[r.rank for r in raised]} raised as "
+                          f"expected: {raised[0].exc_type}: {raised[0].exc_message[:200]}",
+                          ranks, run.states)
