@@ -85,8 +85,8 @@ class _Expander:
         out.append(("device", "", _as_list(raw.get("device", "default"))))
         out.append(("layout", "", _as_list(raw.get("layout", "contiguous"))))
         shape = raw.get("shape")
-        if _is_shape_axis(shape):
-            out.append(("shape", "shape", shape))
+        if shape is not None and _is_shape_axis(shape):
+            out.append(("shape", "shape", list(shape)))
         for key in ("src", "dst", "group"):
             value = raw.get("args", {}).get(key)
             if value is None:
@@ -202,9 +202,9 @@ class _Expander:
             args["tag"] = self.raw["args"]["tag"]
         return args
 
-    def _shorthand(self, point: dict[str, Any], env: dict[str, Any]
-                   ) -> tuple[tuple[TensorSpec, ...], tuple[Step, ...], tuple[tuple[str, Fill], ...],
-                              tuple[str, str] | None]:
+    def _shorthand(self, point: dict[str, Any], env: dict[str, Any]) -> tuple[
+            tuple[TensorSpec, ...], tuple[Step, ...], tuple[tuple[str, Fill], ...],
+            tuple[str, str] | None]:
         assert self.op is not None
         op, raw, ws = self.op, self.raw, point["world_size"]
         args = self._root_args(point, env)
@@ -245,9 +245,8 @@ class _Expander:
             return self._eval_shape(point["shape"], env, ("shape",))
         if "shape" in self.raw:
             return self._eval_shape(self.raw["shape"], env, ("shape",))
-        shapes = {_list_shape(init.for_rank(r).data) for r in range(point["world_size"])
-                  if init.for_rank(r).kind == "list"}
-        shapes.discard(None)
+        shapes = {s for r in range(point["world_size"]) if init.for_rank(r).kind == "list"
+                  and (s := _list_shape(init.for_rank(r).data)) is not None}
         if len(shapes) > 1:
             raise self.case.error(("input",), "per-rank inputs have different shapes "
                                   f"{sorted(shapes)}", "collectives need one shape on all ranks")
@@ -256,8 +255,8 @@ class _Expander:
                                   "add 'shape: [N]' (needed with expressions and generators)")
         return shapes.pop()
 
-    def _program(self, point: dict[str, Any], env: dict[str, Any]
-                 ) -> tuple[tuple[TensorSpec, ...], tuple[Step, ...], tuple[tuple[str, Fill], ...]]:
+    def _program(self, point: dict[str, Any], env: dict[str, Any]) -> tuple[
+            tuple[TensorSpec, ...], tuple[Step, ...], tuple[tuple[str, Fill], ...]]:
         raw, ws = self.raw, point["world_size"]
         names = (*expr_names(self.case),)
         tensors: list[TensorSpec] = []
@@ -268,7 +267,8 @@ class _Expander:
                      if "shape" in spec else None)
             dtype = dtypes.canonical(spec["dtype"]) if "dtype" in spec else point["dtype"]
             if dtype is None:
-                raise self.case.error(("tensors", name, "dtype"), f"unknown dtype {spec['dtype']!r}")
+                raise self.case.error(("tensors", name, "dtype"),
+                                      f"unknown dtype {spec['dtype']!r}")
             tensors.append(TensorSpec(name, shape, dtype, init,
                                       spec.get("layout", point["layout"])))
         steps: list[Step] = []
@@ -291,7 +291,8 @@ class _Expander:
                         args.append((key, parse(v, names) if isinstance(v, str) else v))
                 if "group" in s:
                     args.append(("group", tuple(s["group"])))
-                asy = s.get("async", bool(point.get("async", False))) or op.name in ops.ALWAYS_ASYNC
+                asy = (s.get("async", bool(point.get("async", False)))
+                       or op.name in ops.ALWAYS_ASYNC)
                 steps.append(Step("op", line, op=op.name, bufs=bufs, args=tuple(args),
                                   ranks=ranks, async_op=asy, handle=s.get("handle")))
             elif "wait" in s:
@@ -314,7 +315,8 @@ class _Expander:
                                  if k not in ("torch", "params", "args")))
             conds += tuple((f"params.{k}", tuple(_as_list(v)))
                            for k, v in when.get("params", {}).items())
-            conds += tuple((f"args.{k}", tuple(_as_list(v))) for k, v in when.get("args", {}).items())
+            conds += tuple((f"args.{k}", tuple(_as_list(v)))
+                           for k, v in when.get("args", {}).items())
             patch = tuple((k, v) for k, v in o.items() if k not in ("when", "reason", "issue"))
             line = self.case.doc.pos((*self.case.origin["overrides"], i)).line
             out.append(Override(conds, when.get("torch", ""), patch, o["reason"],

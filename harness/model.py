@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .errors import CaseFileError
 from .expr import Expr
 
 FillKind = Literal["list", "expr", "generator", "poison", "zeros", "per_rank", "unspecified",
@@ -130,11 +131,12 @@ class Case:
     origin: dict[str, tuple[str | int, ...]]
     doc: Any  # the harness.yamlload.Document, for positions
 
-    def error(self, path: tuple[str | int, ...], message: str, hint: str = "") -> Exception:
+    def error(self, path: tuple[str | int, ...], message: str, hint: str = "") -> CaseFileError:
         """A CaseFileError pointing at ``path`` (a path inside this case's mapping)."""
         base = self.origin.get(str(path[0]), ()) if path else ()
         full = (*base, *path[1:]) if path else base
-        return self.doc.error(full, message, hint)  # type: ignore[no-any-return]
+        err: CaseFileError = self.doc.error(full, message, hint)
+        return err
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ def _without_main_module() -> Iterator[None]:
         return data
 
     with _ctx_lock:
-        multiprocessing.spawn.get_preparation_data = without_main  # type: ignore[assignment]
+        multiprocessing.spawn.get_preparation_data = without_main
         try:
             yield
         finally:
@@ -159,7 +159,7 @@ class RankPool:
                     waiting.discard(r)
                     continue
                 try:
-                    msg = obj.recv()
+                    msg = self.conns[r].recv()
                 except EOFError:
                     continue
                 waiting.discard(r)
@@ -212,7 +212,7 @@ class RankPool:
                     continue
                 if obj is self.conns[r]:
                     try:
-                        kind, result = pickle.loads(obj.recv_bytes())
+                        _, result = pickle.loads(self.conns[r].recv_bytes())
                     except (EOFError, OSError):
                         continue  # the sentinel will tell us it died
                     run.results[r] = result
@@ -242,10 +242,8 @@ class RankPool:
         sizes = {r: _size(self.stack_path(r)) for r in pending}
         fr = self._flight_recorder_hint()
         for r in pending:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.procs[r].pid, STACK_SIGNAL)
-            except ProcessLookupError:
-                pass
         stacks = _read_grown(self, sizes)
         states: list[RankState] = []
         for r in range(self.key.world_size):
@@ -285,7 +283,7 @@ class RankPool:
                                                        timeout=end - time.monotonic()):
                 r = self._rank_of(obj)
                 try:
-                    kind, _ = pickle.loads(obj.recv_bytes())
+                    kind, _ = pickle.loads(self.conns[r].recv_bytes())
                 except (EOFError, OSError):
                     return False
                 if kind != "pong":
@@ -298,10 +296,8 @@ class RankPool:
         self.alive = False
         for p in self.procs:
             if p.pid is not None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         for p in self.procs:
             p.join(2.0)
         for c in self.conns:
@@ -314,10 +310,8 @@ class RankPool:
         if self.alive:
             payload = pickle.dumps(("stop", None))
             for c in self.conns:
-                try:
+                with contextlib.suppress(OSError):
                     c.send_bytes(payload)
-                except OSError:
-                    pass
             end = time.monotonic() + 2.0
             for p in self.procs:
                 p.join(max(0.0, end - time.monotonic()))

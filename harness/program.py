@@ -77,6 +77,11 @@ def prepare_groups(inst: Instance, renv: RankEnv) -> None:
             _group(renv, tuple(group))
 
 
+def _shape(shape: tuple[Any, ...] | None) -> tuple[int, ...] | None:
+    """Shapes are concrete after expansion (expressions were evaluated in the parent)."""
+    return None if shape is None else tuple(int(d) for d in shape)
+
+
 def _device(renv: RankEnv) -> torch.device:
     if renv.device == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
@@ -88,8 +93,8 @@ def _build(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> dict[str, torc
     dev = _device(renv)
     for spec in inst.tensors:
         fill = spec.init.for_rank(renv.rank)
-        t = tensors.materialize(fill, spec.shape, tensors.torch_dtype(spec.dtype), renv.rank,
-                                renv.world_size, env, inst.reduce_op)
+        t = tensors.materialize(fill, _shape(spec.shape), tensors.torch_dtype(spec.dtype),
+                                renv.rank, renv.world_size, env, inst.reduce_op)
         bufs[spec.name] = tensors.with_layout(t.to(dev), spec.layout)
     return bufs
 
@@ -192,7 +197,7 @@ def _special(step: Step) -> None:
     if step.kind == "sleep":
         time.sleep(float(step.value))
     elif step.kind == "sync":
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             torch.cuda.synchronize()
     elif step.kind == "raise":
         raise RuntimeError(str(step.value))
@@ -208,7 +213,7 @@ def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> torch.Tens
     in_spec = next(s for s in inst.tensors if s.name == inst.shorthand[0])
     out_spec = next(s for s in inst.tensors if s.name == inst.shorthand[1])
     dtype = tensors.torch_dtype(in_spec.dtype)
-    inputs = [tensors.materialize(in_spec.init.for_rank(r), in_spec.shape, dtype, r,
+    inputs = [tensors.materialize(in_spec.init.for_rank(r), _shape(in_spec.shape), dtype, r,
                                   renv.world_size, env, inst.reduce_op)
               for r in range(renv.world_size)]
     step = inst.steps[0]
@@ -218,7 +223,7 @@ def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> torch.Tens
                          group_ranks=tuple(group) if group else tuple(range(renv.world_size)),
                          reduce_op=inst.reduce_op,
                          args={**args, "premul_factor": inst.premul_factor},
-                         out_shape=tuple(out_spec.shape or ()))
+                         out_shape=_shape(out_spec.shape) or ())
     return op.reference(inputs, ctx)[renv.rank]
 
 
@@ -229,7 +234,7 @@ def _check(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, t
     for spec in inst.tensors:
         got = bufs[spec.name]
         fill: Fill = declared.get(spec.name, Fill("unspecified")).for_rank(renv.rank)
-        how = fill.kind
+        how: str = fill.kind
         exp: torch.Tensor | None
         if fill.kind == "auto":
             exp = _reference(inst, renv, env)

@@ -89,7 +89,7 @@ def rank_main(cfg: RankConfig, conn: Any, progress: Any) -> None:
             importlib.import_module(mod)
         if cfg.device == "cuda":
             torch.cuda.set_device(cfg.rank % max(1, torch.cuda.device_count()))
-        store = dist.FileStore(cfg.store_path, cfg.world_size)
+        store = dist.FileStore(cfg.store_path, cfg.world_size)  # type: ignore[attr-defined]
         dist.init_process_group(cfg.backend, store=store, rank=cfg.rank,
                                 world_size=cfg.world_size,
                                 timeout=datetime.timedelta(seconds=cfg.pg_timeout_s))

@@ -27,9 +27,14 @@ def torch_dtype(name: str) -> torch.dtype:
     return dt
 
 
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """A fresh row-major copy (``contiguous()`` keeps stride-0 views of one element)."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
 def _bits_view(t: torch.Tensor) -> torch.Tensor:
     size = t.element_size()
-    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32,
+    return _dense(t).view({1: torch.uint8, 2: torch.int16, 4: torch.int32,
                                 8: torch.int64}[size])
 
 
@@ -68,7 +73,8 @@ def generate(name: str, params: Mapping[str, Any], shape: tuple[int, ...], dtype
     g = _gen_rng(seed, rank)
     if name == "random":
         if info.kind in ("float", "float8", "complex"):
-            return (torch.rand(n, generator=g, dtype=torch.float64) * 2 - 1).reshape(shape).to(dtype)
+            vals = torch.rand(n, generator=g, dtype=torch.float64) * 2 - 1
+            return vals.reshape(shape).to(dtype)
         return _random_bits(n, info, g).reshape(shape).to(dtype)
     if name == "exact":
         return _exact(n, info, g, rank, world_size, reduce_op or "sum").reshape(shape).to(dtype)
@@ -84,7 +90,8 @@ def _ranks_code(n: int, info: dtypes.DtypeInfo, rank: int, world_size: int) -> t
     else:
         limit = 2 ** min(info.bits - (1 if info.kind == "int" else 0), 24)
     k = max(1, limit // (world_size + 1))
-    return ((rank + 1) * k + torch.arange(n) % k).to(torch.int64)
+    codes: torch.Tensor = ((rank + 1) * k + torch.arange(n) % k).to(torch.int64)
+    return codes
 
 
 def _random_bits(n: int, info: dtypes.DtypeInfo, g: torch.Generator) -> torch.Tensor:
@@ -165,7 +172,9 @@ def materialize(fill: Fill, shape: tuple[int, ...] | None, dtype: torch.dtype, r
             t = t.to(torch.int64)
         if dtype == torch.bool:
             t = t != 0
-        return t.expand(n).reshape(shape).to(dtype) if t.dim() == 0 else t.reshape(shape).to(dtype)
+        if t.dim() == 0:
+            t = t.expand(n).clone()
+        return t.reshape(shape).to(dtype)
     if kind == "generator":
         name, params = fill.data
         return generate(name, dict(params), shape, dtype, rank, world_size, reduce_op)
@@ -201,7 +210,7 @@ def with_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
 
 def digest(t: torch.Tensor) -> str:
     """A short hash of the tensor's bytes (cross-rank agreement checks)."""
-    data = t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    data = _dense(t.detach().cpu()).view(torch.uint8).numpy().tobytes() if t.numel() else b""
     return hashlib.sha256(data).hexdigest()[:16]
 
 

@@ -68,9 +68,11 @@ def suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
 def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
     """A short message and a hint for one schema error."""
     v = err.validator
+    schema: dict[str, Any] = err.schema if isinstance(err.schema, dict) else {}
     if v == "additionalProperties":
-        allowed = sorted(err.schema.get("properties", {}))
-        extras = [k for k in err.instance if k not in err.schema.get("properties", {})]
+        allowed = sorted(schema.get("properties", {}))
+        instance: Any = err.instance
+        extras = [k for k in instance if k not in schema.get("properties", {})]
         if allowed:
             return (f"unknown key {extras[0]!r}", suggest(extras[0], allowed))
         return (f"unknown key {extras[0]!r}", "")
@@ -78,7 +80,7 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
         return (err.message.replace("is a required property", "is required here"), "")
     if v == "enum":
         return (f"{err.instance!r} is not allowed",
-                suggest(str(err.instance), [str(x) for x in err.validator_value]))
+                suggest(str(err.instance), [str(x) for x in schema.get("enum", [])]))
     if v == "anyOf" or v == "oneOf":
         inst = err.instance
         if isinstance(inst, str) and inst.lower() in ("yes", "no", "on", "off"):
@@ -97,7 +99,8 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
 
 def _expected_types(err: jsonschema.ValidationError) -> str:
     kinds: list[str] = []
-    for sub in err.schema.get("anyOf", err.schema.get("oneOf", [])):
+    schema: dict[str, Any] = err.schema if isinstance(err.schema, dict) else {}
+    for sub in schema.get("anyOf", schema.get("oneOf", [])):
         t = sub.get("type") or ("a map" if "$ref" in sub else "")
         if isinstance(t, list):
             t = " or ".join(t)
@@ -118,7 +121,8 @@ def schema_errors(doc: Document) -> list[CaseFileError]:
         path = _doc_path(doc, tuple(err.absolute_path))
         message, hint = _schema_message(err)
         if err.validator == "additionalProperties":
-            extra = [k for k in err.instance if k not in err.schema.get("properties", {})][0]
+            props = err.schema.get("properties", {}) if isinstance(err.schema, dict) else {}
+            extra = next(k for k in err.instance if k not in props)
             key_path = (*path, int(extra) if (*path, extra) not in doc.positions
                         and str(extra).isdigit() else extra)
             path = key_path if key_path in doc.positions else path

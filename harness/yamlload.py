@@ -48,7 +48,7 @@ class _Resolver(yaml.resolver.BaseResolver):
     def resolve(self, kind: type, value: Any, implicit: Any) -> str:
         if kind is ScalarNode and implicit[0]:
             return "?"
-        return str(super().resolve(kind, value, implicit))
+        return str(super().resolve(kind, value, implicit))  # type: ignore[no-untyped-call]
 
 
 class _Loader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser,
@@ -106,7 +106,8 @@ def _scalar(doc: Document, node: ScalarNode, path: Path) -> Any:
     if _HEX_RE.match(value):
         return int(value.replace("_", ""), 16)
     if _LEADING_ZERO_RE.match(value):
-        raise doc.error(path, f"ambiguous number {value!r}: a leading zero reads as octal in YAML 1.1",
+        raise doc.error(path, f"ambiguous number {value!r}: a leading zero reads as octal "
+                        "in YAML 1.1",
                         f"write {value.lstrip('0') or '0'} for the decimal number, or quote it")
     if _FLOAT_RE.match(value):
         text = value.replace("_", "").lower()

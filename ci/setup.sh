@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Create .venv and install the harness (editable) with the given extras, torch pinned by
+# ci/constraints.txt. Usage: bash ci/setup.sh [EXTRAS]   e.g. bash ci/setup.sh test,dev
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+spec="."
+[ -n "$extras" ] && spec=".[${extras}]"
+.venv/bin/python -m pip install -q -c ci/constraints.txt -e "$spec"

@@ -1,0 +1,117 @@
+"""Parent-side capability checks: decide skips without starting any rank.
+
+torch is imported here lazily, on the first test that runs (never at collection). A missing
+capability is a skip with the reason, so a CPU machine running ``--backend nccl`` reports
+every test as skipped in milliseconds instead of spawning ranks that fail.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import platform
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import ops
+from .model import Instance
+
+BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
+
+
+@dataclass
+class Capabilities:
+    """What the installed torch and machine offer."""
+
+    torch_version: str
+    cuda_devices: int
+    cuda_names: list[str] = field(default_factory=list)
+    nccl_version: str = ""
+    backend_errors: dict[str, str] = field(default_factory=dict)
+    dist: Any = None
+    torch: Any = None
+
+    def skip_reason(self, inst: Instance) -> str:
+        """Why ``inst`` cannot run here, or "" if it can."""
+        backend = inst.backend
+        if backend in self.backend_errors:
+            return self.backend_errors[backend]
+        if backend in BUILTIN_BACKENDS and not self.dist.is_backend_available(backend):
+            return f"backend {backend!r} is not available in this torch build"
+        if backend not in BUILTIN_BACKENDS and not _registered(self.dist, backend):
+            return (f"backend {backend!r} is not registered; pass --backend-module MODULE that "
+                    "calls torch.distributed.Backend.register_backend")
+        if inst.device == "cuda":
+            if self.cuda_devices == 0:
+                return "no CUDA device on this machine"
+            if backend == "nccl" and self.cuda_devices < inst.world_size:
+                return (f"NCCL needs one GPU per rank: world_size {inst.world_size} > "
+                        f"{self.cuda_devices} GPU(s)")
+        dtypes_used = {t.dtype for t in inst.tensors} | {inst.dtype}
+        for name in sorted(dtypes_used):
+            if not hasattr(self.torch, name):
+                return f"torch {self.torch_version} has no dtype {name}"
+        for step in inst.steps:
+            if step.op and not ops.get(step.op).available(self.dist):
+                return f"torch {self.torch_version} has no torch.distributed.{step.op}"
+        if inst.reduce_op == "premul_sum" and not hasattr(self.dist, "_make_nccl_premul_sum"):
+            return f"torch {self.torch_version} has no PREMUL_SUM"
+        return ""
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "torch": self.torch_version,
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "hostname": socket.gethostname(),
+            "cuda_devices": self.cuda_devices,
+            "cuda_device_names": self.cuda_names,
+            "nccl_version": self.nccl_version,
+            "gloo_available": bool(self.dist.is_gloo_available()),
+        }
+
+
+def _registered(dist: Any, backend: str) -> bool:
+    plugins = getattr(dist.Backend, "_plugins", {})
+    return backend.upper() in plugins or backend in getattr(dist.Backend, "backend_list", [])
+
+
+@functools.cache
+def probe(backend_modules: tuple[str, ...]) -> Capabilities:
+    """Import torch (and the user's backend modules) in the parent and read what is there."""
+    import torch
+    import torch.distributed as dist
+
+    errors: dict[str, str] = {}
+    for mod in backend_modules:
+        try:
+            importlib.import_module(mod)
+        except Exception as exc:  # every test of that backend will skip with this reason
+            errors["*"] = f"--backend-module {mod} failed to import: {type(exc).__name__}: {exc}"
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = [torch.cuda.get_device_name(i) for i in range(count)]
+    nccl = ""
+    if count and dist.is_nccl_available():
+        v = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+        nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    caps = Capabilities(torch_version=str(torch.__version__), cuda_devices=count,
+                        cuda_names=names, nccl_version=nccl, dist=dist, torch=torch)
+    if "*" in errors:
+        caps.backend_errors = _AllBackends(errors["*"])
+    return caps
+
+
+class _AllBackends(dict[str, str]):
+    """A backend-module import failure applies to whichever backend is being tested."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __getitem__(self, key: str) -> str:
+        return self.message

@@ -1,0 +1,359 @@
+"""The pytest plugin: YAML case files become parametrized tests run on real process groups.
+
+Registered through the ``pytest11`` entry point. Import-light on purpose: torch is imported
+only when the first case runs, never at import or collection time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import ops
+from .errors import CaseFileError, CaseFileErrors
+from .model import Instance, InstanceResult
+
+CASES_RE = re.compile(r"^cases\s*:", re.MULTILINE)
+BAD_OUTCOMES = ("failed", "error", "hang", "crash")
+RECORD_ATTR = "collective_record"
+
+
+class CaseFailure(Exception):
+    """Raised by an item whose instance did not meet its expectation."""
+
+    def __init__(self, result: InstanceResult) -> None:
+        self.result = result
+        super().__init__(result.message)
+
+
+# -- options --------------------------------------------------------------------------------
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("collective-harness", "collective-harness conformance cases")
+    names = ["--collective-backend"]
+    try:
+        group.addoption("--backend", "--collective-backend", dest="collective_backend",
+                        default=None, metavar="NAME",
+                        help="backend to test: gloo (default), nccl, or one registered by "
+                             "--backend-module")
+    except ValueError:  # another plugin owns --backend: keep the long form only
+        group.addoption(*names, dest="collective_backend", default=None, metavar="NAME",
+                        help="backend to test (gloo, nccl, ...)")
+    group.addoption("--backend-module", dest="collective_backend_modules", action="append",
+                    default=[], metavar="MODULE",
+                    help="import MODULE in the parent and in every rank before the process "
+                         "group starts (lets a third-party backend register itself)")
+    group.addoption("--deadline", dest="collective_deadline", type=float, default=None,
+                    metavar="SECONDS", help="per-instance deadline before a hang is declared")
+    group.addoption("--world-size", dest="collective_world_sizes", default=None,
+                    metavar="N[,N...]", help="only run instances with these world sizes")
+    group.addoption("--full", dest="collective_full", action="store_true", default=False,
+                    help="also run cases marked 'full' (the long matrix)")
+    group.addoption("--report-json", dest="collective_report_json", default=None,
+                    metavar="PATH", help="JSON report path (default reports/conformance.json)")
+    group.addoption("--report-md", dest="collective_report_md", default=None, metavar="PATH",
+                    help="Markdown report path (default reports/conformance.md)")
+    group.addoption("--no-report", dest="collective_no_report", action="store_true",
+                    default=False, help="write no report files")
+    group.addoption("--max-pools", dest="collective_max_pools", type=int, default=None,
+                    metavar="N", help="rank pools kept alive at once (default 2)")
+    parser.addini("collective_backend", "default backend", default="gloo")
+    parser.addini("collective_backend_modules", "modules to import before init",
+                  type="linelist", default=[])
+    parser.addini("collective_deadline", "per-instance deadline in seconds", default="60")
+    parser.addini("collective_report_json", "JSON report path",
+                  default="reports/conformance.json")
+    parser.addini("collective_report_md", "Markdown report path",
+                  default="reports/conformance.md")
+    parser.addini("collective_max_pools", "rank pools kept alive at once", default="2")
+
+
+class HarnessSession:
+    """Per-process state: options, the pool manager, and the records collected."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        opt = config.getoption
+        self.backend: str = opt("collective_backend") or str(config.getini("collective_backend"))
+        mods = opt("collective_backend_modules") or config.getini("collective_backend_modules")
+        self.backend_modules: tuple[str, ...] = tuple(mods)
+        self.deadline: float = float(opt("collective_deadline")
+                                     or config.getini("collective_deadline"))
+        ws = opt("collective_world_sizes")
+        self.world_sizes = {int(x) for x in ws.split(",")} if ws else None
+        self.full: bool = opt("collective_full")
+        self.max_pools = int(opt("collective_max_pools") or config.getini("collective_max_pools"))
+        self.records: list[dict[str, Any]] = []
+        self._manager: Any = None
+        self.is_worker = hasattr(config, "workerinput")
+
+    @property
+    def manager(self) -> Any:
+        if self._manager is None:
+            from .pool import PoolManager
+
+            self._manager = PoolManager(max_pools=self.max_pools,
+                                        pg_timeout_s=max(600.0, self.deadline * 4))
+        return self._manager
+
+    def options(self) -> dict[str, Any]:
+        return {"backend": self.backend, "backend_modules": list(self.backend_modules),
+                "deadline_s": self.deadline, "full": self.full,
+                "world_sizes": sorted(self.world_sizes) if self.world_sizes else None}
+
+    def close(self) -> None:
+        if self._manager is not None:
+            self._manager.close()
+            self._manager = None
+
+
+_SESSION = pytest.StashKey[HarnessSession]()
+
+
+def _hs(config: pytest.Config) -> HarnessSession:
+    return config.stash[_SESSION]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_SESSION] = HarnessSession(config)
+    config.addinivalue_line("markers", "collective: a collective-harness case instance")
+    config.addinivalue_line("markers", "full: part of the long matrix (run with --full)")
+    for name in sorted({*ops.ALL_OPS, *(op.family for op in ops.ALL_OPS.values())}):
+        config.addinivalue_line("markers", f"{name}: instances of the {name} op/family")
+    for extra in ("seeds", "errors", "ordering", "subgroups", "isolated", "slow"):
+        config.addinivalue_line("markers", f"{extra}: collective-harness case tag")
+    if (signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+            and not hasattr(config, "workerinput")):
+        # Turn SIGTERM into a normal exit so pools are torn down (ranks would also notice the
+        # parent's death on their own, within a fraction of a second).
+        signal.signal(signal.SIGTERM, _sigterm)
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    hs = config.stash.get(_SESSION, None)
+    if hs is not None:
+        hs.close()
+
+
+# -- collection -----------------------------------------------------------------------------
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if file_path.suffix not in (".yaml", ".yml"):
+        return None
+    try:
+        head = file_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    if not CASES_RE.search(head):
+        return None  # not a case file (workflow files, configs...)
+    return CaseFile.from_parent(parent, path=file_path)
+
+
+class CaseFile(pytest.File):
+    """A YAML case file: validated at collection, one item per instance."""
+
+    def collect(self) -> list[pytest.Item]:
+        from . import expand, validate, yamlload
+
+        hs = _hs(self.config)
+        try:
+            display = str(self.path.relative_to(self.config.rootpath))
+        except ValueError:
+            display = str(self.path)
+        try:
+            doc = yamlload.load_file(str(self.path), display)
+            cases = validate.load_cases(doc)
+            instances = [inst for case in cases for inst in expand.expand(case, hs.backend)]
+        except (CaseFileError, CaseFileErrors) as exc:
+            raise self.CollectError(str(exc)) from None
+        items: list[pytest.Item] = []
+        for inst in instances:
+            item = CaseItem.from_parent(self, name=f"{inst.case}[{inst.id}]", instance=inst)
+            items.append(item)
+        return items
+
+
+class CaseItem(pytest.Item):
+    """One instance of a case."""
+
+    def __init__(self, *, instance: Instance, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.instance = instance
+        self.record: dict[str, Any] | None = None
+        self.result: InstanceResult | None = None
+        self.add_marker("collective")
+        for mark in instance.marks:
+            self.add_marker(mark)
+        if instance.isolate:
+            self.add_marker("isolated")
+        for key, value in (("backend", instance.backend), ("world_size", instance.world_size),
+                           ("dtype", instance.dtype), ("op", instance.op),
+                           ("yaml", f"{instance.file}:{instance.line}")):
+            self.user_properties.append((key, value))
+
+    def pool_key(self) -> tuple[Any, ...]:
+        inst = self.instance
+        return (inst.backend, inst.device, inst.world_size, inst.isolate)
+
+    def setup(self) -> None:
+        from . import expand
+        from .capabilities import probe
+        from .report.records import skipped_record
+
+        hs = _hs(self.config)
+        caps = probe(hs.backend_modules)
+        self.instance = expand.resolve(self.instance, caps.torch_version)
+        reason = self.instance.expectation.skip or caps.skip_reason(self.instance)
+        if reason:
+            self.record = skipped_record(self.instance, reason, self.nodeid)
+            pytest.skip(reason)
+
+    def runtest(self) -> None:
+        from .pool import PoolKey, PoolStartError
+        from .report.records import instance_record
+        from .verdict import judge
+
+        hs = _hs(self.config)
+        inst = self.instance
+        deadline = inst.deadline or hs.deadline
+        key = PoolKey(inst.backend, inst.device, inst.world_size, hs.backend_modules)
+        t0 = time.monotonic()
+        pool = None
+        try:
+            pool = hs.manager.isolated(key) if inst.isolate else hs.manager.get(key)
+            run = pool.run(inst, deadline)
+        except PoolStartError as exc:
+            result = InstanceResult("error", f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]:"
+                                    f" {exc}", expected_kind=inst.expectation.kind)
+        else:
+            result = judge(inst, run, deadline)
+            replace = run.kind != "done" or any(r.status == "raised"
+                                                for r in run.results.values())
+            if inst.isolate:
+                pool.close()
+            elif replace:
+                hs.manager.discard(key)
+            elif result.outcome != "passed" and not pool.ping():
+                hs.manager.discard(key)
+                replace = True
+            result.pool_replaced = replace
+        result.duration = time.monotonic() - t0
+        self.result = result
+        self.record = instance_record(inst, result, self.nodeid)
+        if result.outcome == "xfail":
+            pytest.xfail(result.message)
+        if result.outcome in BAD_OUTCOMES:
+            raise CaseFailure(result)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: Any = None) -> str:
+        if isinstance(excinfo.value, CaseFailure):
+            r = excinfo.value.result
+            label = {"failed": "FAILED", "error": "ERROR", "hang": "HANG",
+                     "crash": "CRASH"}[r.outcome]
+            return f"[{label}] {r.message}"
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, self.instance.line - 1, f"{self.instance.case}[{self.instance.id}]"
+
+
+# -- scheduling and reporting ----------------------------------------------------------------
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    hs = _hs(config)
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        if isinstance(item, CaseItem):
+            inst = item.instance
+            if hs.world_sizes is not None and inst.world_size not in hs.world_sizes:
+                dropped.append(item)
+                continue
+            if "full" in inst.marks and not hs.full:
+                dropped.append(item)
+                continue
+        keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    # Group instances by pool so each pool starts once; other tests keep their order.
+    others = [i for i in keep if not isinstance(i, CaseItem)]
+    case_items = sorted((i for i in keep if isinstance(i, CaseItem)), key=CaseItem.pool_key)
+    cases: list[pytest.Item] = list(case_items)
+    items[:] = others + cases
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Any:
+    rep = yield
+    if isinstance(item, CaseItem) and item.record is not None and not getattr(
+            item, "_record_sent", False) and (call.when == "call" or rep.skipped):
+        setattr(rep, RECORD_ATTR, json.dumps(item.record))
+        item._record_sent = True  # type: ignore[attr-defined]
+        outcome = item.record["outcome"]
+        item.user_properties.append(("outcome", outcome))
+        if outcome == "xpass":
+            rep.wasxfail = item.record["reason"]  # pytest shows it as XPASS
+    return rep
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Runs on the xdist controller for worker reports too: the record travels on the report.
+    text = getattr(report, RECORD_ATTR, None)
+    if text is None:
+        return
+    config = _CONFIG.get("config")
+    if config is not None:
+        _hs(config).records.append(json.loads(text))
+
+
+_CONFIG: dict[str, pytest.Config] = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _CONFIG["config"] = session.config
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    hs = _hs(session.config)
+    hs.close()
+    if hs.is_worker or not hs.records or session.config.getoption("collective_no_report"):
+        return
+    write_reports(session.config, hs)
+
+
+def write_reports(config: pytest.Config, hs: HarnessSession) -> None:
+    """Write the JSON and Markdown reports (controller only)."""
+    from .capabilities import probe
+    from .report import markdown
+    from .report.records import build_report, write_atomic, write_json
+
+    meta = probe(hs.backend_modules).metadata()
+    meta["options"] = hs.options()
+    report = build_report(hs.records, meta)
+    root = config.rootpath
+    json_path = root / (config.getoption("collective_report_json")
+                        or str(config.getini("collective_report_json")))
+    md_path = root / (config.getoption("collective_report_md")
+                      or str(config.getini("collective_report_md")))
+    write_json(str(json_path), report)
+    write_atomic(str(md_path), markdown.render(report))
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.ensure_newline()
+        tr.write_line(f"collective-harness: report written to "
+                      f"{os.path.relpath(json_path)} and {os.path.relpath(md_path)}")

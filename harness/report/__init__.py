@@ -1,0 +1,1 @@
+"""Report writers: JSON (with a shipped schema), Markdown and HTML conformance matrices."""

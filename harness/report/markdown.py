@@ -1,0 +1,89 @@
+"""Markdown conformance matrix: per backend, op x dtype, for humans and $GITHUB_STEP_SUMMARY."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "hang": "⏳", "crash": "☠️",
+           "xfail": "⚠️", "xpass": "❗", "skipped": "⏭️"}
+BAD = ("failed", "error", "hang", "crash")
+MAX_FAILURES = 50
+
+
+def cell(outcomes: Counter[str]) -> str:
+    """``✅ 12 ❌ 1``: one symbol and count per outcome present, worst first."""
+    order = ("failed", "error", "hang", "crash", "xpass", "xfail", "passed", "skipped")
+    return " ".join(f"{SYMBOLS[o]} {outcomes[o]}" for o in order if outcomes.get(o))
+
+
+def verdict_line(summary: dict[str, Any]) -> str:
+    bad = sum(summary.get(o, 0) for o in BAD)
+    word = "PASS" if bad == 0 else "FAIL"
+    parts = [f"{summary.get(o, 0)} {o}" for o in
+             ("passed", "failed", "error", "hang", "crash", "xfail", "xpass", "skipped")
+             if summary.get(o, 0)]
+    return f"**Verdict: {word}** ({summary.get('total', 0)} instances: {', '.join(parts)})"
+
+
+def matrix(records: list[dict[str, Any]]) -> list[str]:
+    """Markdown table lines: rows are ops, columns dtypes."""
+    dtypes = sorted({r["dtype"] for r in records})
+    by_cell: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    for r in records:
+        by_cell[(r["op"], r["dtype"])][r["outcome"]] += 1
+    ops = sorted({r["op"] for r in records})
+    lines = ["| op | " + " | ".join(dtypes) + " |", "|---|" + "---|" * len(dtypes)]
+    for op in ops:
+        lines.append(f"| {op} | " + " | ".join(cell(by_cell.get((op, d), Counter()))
+                                               for d in dtypes) + " |")
+    return lines
+
+
+def render(report: dict[str, Any]) -> str:
+    """The whole Markdown report."""
+    meta = report["metadata"]
+    out: list[str] = []
+    for backend in meta["backends"] or ["(none)"]:
+        recs = [r for r in report["records"] if r["backend"] == backend]
+        counts = Counter(r["outcome"] for r in recs)
+        summary = {**{k: counts.get(k, 0) for k in SYMBOLS}, "total": len(recs)}
+        devices = ", ".join(sorted({r["device"] for r in recs}))
+        out.append(f"# Conformance: {backend} on {devices or '-'} (torch {meta['torch']})")
+        out.append("")
+        out.append(verdict_line(summary))
+        out.append("")
+        out.append(f"World sizes: {', '.join(map(str, sorted({r['world_size'] for r in recs})))}"
+                   f" · host {meta.get('hostname', '?')} · {meta.get('created', '')}")
+        out.append("")
+        out.append("Legend: " + " ".join(f"{s} {o}" for o, s in SYMBOLS.items()))
+        out.append("")
+        out.extend(matrix(recs))
+        out.append("")
+        bad = [r for r in recs if r["outcome"] in BAD or r["outcome"] == "xpass"]
+        if bad:
+            out.append(f"## Failures ({len(bad)})")
+            out.append("")
+            for r in bad[:MAX_FAILURES]:
+                first = r["message"].splitlines()[0] if r["message"] else ""
+                out.append(f"- **{r['outcome']}** `{r['key']}` — {first}")
+            if len(bad) > MAX_FAILURES:
+                out.append(f"- … and {len(bad) - MAX_FAILURES} more (see the JSON report)")
+            out.append("")
+        known = sorted({(r["op"], r["reason"]) for r in recs
+                        if (r["reason"] and r["outcome"] in ("xfail", "passed")
+                        and r["expected"] != "pass") or r["outcome"] == "xfail"})
+        if known:
+            out.append("## Documented divergences and limitations")
+            out.append("")
+            for op, reason in known:
+                out.append(f"- `{op}`: {reason}")
+            out.append("")
+        skipped = Counter(r["reason"] or r["message"] for r in recs if r["outcome"] == "skipped")
+        if skipped:
+            out.append("## Skipped")
+            out.append("")
+            for reason, n in skipped.most_common():
+                out.append(f"- {n} x {reason}")
+            out.append("")
+    return "\n".join(out).rstrip() + "\n"

@@ -1,0 +1,137 @@
+"""Build the JSON-ready record of one instance, and the report document around the records."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import json
+import os
+import tempfile
+from collections import Counter
+from importlib import resources
+from typing import Any
+
+import jsonschema
+
+from ..model import Instance, InstanceResult
+
+SCHEMA_VERSION = 1
+OUTCOMES = ("passed", "failed", "error", "hang", "crash", "skipped", "xfail", "xpass")
+
+
+def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict[str, Any]:
+    """The report record of one instance (see harness/schemas/report.schema.json)."""
+    states = {s.rank: s for s in result.states}
+    ranks: list[dict[str, Any]] = []
+    for rank in range(inst.world_size):
+        rr = next((r for r in result.ranks if r.rank == rank), None)
+        st = states.get(rank)
+        entry: dict[str, Any] = {"rank": rank, "status": rr.status if rr else "no_result"}
+        if st is not None:
+            entry["state"] = st.state
+            entry["step"] = st.step
+            if st.step_desc:
+                entry["step_desc"] = st.step_desc
+            if st.stack:
+                entry["stack"] = st.stack
+            if st.exitcode is not None:
+                entry["exitcode"] = st.exitcode
+            if st.signal:
+                entry["signal"] = st.signal
+            if st.stderr_tail:
+                entry["stderr_tail"] = st.stderr_tail
+        if rr is not None:
+            entry["duration_s"] = round(rr.duration, 6)
+            entry["checks"] = [
+                {"tensor": c.tensor, "ok": c.ok, "expectation": c.expectation, "wrong": c.wrong,
+                 "total": c.total, "digest": c.digest, "note": c.note,
+                 "first_wrong": [{"index": i, "expected": e, "got": g}
+                                 for i, e, g in c.first_wrong]}
+                for c in rr.checks]
+            entry["events"] = [dataclasses.asdict(e) for e in rr.events]
+            if rr.status == "raised":
+                entry["exception"] = {"type": rr.exc_type, "message": rr.exc_message,
+                                      "traceback": rr.traceback, "step": rr.step}
+        ranks.append(entry)
+    return {
+        "key": inst.key,
+        "nodeid": nodeid,
+        "file": inst.file,
+        "line": inst.line,
+        "case": inst.case,
+        "id": inst.id,
+        "description": inst.description,
+        "backend": inst.backend,
+        "device": inst.device,
+        "world_size": inst.world_size,
+        "dtype": inst.dtype,
+        "op": inst.op,
+        "family": inst.family,
+        "reduce_op": inst.reduce_op,
+        "async": inst.async_op,
+        "axes": {k: v for k, v in inst.axes},
+        "outcome": result.outcome,
+        "expected": result.expected_kind,
+        "reason": result.reason,
+        "message": result.message,
+        "duration_s": round(result.duration, 6),
+        "pool_replaced": result.pool_replaced,
+        "ranks": ranks,
+    }
+
+
+def skipped_record(inst: Instance, reason: str, nodeid: str) -> dict[str, Any]:
+    """Record for an instance skipped in the parent (no rank ran)."""
+    return instance_record(inst, InstanceResult("skipped", reason, reason=reason), nodeid)
+
+
+@functools.cache
+def report_schema() -> dict[str, Any]:
+    """The JSON Schema of the conformance report."""
+    text = resources.files("harness").joinpath("schemas/report.schema.json").read_text()
+    return dict(json.loads(text))
+
+
+def build_report(records: list[dict[str, Any]], metadata: dict[str, Any]) -> dict[str, Any]:
+    """The whole report: metadata, summary and records sorted by key (reproducible)."""
+    records = sorted(records, key=lambda r: (r["backend"], r["key"]))
+    counts = Counter(r["outcome"] for r in records)
+    summary: dict[str, Any] = {o: counts.get(o, 0) for o in OUTCOMES}
+    summary["total"] = len(records)
+    summary["ok"] = all(r["outcome"] not in ("failed", "error", "hang", "crash")
+                        for r in records)
+    meta = dict(metadata)
+    meta.setdefault("created", datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+    meta["world_sizes"] = sorted({r["world_size"] for r in records})
+    meta["backends"] = sorted({r["backend"] for r in records})
+    return {"schema_version": SCHEMA_VERSION, "metadata": meta, "summary": summary,
+            "records": records}
+
+
+def validate_report(report: dict[str, Any]) -> None:
+    """Raise jsonschema.ValidationError if ``report`` does not match the shipped schema."""
+    jsonschema.Draft202012Validator(report_schema()).validate(report)
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` so readers never see a half-written file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: str, report: dict[str, Any]) -> None:
+    validate_report(report)
+    write_atomic(path, json.dumps(report, indent=1, sort_keys=False) + "\n")
+
+
+def load_report(path: str) -> dict[str, Any]:
+    """Read and validate a report written by :func:`write_json`."""
+    with open(path, encoding="utf-8") as fh:
+        report = json.load(fh)
+    validate_report(report)
+    return dict(report)
