@@ -237,6 +237,7 @@ class RankState:
     exitcode: int | None = None
     signal: str = ""
     stderr_tail: str = ""
+    flight_recorder: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.spawn
@@ -32,7 +33,7 @@ from .rank import STACK_SIGNAL, RankConfig, rank_main
 
 FAIL_FAST_GRACE_S = 2.0
 STARTUP_TIMEOUT_S = 120.0
-STACK_WAIT_S = 1.0
+DIAGNOSE_WAIT_S = 2.0  # stacks and flight recorder, together
 STDERR_TAIL_LINES = 20
 
 _ctx_lock = threading.RLock()
@@ -119,19 +120,23 @@ class RankPool:
         self.progress: list[Any] = []
         ctx = _context()
         env = _backend_env(key.backend, pg_timeout_s)
+        self.fr_requests: list[Any] = []
         for r in range(key.world_size):
             parent_conn, child_conn = ctx.Pipe()
+            fr_recv, fr_send = ctx.Pipe(duplex=False)
             progress = ctx.RawArray("i", 2)
             cfg = RankConfig(rank=r, world_size=key.world_size, backend=key.backend,
                              device=key.device, store_path=os.path.join(self.dir, "store"),
                              owner_pid=os.getpid(), log_path=self.log_path(r),
                              stack_path=self.stack_path(r), backend_modules=key.backend_modules,
-                             pg_timeout_s=pg_timeout_s, env=env)
-            proc = ctx.Process(target=rank_main, args=(cfg, child_conn, progress),
+                             pg_timeout_s=pg_timeout_s, fr_path=self.fr_path(r), env=env)
+            proc = ctx.Process(target=rank_main, args=(cfg, child_conn, progress, fr_recv),
                                name=f"collective-rank{r}", daemon=True)
             with _without_main_module():
                 proc.start()
             child_conn.close()
+            fr_recv.close()
+            self.fr_requests.append(fr_send)
             self.procs.append(proc)
             self.conns.append(parent_conn)
             self.progress.append(progress)
@@ -144,6 +149,9 @@ class RankPool:
 
     def stack_path(self, rank: int) -> str:
         return os.path.join(self.dir, f"rank{rank}.stack")
+
+    def fr_path(self, rank: int) -> str:
+        return os.path.join(self.dir, f"rank{rank}.fr.json")
 
     def _await_ready(self) -> None:
         waiting = set(range(self.key.world_size))
@@ -240,11 +248,14 @@ class RankPool:
     def _diagnose(self, inst: Instance, pending: set[int], died: list[int],
                   run: PoolRun) -> list[RankState]:
         sizes = {r: _size(self.stack_path(r)) for r in pending}
-        fr = self._flight_recorder_hint()
         for r in pending:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.procs[r].pid, STACK_SIGNAL)
-        stacks = _read_grown(self, sizes)
+            with contextlib.suppress(OSError):
+                self.fr_requests[r].send_bytes(b"dump")
+        end = time.monotonic() + DIAGNOSE_WAIT_S
+        stacks = _read_grown(self, sizes, end)
+        recorder = self._read_flight_recorder(pending, end)
         states: list[RankState] = []
         for r in range(self.key.world_size):
             if r in run.results:
@@ -265,11 +276,22 @@ class RankPool:
             else:
                 states.append(RankState(r, "blocked", step=step, step_desc=desc,
                                         stack=_clean_stack(stacks.get(r, "")),
-                                        stderr_tail=self._tail(r) if fr else ""))
+                                        flight_recorder=recorder.get(r, [])))
         return states
 
-    def _flight_recorder_hint(self) -> bool:
-        return self.key.backend == "nccl"
+    def _read_flight_recorder(self, ranks: set[int], end: float) -> dict[int, list[str]]:
+        """The last collectives each blocked rank's flight recorder saw (best effort)."""
+        out: dict[int, list[str]] = {}
+        while time.monotonic() < end and len(out) < len(ranks):
+            for r in ranks - set(out):
+                try:
+                    with open(self.fr_path(r)) as fh:
+                        out[r] = summarize_flight_recorder(json.load(fh))
+                except (OSError, ValueError):
+                    continue
+            if len(out) < len(ranks):
+                time.sleep(0.05)
+        return out
 
     def ping(self, timeout_s: float = 5.0) -> bool:
         """A barrier across the pool: False if any rank does not answer in time."""
@@ -318,6 +340,19 @@ class RankPool:
         self.kill()
 
 
+def summarize_flight_recorder(dump: dict[str, Any], last: int = 8) -> list[str]:
+    """One line per recent flight-recorder entry: sequence ids, op, sizes, state."""
+    if "error" in dump:
+        return [f"flight recorder unavailable: {dump['error']}"]
+    lines: list[str] = []
+    for e in dump.get("entries", [])[-last:]:
+        lines.append(f"pg {e.get('pg_id', '?')} coll#{e.get('collective_seq_id', '?')} "
+                     f"p2p#{e.get('p2p_seq_id', '?')} {e.get('profiling_name', '?')} "
+                     f"in={e.get('input_sizes', '?')} out={e.get('output_sizes', '?')} "
+                     f"state={e.get('state', '?')}")
+    return lines
+
+
 def _size(path: str) -> int:
     try:
         return os.path.getsize(path)
@@ -325,10 +360,9 @@ def _size(path: str) -> int:
         return 0
 
 
-def _read_grown(pool: RankPool, sizes: dict[int, int]) -> dict[int, str]:
+def _read_grown(pool: RankPool, sizes: dict[int, int], end: float) -> dict[int, str]:
     """Wait until each signalled rank's stack dump has been written, then read it."""
     out: dict[int, str] = {}
-    end = time.monotonic() + STACK_WAIT_S
     last: dict[int, int] = {}
     while time.monotonic() < end:
         done = True
@@ -351,16 +385,16 @@ def _read_grown(pool: RankPool, sizes: dict[int, int]) -> dict[int, str]:
 
 
 def _clean_stack(text: str) -> str:
-    """Keep the thread that ran the program; drop the harness's own watchdog thread."""
-    blocks = [b for b in text.strip().split("\n\n") if "owner-watchdog" not in b and
-              "in watch" not in b]
+    """Keep the thread that runs the program; drop the harness's helper threads and the
+    multiprocessing frames below the rank's main loop."""
+    blocks = [b.strip() for b in text.strip().split("\n\n") if b.strip()]
+    main = [b for b in blocks if "in rank_main" in b] or blocks
     out: list[str] = []
-    for block in blocks:
+    for block in main:
         lines = block.splitlines()
-        # Frames below the rank's main loop are multiprocessing plumbing: drop them.
         cut = next((i for i, ln in enumerate(lines) if "in rank_main" in ln), len(lines) - 1)
         out.append("\n".join(lines[: cut + 1]))
-    return "\n\n".join(out).strip()
+    return "\n\n".join(out)
 
 
 class PoolManager:

@@ -11,6 +11,7 @@ import ctypes
 import datetime
 import faulthandler
 import importlib
+import json
 import os
 import pickle
 import signal
@@ -38,6 +39,7 @@ class RankConfig:
     stack_path: str
     backend_modules: tuple[str, ...]
     pg_timeout_s: float
+    fr_path: str = ""
     env: tuple[tuple[str, str], ...] = ()
 
 
@@ -70,7 +72,38 @@ def _redirect_output(log_path: str) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
-def rank_main(cfg: RankConfig, conn: Any, progress: Any) -> None:
+FR_ENTRIES = 8
+
+
+def _serve_flight_recorder(fr_path: str, requests: Any) -> None:
+    """On request, write the flight recorder's last entries to ``fr_path``.
+
+    Runs in its own thread because the main thread is the one stuck in a collective when the
+    parent asks; c10d releases the GIL while it waits, so this thread still runs.
+    """
+
+    def serve() -> None:
+        while True:
+            try:
+                requests.recv_bytes()
+            except (EOFError, OSError):
+                return
+            try:
+                from torch._C._distributed_c10d import _dump_fr_trace_json
+
+                raw = _dump_fr_trace_json(True, False)
+                text = raw.decode() if isinstance(raw, bytes) else str(raw)
+            except Exception as exc:  # older torch, or recorder off: say so in the report
+                text = json.dumps({"error": f"{type(exc).__name__}: {exc}"})
+            tmp = fr_path + ".tmp"
+            with open(tmp, "w") as fh:
+                fh.write(text)
+            os.replace(tmp, fr_path)
+
+    threading.Thread(target=serve, name="flight-recorder", daemon=True).start()
+
+
+def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None) -> None:
     """Entry point of a rank process (the target given to the forkserver)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_owner(cfg.owner_pid)
@@ -79,6 +112,8 @@ def rank_main(cfg: RankConfig, conn: Any, progress: Any) -> None:
     faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
     for key, value in cfg.env:
         os.environ[key] = value
+    if fr_requests is not None and cfg.fr_path:
+        _serve_flight_recorder(cfg.fr_path, fr_requests)
     try:
         import torch
         import torch.distributed as dist

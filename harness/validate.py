@@ -120,13 +120,15 @@ def schema_errors(doc: Document) -> list[CaseFileError]:
     for err in _validator().iter_errors(_jsonable(doc.data)):
         path = _doc_path(doc, tuple(err.absolute_path))
         message, hint = _schema_message(err)
+        at_key = False
         if err.validator == "additionalProperties":
             props = err.schema.get("properties", {}) if isinstance(err.schema, dict) else {}
             extra = next(k for k in err.instance if k not in props)
             key_path = (*path, int(extra) if (*path, extra) not in doc.positions
                         and str(extra).isdigit() else extra)
-            path = key_path if key_path in doc.positions else path
-        errors.append(doc.error(path, message, hint))
+            if key_path in doc.positions:
+                path, at_key = key_path, True
+        errors.append(doc.error(path, message, hint, at_key=at_key))
     errors.sort(key=lambda e: (e.pos.line, e.pos.col))
     return errors
 

@@ -41,6 +41,9 @@ def describe_state(st: RankState, results: dict[int, RankResult]) -> str:
     text = f"  rank {st.rank}: BLOCKED in step {st.step} ({st.step_desc})"
     if st.stack:
         text += "\n    Python stack:\n" + _indent(st.stack)
+    if st.flight_recorder:
+        text += "\n    flight recorder (last collectives):\n" + _indent(
+            "\n".join(st.flight_recorder))
     return text
 
 

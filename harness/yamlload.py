@@ -68,6 +68,7 @@ class Document:
     file: str
     data: Any
     positions: dict[Path, Pos] = field(default_factory=dict)
+    key_positions: dict[Path, Pos] = field(default_factory=dict)  # where each key is written
 
     def pos(self, path: Path) -> Pos:
         """Position of ``path``, or of its nearest ancestor that has one."""
@@ -76,8 +77,11 @@ class Document:
             p = p[:-1]
         return self.positions.get(p, Pos(self.file, 1, 1))
 
-    def error(self, path: Path, message: str, hint: str = "") -> CaseFileError:
-        return CaseFileError(self.pos(path), message, json_path(path), hint)
+    def error(self, path: Path, message: str, hint: str = "", at_key: bool = False
+              ) -> CaseFileError:
+        """An error at ``path`` (at the key itself rather than its value if ``at_key``)."""
+        pos = self.key_positions.get(path) if at_key else None
+        return CaseFileError(pos or self.pos(path), message, json_path(path), hint)
 
 
 def _scalar(doc: Document, node: ScalarNode, path: Path) -> Any:
@@ -124,6 +128,9 @@ def _build(doc: Document, node: Node, path: Path, budget: list[int]) -> Any:
                                        node.start_mark.column + 1))
     if isinstance(node, ScalarNode):
         return _scalar(doc, node, path)
+    if node.tag not in _STD_TAGS:
+        raise doc.error(path, f"YAML tag {node.tag!r} is not allowed in case files",
+                        "case files may only hold plain data: strings, numbers, lists, maps")
     if isinstance(node, SequenceNode):
         return [_build(doc, item, (*path, i), budget) for i, item in enumerate(node.value)]
     if isinstance(node, MappingNode):
@@ -142,6 +149,7 @@ def _build(doc: Document, node: Node, path: Path, budget: list[int]) -> Any:
                     kpos, f"duplicate key {key!r} (first defined at line {first_seen[key].line})",
                     json_path(path), "YAML would silently keep only the last one; remove one")
             first_seen[key] = kpos
+            doc.key_positions[(*path, key)] = kpos
             out[key] = _build(doc, vnode, (*path, key), budget)
         return out
     raise doc.error(path, f"unsupported YAML node {type(node).__name__}")

@@ -41,6 +41,8 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
                 entry["signal"] = st.signal
             if st.stderr_tail:
                 entry["stderr_tail"] = st.stderr_tail
+            if st.flight_recorder:
+                entry["flight_recorder"] = st.flight_recorder
         if rr is not None:
             entry["duration_s"] = round(rr.duration, 6)
             entry["checks"] = [

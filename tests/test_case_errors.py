@@ -1,0 +1,224 @@
+"""Every class of malformed case file gets its own message with file:line:col and a fix."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from harness import expand, validate, yamlload
+from harness.errors import CaseFileError, CaseFileErrors
+
+GOOD = """
+cases:
+  - name: ok
+    op: all_reduce
+    world_size: 2
+    shape: [3]
+    input: "rank + i"
+"""
+
+
+def problems(text: str) -> str:
+    """Load, validate and expand ``text``; return the rendered error (fail if none)."""
+    try:
+        doc = yamlload.load_text(textwrap.dedent(text), "cases/x.yaml")
+        for case in validate.load_cases(doc):
+            expand.expand(case, "gloo")
+    except (CaseFileError, CaseFileErrors) as exc:
+        return str(exc)
+    raise AssertionError("no error raised")
+
+
+def test_good_file_has_no_problem() -> None:
+    doc = yamlload.load_text(GOOD, "cases/x.yaml")
+    (case,) = validate.load_cases(doc)
+    assert [i.id for i in expand.expand(case, "gloo")] == ["gloo-ws2-float32-sum-sync"]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # unknown key, with a suggestion
+    ("""
+     cases:
+       - name: a
+         op: all_reduce
+         world_sise: 2
+         input: [1]
+     """, ["cases/x.yaml:5:5: at cases[0].world_sise: unknown key 'world_sise'",
+           "did you mean 'world_size'?"]),
+    # misspelled op
+    ("""
+     cases:
+       - name: a
+         op: al_reduce
+         input: [1]
+     """, ["cases/x.yaml:4:9: at cases[0].op: unknown op 'al_reduce'",
+           "did you mean 'all_reduce'?"]),
+    # a dtype torch does not have
+    ("""
+     cases:
+       - name: a
+         op: all_reduce
+         dtype: [float32, float33]
+         input: [1]
+     """, ["cases/x.yaml:5:22: at cases[0].dtype[1]: unknown dtype 'float33'"]),
+    # a rank missing from the per-rank inputs
+    ("""
+     cases:
+       - name: a
+         op: all_reduce
+         world_size: 3
+         input: {0: [1], 1: [2]}
+     """, ["at cases[0].input: input gives no value for rank(s) 2 at world_size 3",
+           "add them, or an 'others:' entry"]),
+    # a world size that does not match the per-rank map
+    ("""
+     cases:
+       - name: a
+         op: broadcast
+         world_size: [2]
+         args: {src: 0}
+         input: {0: [1], 1: [2], 2: [3]}
+     """, ["input names rank 2 but world_size is 2"]),
+    # duplicate keys
+    ("""
+     cases:
+       - name: a
+         op: all_reduce
+         op: broadcast
+     """, ["cases/x.yaml:5:5:", "duplicate key 'op' (first defined at line 4)"]),
+    # YAML 1.1 booleans
+    ("""
+     cases:
+       - name: a
+         op: all_reduce
+         async: yes
+         input: [1]
+     """, ["cases/x.yaml:5:12:", "ambiguous value 'yes'", "write true or false"]),
+    # an expression outside the whitelist
+    ("""
+     cases:
+       - name: a
+         op: all_reduce
+         shape: [2]
+         input: "__import__('os').getpid()"
+     """, ["at cases[0].input: bad expression", "only these functions may be called"]),
+    # an unknown name in an expression
+    ("""
+     cases:
+       - name: a
+         op: all_reduce
+         shape: [2]
+         input: "rnak + i"
+     """, ["unknown name 'rnak'", "available here: i, rank, world_size"]),
+    # unknown reduce op
+    ("""
+     cases:
+       - name: a
+         op: all_reduce
+         reduce_op: summ
+         input: [1]
+     """, ["unknown reduce op 'summ'", "did you mean 'sum'?"]),
+    # an op argument the op does not take, and a missing required one
+    ("""
+     cases:
+       - name: a
+         op: broadcast
+         args: {dst: 1}
+         input: [1]
+     """, ["op broadcast needs args.src", "op broadcast takes no argument 'dst'"]),
+    # root outside the world
+    ("""
+     cases:
+       - name: a
+         op: broadcast
+         world_size: 2
+         args: {src: 5}
+         input: [1]
+     """, ["src=5 is outside world_size 2"]),
+    # op and steps together / neither
+    ("""
+     cases:
+       - name: a
+         world_size: 2
+     """, ["needs exactly one of 'op' (one collective) or 'steps' (a program)"]),
+    # steps referring to an unknown tensor, and waiting on an unknown handle
+    ("""
+     cases:
+       - name: a
+         tensors:
+           t: {shape: [2], init: zeros}
+         steps:
+           - {op: all_reduce, tensor: u}
+           - {wait: h}
+         expected: {}
+     """, ["at cases[0].steps[0].tensor: unknown tensor 'u'", "allowed: t",
+           "at cases[0].steps[1].wait: no earlier step has handle 'h'"]),
+    # two expectations at once
+    ("""
+     cases:
+       - name: a
+         op: all_reduce
+         input: [1]
+         raises: boom
+         hangs: true
+     """, ["'raises' and 'hangs' cannot both be expected"]),
+    # wrong type, with the expected kinds
+    ("""
+     cases:
+       - name: a
+         op: all_reduce
+         world_size: two
+         input: [1]
+     """, ["at cases[0].world_size:", "'two' does not fit here"]),
+    # duplicate case names
+    ("""
+     cases:
+       - {name: a, op: barrier}
+       - {name: a, op: barrier}
+     """, ["duplicate case name 'a' (first at line 3)"]),
+    # inputs of different shapes on different ranks
+    ("""
+     cases:
+       - name: a
+         op: all_reduce
+         input: {0: [1, 2], 1: [1]}
+     """, ["per-rank inputs have different shapes"]),
+    # keyword in the wrong place
+    ("""
+     cases:
+       - name: a
+         op: all_reduce
+         shape: [2]
+         input: auto
+     """, ["'auto' cannot be used here", "allowed: poison, zeros"]),
+    # not a case file shape at all
+    ("""
+     cases: 3
+     """, ["cases/x.yaml:2:8: at cases: 3 is not of type array"]),
+])
+def test_error_classes(text: str, expected: list[str]) -> None:
+    message = problems(text)
+    for fragment in expected:
+        assert fragment in message, f"{fragment!r} not in:\n{message}"
+    assert "Traceback" not in message
+
+
+def test_all_problems_of_a_file_are_reported_together() -> None:
+    message = problems("""
+    cases:
+      - {name: a, op: al_reduce, input: [1]}
+      - {name: b, op: all_reduce, dtype: f32, input: [1]}
+    """)
+    assert "2 problem(s)" in message
+    assert "unknown op 'al_reduce'" in message and "unknown dtype 'f32'" in message
+
+
+def test_defaults_errors_point_at_the_defaults_block() -> None:
+    message = problems("""
+    defaults:
+      dtype: floaty
+    cases:
+      - {name: a, op: all_reduce, input: [1]}
+    """)
+    assert "cases/x.yaml:3:10: at defaults.dtype: unknown dtype 'floaty'" in message
