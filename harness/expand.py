@@ -298,7 +298,8 @@ class _Expander:
             elif "wait" in s:
                 steps.append(Step("wait", line, ranks=ranks, waits=tuple(_as_list(s["wait"]))))
             else:
-                kind = next(k for k in ("sleep", "sync", "raise", "abort", "exit") if k in s)
+                kind = next(k for k in ("sleep", "sync", "raise", "abort", "exit", "segfault")
+                            if k in s)
                 steps.append(Step(kind, line, ranks=ranks, value=s[kind]))
         expected: list[tuple[str, Fill]] = []
         for tname, fill_raw in raw.get("expected", {}).items():

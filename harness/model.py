@@ -62,7 +62,7 @@ class Step:
     ``kind`` is ``op`` (call ``op`` with ``bufs`` role->tensor name and ``args``), ``wait``
     (wait on ``waits`` handles), ``sleep`` (``value`` seconds on the host), ``sync``
     (device synchronize), or a deliberate fault used to test the harness and to document
-    failure modes: ``raise`` (message), ``abort``, ``exit`` (code).
+    failure modes: ``raise`` (message), ``abort``, ``exit`` (code), ``segfault``.
     """
 
     kind: str

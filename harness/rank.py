@@ -89,7 +89,9 @@ def _serve_flight_recorder(fr_path: str, requests: Any) -> None:
             except (EOFError, OSError):
                 return
             try:
-                from torch._C._distributed_c10d import _dump_fr_trace_json
+                from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
+                    _dump_fr_trace_json,
+                )
 
                 raw = _dump_fr_trace_json(True, False)
                 text = raw.decode() if isinstance(raw, bytes) else str(raw)
@@ -103,11 +105,22 @@ def _serve_flight_recorder(fr_path: str, requests: Any) -> None:
     threading.Thread(target=serve, name="flight-recorder", daemon=True).start()
 
 
+def _name_process(name: str) -> None:
+    """Show up as ``name`` in ps/top (and /proc/PID/comm), so a stray rank is recognisable."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except OSError:
+        pass
+
+
 def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None) -> None:
     """Entry point of a rank process (the target given to the forkserver)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _name_process(f"coll-rank{cfg.rank}")
     _die_with_owner(cfg.owner_pid)
     _redirect_output(cfg.log_path)
+    faulthandler.enable(file=sys.stderr, all_threads=True)  # a segfault leaves its stack
     stack_file = open(cfg.stack_path, "w")  # noqa: SIM115 - kept open for faulthandler
     faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
     for key, value in cfg.env:

@@ -22,7 +22,7 @@ from .yamlload import Document, Path
 
 KEYWORDS = ("poison", "zeros", "unspecified", "unchanged", "auto")
 BASE_NAMES = ("rank", "world_size")
-STEP_ACTIONS = ("op", "wait", "sleep", "sync", "raise", "abort", "exit")
+STEP_ACTIONS = ("op", "wait", "sleep", "sync", "raise", "abort", "exit", "segfault")
 
 
 @functools.cache

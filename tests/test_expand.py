@@ -1,0 +1,131 @@
+"""Matrix expansion: readable, stable ids; axes; per-backend overrides."""
+
+from __future__ import annotations
+
+import textwrap
+
+from harness import expand, validate, yamlload
+from harness.model import Instance
+
+
+def instances(text: str, backend: str = "gloo") -> list[Instance]:
+    doc = yamlload.load_text(textwrap.dedent(text), "cases/x.yaml")
+    return [i for c in validate.load_cases(doc) for i in expand.expand(c, backend)]
+
+
+def test_cross_product_and_id_order() -> None:
+    got = instances("""
+    cases:
+      - name: m
+        op: all_reduce
+        world_size: [2, 4]
+        dtype: [bf16, int64]
+        reduce_op: [sum, max]
+        async: [false, true]
+        shape: [3]
+        input: "rank + i"
+    """)
+    assert len(got) == 16
+    ids = [i.id for i in got]
+    assert ids[0] == "gloo-ws2-bfloat16-sum-sync"
+    assert "gloo-ws4-bfloat16-max-async" in ids
+    assert len(set(ids)) == 16
+    inst = next(i for i in got if i.id == "gloo-ws4-int64-max-async")
+    assert (inst.world_size, inst.dtype, inst.reduce_op, inst.async_op) == (4, "int64", "max", True)
+    assert inst.key == "cases/x.yaml::m[gloo-ws4-int64-max-async]"
+
+
+def test_non_reducing_ops_have_no_reduce_axis_and_args_appear_in_ids() -> None:
+    got = instances("""
+    cases:
+      - name: b
+        op: broadcast
+        world_size: 3
+        args: {src: [0, 2]}
+        shape: [2]
+        input: "rank"
+    """)
+    assert [i.id for i in got] == ["gloo-ws3-float32-sync-src0", "gloo-ws3-float32-sync-src2"]
+    assert dict(got[1].steps[0].args) == {"src": 2}
+
+
+def test_params_and_shape_axes() -> None:
+    got = instances("""
+    cases:
+      - name: p
+        op: all_gather
+        params: {n: [0, 7]}
+        shape: [n, 2]
+        input: "i"
+    """)
+    assert [i.id for i in got] == ["gloo-ws2-float32-sync-n0", "gloo-ws2-float32-sync-n7"]
+    out = next(t for t in got[1].tensors if t.name == "output")
+    assert out.shape == (2, 7, 2)  # all_gather output: world_size chunks of the input
+
+
+def test_backends_filter_and_default_device() -> None:
+    text = """
+    cases:
+      - {name: g, op: barrier, backends: [gloo]}
+    """
+    assert instances(text, "nccl") == []
+    assert instances(text, "gloo")[0].device == "cpu"
+    assert instances("cases:\n  - {name: n, op: barrier}\n", "nccl")[0].device == "cuda"
+
+
+OVERRIDES = """
+cases:
+  - name: o
+    op: all_reduce
+    reduce_op: [sum, avg]
+    dtype: [float32, int64]
+    shape: [2]
+    input: "i"
+    overrides:
+      - when: {backend: gloo, reduce_op: avg}
+        raises: "AVG"
+        reason: Gloo has no AVG
+      - when: {backend: gloo, torch: "<2.0", dtype: int64}
+        xfail: true
+        reason: old torch
+        issue: https://example.invalid/1
+      - when: {dtype: float32, reduce_op: sum}
+        skip: true
+        reason: not today
+"""
+
+
+def test_overrides_apply_by_axis_and_torch_version() -> None:
+    by_id = {i.id: i for i in instances(OVERRIDES)}
+    avg = expand.resolve(by_id["gloo-ws2-int64-avg-sync"], "2.13.0+cpu")
+    assert (avg.expectation.kind, avg.expectation.match) == ("raises", "AVG")
+    assert avg.expectation.reason == "Gloo has no AVG"
+    old = expand.resolve(by_id["gloo-ws2-int64-sum-sync"], "1.13.1")
+    assert old.expectation.xfail == "old torch (https://example.invalid/1)"
+    new = expand.resolve(by_id["gloo-ws2-int64-sum-sync"], "2.13.0")
+    assert new.expectation.xfail == "" and new.expectation.kind == "pass"
+    assert expand.resolve(by_id["gloo-ws2-float32-sum-sync"], "2.13.0").expectation.skip
+    nccl = {i.id: i for i in instances(OVERRIDES, "nccl")}
+    assert expand.resolve(nccl["nccl-ws2-int64-avg-sync"], "2.13.0").expectation.kind == "pass"
+
+
+def test_steps_form_builds_a_program() -> None:
+    (inst,) = instances("""
+    cases:
+      - name: ring
+        world_size: 3
+        tensors:
+          a: {shape: [2], init: "rank"}
+          b: {shape: [2], init: poison}
+        steps:
+          - {op: isend, tensor: a, dst: "(rank + 1) % world_size", handle: s}
+          - {op: irecv, tensor: b, src: "(rank - 1) % world_size", handle: r}
+          - {wait: [s, r]}
+        expected:
+          b: "(rank - 1) % world_size"
+    """)
+    kinds = [s.kind for s in inst.steps]
+    assert kinds == ["op", "op", "wait"]
+    assert inst.steps[0].async_op and inst.steps[0].handle == "s"
+    assert inst.steps[2].waits == ("s", "r")
+    assert inst.shorthand is None and dict(inst.expected)["b"].kind == "expr"

@@ -1,0 +1,233 @@
+"""The pytest plugin as a user drives it: ids, selection, skips, reports, third-party backends."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from .helpers import PYTHON, REPO, load_report, subprocess_env
+
+pytest_plugins = ["pytester"]
+
+CASES = """
+cases:
+  - name: sum_basic
+    op: all_reduce
+    world_size: [1, 2]
+    dtype: [float32, int64]
+    reduce_op: [sum, max]
+    shape: [4]
+    input: "rank * 10 + i"
+  - name: bcast
+    op: broadcast
+    world_size: 3
+    args: {src: 1}
+    shape: [2]
+    input: {1: [5, 6], others: poison}
+    expected: {others: [5, 6]}
+"""
+
+
+def write(pytester: pytest.Pytester, name: str, text: str) -> Path:
+    path = pytester.path / "cases" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_ids_verbose_and_reports(pytester: pytest.Pytester) -> None:
+    write(pytester, "all_reduce.yaml", CASES)
+    result = pytester.runpytest("cases/", "-v")
+    result.assert_outcomes(passed=9)
+    result.stdout.fnmatch_lines([
+        "cases/all_reduce.yaml::sum_basic[[]gloo-ws2-int64-max-sync[]] PASSED*",
+        "cases/all_reduce.yaml::bcast[[]gloo-ws3-float32-sync-src1[]] PASSED*",
+        "*report written to reports*conformance.json*",
+    ])
+    report = load_report(pytester.path / "reports" / "conformance.json")
+    assert report["summary"]["passed"] == 9 and report["summary"]["ok"] is True
+    assert report["metadata"]["world_sizes"] == [1, 2, 3]
+    assert report["metadata"]["torch"].startswith("2.")
+    rec = next(r for r in report["records"] if r["id"] == "gloo-ws2-int64-max-sync")
+    assert rec["op"] == "all_reduce" and rec["line"] == 3 and len(rec["ranks"]) == 2
+    assert all(c["ok"] for r in rec["ranks"] for c in r["checks"])
+    md = (pytester.path / "reports" / "conformance.md").read_text()
+    assert "| all_reduce | ✅ 4 | ✅ 4 |" in md and "**Verdict: PASS**" in md
+
+
+def test_selection_flags(pytester: pytest.Pytester) -> None:
+    write(pytester, "all_reduce.yaml", CASES)
+    pytester.runpytest("cases/", "-k", "bcast", "--no-report").assert_outcomes(passed=1)
+    pytester.runpytest("cases/", "-m", "broadcast", "--no-report").assert_outcomes(passed=1)
+    res = pytester.runpytest("cases/", "--world-size", "2", "--no-report")
+    res.assert_outcomes(passed=4, deselected=5)
+    coll = pytester.runpytest("cases/", "--collect-only", "-q")
+    coll.stdout.fnmatch_lines(["cases/all_reduce.yaml::sum_basic[[]gloo-ws1-float32-sum-sync[]]",
+                               "9 tests collected*"])
+    assert not (pytester.path / "reports").exists()
+
+
+def test_exitfirst_and_failure_message(pytester: pytest.Pytester) -> None:
+    write(pytester, "bad.yaml", """
+    cases:
+      - name: wrong
+        op: all_reduce
+        world_size: 2
+        shape: [4]
+        input: "rank + i"
+        expected: {others: "2 * i"}
+      - name: later
+        op: barrier
+        world_size: 2
+    """)
+    res = pytester.runpytest("cases/", "-x", "--no-report")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines([
+        "[[]FAILED[]] cases/bad.yaml:3: wrong[[]gloo-ws2-float32-sum-sync[]]: wrong values "
+        "on rank(s) 0, 1",
+        "  rank 0, tensor 'input' (expr): 4 of 4 element(s) wrong; first: [[]0[]] expected 0.0 "
+        "got 1.0, *",
+    ])
+
+
+def test_collection_does_not_import_torch(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(CASES)
+    code = textwrap.dedent(f"""
+        import sys, pytest
+        pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", {str(tmp_path)!r}])
+        print("TORCH_LOADED", "torch" in sys.modules)
+    """)
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=120)
+    assert "9 tests collected" in out.stdout
+    assert "TORCH_LOADED False" in out.stdout
+
+
+def test_broken_file_fails_collection_readably(pytester: pytest.Pytester) -> None:
+    write(pytester, "broken.yaml", """
+    cases:
+      - name: a
+        op: all_reduce
+        input: [1]
+        colour: blue
+    """)
+    res = pytester.runpytest("cases/")
+    assert res.ret == pytest.ExitCode.INTERRUPTED
+    res.stdout.fnmatch_lines(
+        ["*cases/broken.yaml:6:5: at cases[[]0[]].colour: unknown key 'colour'*"])
+    assert "Traceback" not in res.stdout.str()
+
+
+def test_nccl_without_gpus_skips_in_the_parent(pytester: pytest.Pytester) -> None:
+    write(pytester, "all_reduce.yaml", CASES)
+    pytester.makeconftest("""
+        import json
+        from harness import plugin
+        def pytest_sessionfinish(session):
+            hs = plugin._hs(session.config)
+            with open("pools.json", "w") as fh:
+                json.dump({"manager_created": hs._manager is not None}, fh)
+    """)
+    res = pytester.runpytest("cases/", "--backend", "nccl", "-rs")
+    res.assert_outcomes(skipped=9)
+    res.stdout.re_match_lines(
+        [r".*(no CUDA device on this machine|backend .nccl. is not available).*"])
+    assert json.loads((pytester.path / "pools.json").read_text()) == {"manager_created": False}
+    report = load_report(pytester.path / "reports" / "conformance.json")
+    assert {r["device"] for r in report["records"]} == {"cuda"}
+    assert {r["outcome"] for r in report["records"]} == {"skipped"}
+
+
+def test_overrides_become_xfail_xpass_skip_and_raises(pytester: pytest.Pytester) -> None:
+    write(pytester, "o.yaml", """
+    cases:
+      - name: known_wrong
+        op: all_reduce
+        shape: [2]
+        input: "i"
+        expected: {others: "i"}
+        overrides:
+          - {when: {backend: gloo}, xfail: true, reason: documented divergence}
+      - name: fixed_now
+        op: all_reduce
+        shape: [2]
+        input: "i"
+        overrides:
+          - {when: {backend: gloo}, xfail: true, reason: was wrong once}
+      - name: avg_int
+        op: all_reduce
+        dtype: int64
+        reduce_op: avg
+        shape: [2]
+        input: "i"
+        overrides:
+          - {when: {backend: gloo}, raises: "can't be cast|AVG", reason: Gloo has no integer AVG}
+      - name: not_here
+        op: barrier
+        overrides:
+          - {when: {backend: gloo}, skip: true, reason: skipped on purpose}
+    """)
+    res = pytester.runpytest("cases/", "-rxXs")
+    res.assert_outcomes(xfailed=1, xpassed=1, passed=1, skipped=1)
+    res.stdout.fnmatch_lines(["*skipped on purpose*"])
+    report = load_report(pytester.path / "reports" / "conformance.json")
+    by_case = {r["case"]: r for r in report["records"]}
+    assert by_case["known_wrong"]["outcome"] == "xfail"
+    assert by_case["fixed_now"]["outcome"] == "xpass"
+    assert by_case["avg_int"]["outcome"] == "passed"
+    assert by_case["avg_int"]["expected"] == "raises"
+    assert by_case["not_here"]["outcome"] == "skipped"
+
+
+def run_child(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", *args],
+                          capture_output=True, text=True, cwd=cwd, timeout=300,
+                          env=subprocess_env(**env))
+
+
+def test_third_party_backend_module(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(CASES)
+    ok = run_child(["c.yaml", "--backend-module", "fault_backend", "--backend", "faulty", "-q"],
+                   tmp_path, COLLECTIVE_FAULT="none")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "9 passed" in ok.stdout
+    bad = run_child(["c.yaml", "--backend-module", "fault_backend", "--backend", "faulty",
+                     "-q", "--no-report"], tmp_path, COLLECTIVE_FAULT="wrong_value")
+    assert bad.returncode == 1
+    assert "c.yaml::sum_basic[faulty-ws2-float32-sum-sync]" in bad.stdout
+    assert "rank 1, tensor 'input' (auto): 1 of 4 element(s) wrong" in bad.stdout
+    report = load_report(tmp_path / "reports" / "conformance.json")
+    assert report["metadata"]["options"]["backend_modules"] == ["fault_backend"]
+
+
+def test_xdist_two_workers_one_report(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(CASES)
+    res = run_child(["c.yaml", "-n", "2", "-q"], tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "9 passed" in res.stdout
+    report = load_report(tmp_path / "reports" / "conformance.json")
+    assert report["summary"]["total"] == 9
+    assert len({r["key"] for r in report["records"]}) == 9
+
+
+def test_bundled_seed_cases_end_to_end(tmp_path: Path) -> None:
+    """The shipped seed cases pass on Gloo at world sizes 1 to 4."""
+    res = run_child([str(REPO / "cases" / "seeds.yaml"), "-q", "--report-json",
+                     str(tmp_path / "r.json"), "--report-md", str(tmp_path / "r.md")], REPO)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = load_report(tmp_path / "r.json")
+    assert report["metadata"]["world_sizes"] == [1, 2, 3, 4]
+    assert report["summary"]["failed"] == 0 and report["summary"]["passed"] > 20
+    hang = next(r for r in report["records"] if r["case"] == "a_forgot_to_send_hangs")
+    assert hang["outcome"] == "passed" and hang["expected"] == "hangs"
+    blocked = [r for r in hang["ranks"] if r.get("state") == "blocked"]
+    assert [r["rank"] for r in blocked] == [1] and "in recv" in blocked[0]["stack"]
+
+
+if sys.platform != "linux":  # pragma: no cover
+    pytestmark = pytest.mark.skip(reason="rank pools need Linux")
