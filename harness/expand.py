@@ -128,7 +128,9 @@ class _Expander:
         else:
             tensors, steps, expected = self._program(point, env)
             shorthand = None
-        main = self.all_ops[0]
+        # A program without any collective (a deliberate crash, say) is filed under "steps".
+        main_name, main_family = ((self.all_ops[0].name, self.all_ops[0].family)
+                                  if self.all_ops else ("steps", "steps"))
         expectation = Expectation()
         if raw.get("raises"):
             r = raw["raises"]
@@ -140,11 +142,11 @@ class _Expander:
         elif raw.get("crashes"):
             expectation = Expectation("crashes")
         tol = raw.get("tolerance")
-        marks = [*raw.get("marks", []), main.name, main.family]
+        marks = [*raw.get("marks", []), *([main_name, main_family] if self.all_ops else [])]
         return Instance(
             file=case.file, line=case.line, case=case.name, id=inst_id,
             description=case.description, backend=self.backend, device=device, world_size=ws,
-            dtype=point["dtype"], op=main.name, family=main.family,
+            dtype=point["dtype"], op=main_name, family=main_family,
             reduce_op=point.get("reduce_op"), async_op=bool(point.get("async", False)),
             params=tuple(sorted(params.items())),
             axes=tuple((k, _jsonish(v)) for k, v in point.items()),

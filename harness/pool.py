@@ -196,7 +196,13 @@ class RankPool:
                 lines = fh.read().splitlines()
         except OSError:
             return ""
-        lines = [ln for ln in lines if "Failed to initialize NumPy" not in ln]
+        lines = [ln for ln in lines if "Failed to initialize NumPy" not in ln
+                 and not ln.startswith("Extension modules:")]
+        fatal = [i for i, ln in enumerate(lines) if ln.startswith("Fatal Python error")]
+        if fatal:  # faulthandler's crash report: keep it whole, minus helper threads
+            text = "\n".join(lines[fatal[-1]:fatal[-1] + 3 * STDERR_TAIL_LINES])
+            head, _, rest = text.partition("\n\n")
+            return (head + "\n\n" + _clean_stack(rest)).strip()
         return "\n".join(lines[-STDERR_TAIL_LINES:])
 
     def run(self, inst: Instance, deadline_s: float, grace_s: float = FAIL_FAST_GRACE_S) -> PoolRun:

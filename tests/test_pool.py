@@ -1,0 +1,241 @@
+"""Rank pools: reuse, hang/crash/error diagnosis, isolation, and no process left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from harness import expand, validate, yamlload
+from harness.model import Instance
+from harness.pool import PoolKey, PoolManager
+
+from .helpers import PYTHON, load_report, rank_pids, subprocess_env, wait_for
+
+pytest_plugins = ["pytester"]
+
+
+def instances(text: str) -> list[Instance]:
+    doc = yamlload.load_text(textwrap.dedent(text), "x.yaml")
+    return [i for c in validate.load_cases(doc) for i in expand.expand(c, "gloo")]
+
+
+def test_pools_are_reused_per_key_and_bounded() -> None:
+    by_ws = {i.world_size: i for i in instances("""
+    cases:
+      - {name: a, op: all_reduce, world_size: [2, 3], shape: [2], input: "rank"}
+    """)}
+    manager = PoolManager(max_pools=1)
+    pids: list[int] = []
+    try:
+        for ws in (2, 2, 2, 3, 2):
+            key = PoolKey("gloo", "cpu", ws)
+            pool = manager.get(key)
+            pids += [p.pid for p in pool.procs]
+            run = pool.run(by_ws[ws], deadline_s=30)
+            assert run.kind == "done"
+            assert all(r.status == "ok" and all(c.ok for c in r.checks)
+                       for r in run.results.values())
+        assert manager.started == 3  # ws2, then ws3 evicts it, then ws2 again
+    finally:
+        manager.close()
+    wait_for(lambda: not any(os.path.exists(f"/proc/{p}") and _alive(p) for p in pids), 10,
+             "closed pools' ranks to exit")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+MIXED = """
+cases:
+  - name: many_passing
+    op: all_reduce
+    world_size: [1, 2, 3, 4]
+    dtype: [float32, int32, float64]
+    reduce_op: [sum, max, min]
+    async: [false, true]
+    params: {n: [1, 5]}
+    shape: [n]
+    input: "rank * 3 + i"
+  - name: hangs_unexpectedly
+    world_size: 2
+    deadline: 1
+    tensors: {t: {shape: [2], init: zeros}}
+    steps:
+      - {op: recv, tensor: t, src: 0, ranks: [1]}
+    expected: {}
+  - name: aborts
+    world_size: 3
+    tensors: {t: {shape: [2], init: zeros}}
+    steps:
+      - {abort: true, ranks: [2]}
+      - {op: all_reduce, tensor: t}
+    expected: {}
+  - name: segfaults
+    world_size: 2
+    tensors: {t: {shape: [2], init: zeros}}
+    steps:
+      - {segfault: true, ranks: [0]}
+      - {op: all_reduce, tensor: t}
+    expected: {}
+  - name: exits
+    world_size: 2
+    tensors: {t: {shape: [2], init: zeros}}
+    steps:
+      - {exit: 7, ranks: [1]}
+      - {op: all_reduce, tensor: t}
+    expected: {}
+  - name: raises_on_one_rank
+    world_size: 2
+    tensors: {t: {shape: [2], init: zeros}}
+    steps:
+      - {raise: "only rank 1 fails", ranks: [1]}
+      - {op: all_reduce, tensor: t}
+    expected: {}
+  - name: expected_hang
+    world_size: 2
+    hangs: true
+    deadline: 1
+    tensors: {t: {shape: [2], init: zeros}}
+    steps:
+      - {op: recv, tensor: t, src: 1, ranks: [0]}
+    expected: {}
+  - name: expected_crash
+    world_size: 2
+    crashes: true
+    tensors: {t: {shape: [2], init: zeros}}
+    steps:
+      - {abort: true, ranks: [0]}
+    expected: {}
+  - name: after_everything
+    op: broadcast
+    world_size: [2, 3]
+    args: {src: 1}
+    shape: [3]
+    input: {1: [7, 8, 9], others: poison}
+    expected: {others: [7, 8, 9]}
+"""
+
+
+def test_failures_are_diagnosed_per_rank_and_do_not_leak(pytester: pytest.Pytester) -> None:
+    (pytester.path / "mixed.yaml").write_text(textwrap.dedent(MIXED))
+    res = pytester.runpytest("mixed.yaml", "-q", "-p", "no:randomly")
+    res.assert_outcomes(passed=144 + 2 + 2, failed=5)
+    report = load_report(pytester.path / "reports" / "conformance.json")
+    by_case: dict[str, dict[str, object]] = {}
+    for rec in report["records"]:
+        by_case.setdefault(rec["case"], rec)
+    hang = by_case["hangs_unexpectedly"]
+    assert hang["outcome"] == "hang"
+    r1 = hang["ranks"][1]
+    assert r1["state"] == "blocked" and r1["step_desc"] == "recv(tensor=t)"
+    assert "in recv" in r1["stack"] and hang["ranks"][0]["state"] == "finished"
+    abort = by_case["aborts"]
+    assert abort["outcome"] == "crash"
+    assert abort["ranks"][2]["state"] == "died" and abort["ranks"][2]["signal"] == "SIGABRT"
+    seg = by_case["segfaults"]
+    assert seg["outcome"] == "crash" and seg["ranks"][0]["signal"] == "SIGSEGV"
+    assert "Segmentation fault" in seg["ranks"][0]["stderr_tail"]
+    ex = by_case["exits"]
+    assert ex["outcome"] == "crash" and ex["ranks"][1]["exitcode"] == 7
+    err = by_case["raises_on_one_rank"]
+    assert err["outcome"] == "error"
+    assert err["ranks"][1]["exception"]["message"] == "only rank 1 fails"
+    assert err["ranks"][0]["state"] == "blocked" and "in all_reduce" in err["ranks"][0]["stack"]
+    assert "stopped after the fail-fast grace period" in err["message"]
+    assert by_case["expected_hang"]["outcome"] == "passed"
+    assert by_case["expected_crash"]["outcome"] == "passed"
+    assert {r["outcome"] for r in report["records"] if r["case"] in
+            ("many_passing", "after_everything")} == {"passed"}
+    res.stdout.fnmatch_lines(["*[[]HANG[]] mixed.yaml:*hangs_unexpectedly*no result after the "
+                              "1 s deadline; rank(s) [[]1[]] blocked*"])
+
+
+def start_hanging_session(tmp_path: Path, marker: str, *extra: str) -> subprocess.Popen[str]:
+    (tmp_path / "hang.yaml").write_text(textwrap.dedent("""
+    cases:
+      - name: stuck
+        world_size: 2
+        deadline: 300
+        tensors: {t: {shape: [2], init: zeros}}
+        steps:
+          - {op: recv, tensor: t, src: 0, ranks: [1]}
+          - {op: recv, tensor: t, src: 1, ranks: [0]}
+        expected: {}
+    """))
+    return subprocess.Popen([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "hang.yaml", "-q",
+                             "--no-report", *extra], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=subprocess_env(COLLECTIVE_TEST_MARKER=marker))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_no_rank_outlives_a_killed_pytest(tmp_path: Path, sig: signal.Signals) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    proc = start_hanging_session(tmp_path, marker)
+    try:
+        wait_for(lambda: len(rank_pids(marker)) == 2, 60, "two ranks to start")
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        wait_for(lambda: not rank_pids(marker), 10, f"ranks to exit after {sig.name}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_no_rank_outlives_a_killed_xdist_worker(tmp_path: Path) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    proc = start_hanging_session(tmp_path, marker, "-n", "1")
+    try:
+        wait_for(lambda: len(rank_pids(marker)) == 2, 60, "two ranks to start")
+        ranks = rank_pids(marker)
+        worker = _parent_of_forkserver_parent(ranks[0])
+        os.kill(worker, signal.SIGKILL)
+        wait_for(lambda: not any(_alive(p) for p in ranks), 10, "the worker's ranks to exit")
+    finally:
+        proc.kill()
+        proc.communicate()
+    wait_for(lambda: not rank_pids(marker), 10, "all ranks to exit")
+
+
+def _parent_of_forkserver_parent(pid: int) -> int:
+    """A rank's parent is the forkserver; the forkserver's parent is the pytest process."""
+    def ppid(p: int) -> int:
+        with open(f"/proc/{p}/stat") as fh:
+            return int(fh.read().split(") ", 1)[1].split()[1])
+    return ppid(ppid(pid))
+
+
+def test_two_sessions_at_once_do_not_collide(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(textwrap.dedent("""
+    cases:
+      - name: s
+        op: all_reduce
+        world_size: [2, 3]
+        reduce_op: [sum, max]
+        async: [false, true]
+        shape: [16]
+        input: "rank + i"
+    """))
+    procs = [subprocess.Popen([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "c.yaml", "-q",
+                               "--report-json", f"r{k}.json", "--report-md", f"r{k}.md"],
+                              cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, env=subprocess_env())
+             for k in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out
+        assert "8 passed" in out
+    for k in range(2):
+        assert load_report(tmp_path / f"r{k}.json")["summary"]["passed"] == 8
