@@ -8,6 +8,7 @@ import subprocess
 import textwrap
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -132,7 +133,7 @@ def test_failures_are_diagnosed_per_rank_and_do_not_leak(pytester: pytest.Pytest
     res = pytester.runpytest("mixed.yaml", "-q", "-p", "no:randomly")
     res.assert_outcomes(passed=144 + 2 + 2, failed=5)
     report = load_report(pytester.path / "reports" / "conformance.json")
-    by_case: dict[str, dict[str, object]] = {}
+    by_case: dict[str, Any] = {}
     for rec in report["records"]:
         by_case.setdefault(rec["case"], rec)
     hang = by_case["hangs_unexpectedly"]

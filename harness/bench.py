@@ -1,0 +1,244 @@
+"""Benchmark: the harness's per-test overhead against spawn-per-test and a bare loop.
+
+``collective-bench`` (or ``python -m harness.bench``) measures, for each world size, on Gloo
+with a trivial collective (all_reduce of 4 float32):
+
+- harness: instances run through a persistent rank pool (the path every pytest item takes,
+  including building buffers, the reference check and the verdict), pool start amortized;
+- pytest: the same instances as a generated case file run by ``pytest`` in a subprocess
+  (whole session: interpreter start, collection, pool start, reports), per instance;
+- spawn: a fresh process group per test, written like PyTorch's ``MultiProcessTestCase``
+  (spawn ranks, import torch, rendezvous, one collective, tear down);
+- bare: the collective alone in a loop inside one process group (the floor);
+
+and the time from a hang's deadline to its report. Ratios are printed side by side. The
+targets (issue 3): amortized overhead at world size 2 under 10 ms and over 400x faster than
+spawn-per-test; a hang reported within deadline + 3 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from . import expand, validate, yamlload
+from .pool import PoolKey, PoolManager, _context
+
+
+@dataclass
+class Row:
+    """Results for one world size (seconds per test unless noted)."""
+
+    world_size: int
+    harness_s: float
+    steady_s: float
+    pytest_s: float
+    spawn_s: float
+    bare_s: float
+    pool_start_s: float
+
+    @property
+    def overhead_s(self) -> float:
+        return max(0.0, self.harness_s - self.bare_s)
+
+
+def _case_text(world_size: int, n: int) -> str:
+    return textwrap.dedent(f"""
+    cases:
+      - name: bench
+        op: all_reduce
+        world_size: {world_size}
+        params: {{k: {list(range(n))}}}
+        shape: [4]
+        input: "rank + i + k"
+    """)
+
+
+def _instances(world_size: int, n: int) -> list[Any]:
+    doc = yamlload.load_text(_case_text(world_size, n), "bench.yaml")
+    return [i for c in validate.load_cases(doc) for i in expand.expand(c, "gloo")]
+
+
+def bench_harness(world_size: int, n: int) -> tuple[float, float, float]:
+    """Seconds per instance (pool start amortized; steady state), and the pool start."""
+    insts = _instances(world_size, n)
+    manager = PoolManager(max_pools=1)
+    try:
+        t0 = time.perf_counter()
+        pool = manager.get(PoolKey("gloo", "cpu", world_size))
+        t_start = time.perf_counter() - t0
+        for inst in insts:
+            run = pool.run(inst, deadline_s=60)
+            if run.kind != "done" or not all(
+                    r.status == "ok" and all(c.ok for c in r.checks)
+                    for r in run.results.values()):
+                raise RuntimeError(f"benchmark instance failed: {run}")
+        total = time.perf_counter() - t0
+    finally:
+        manager.close()
+    return total / n, (total - t_start) / n, t_start
+
+
+def bench_pytest(world_size: int, n: int) -> float:
+    """Seconds per instance for a whole ``pytest`` session over ``n`` instances."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "bench.yaml")
+        with open(path, "w") as fh:
+            fh.write(_case_text(world_size, n))
+        t0 = time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              "--no-report", path], cwd=tmp, capture_output=True, text=True,
+                             timeout=1800)
+        elapsed = time.perf_counter() - t0
+    if out.returncode != 0 or f"{n} passed" not in out.stdout:
+        raise RuntimeError(f"pytest benchmark failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    return elapsed / n
+
+
+def _spawn_rank(rank: int, world_size: int, store_path: str) -> None:
+    import datetime as dt
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size),  # type: ignore[attr-defined]
+                            rank=rank, world_size=world_size, timeout=dt.timedelta(seconds=120))
+    t = torch.arange(4, dtype=torch.float32) + rank
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+
+
+def bench_spawn(world_size: int, reps: int) -> float:
+    """Seconds per test when every test spawns, initialises and tears down its ranks."""
+    ctx = multiprocessing.get_context("spawn")
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        with tempfile.TemporaryDirectory() as tmp:
+            procs = [ctx.Process(target=_spawn_rank, args=(r, world_size,
+                                                           os.path.join(tmp, "store")))
+                     for r in range(world_size)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join(300)
+                if p.exitcode != 0:
+                    raise RuntimeError(f"spawned rank exited with {p.exitcode}")
+    return (time.perf_counter() - t0) / reps
+
+
+def _bare_rank(rank: int, world_size: int, store_path: str, n: int, conn: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size),  # type: ignore[attr-defined]
+                            rank=rank, world_size=world_size)
+    t = torch.arange(4, dtype=torch.float32) + rank
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dist.all_reduce(t)
+    conn.send((time.perf_counter() - t0) / n)
+    dist.destroy_process_group()
+
+
+def bench_bare(world_size: int, n: int) -> float:
+    """Seconds per collective in a plain loop inside one process group."""
+    ctx = _context()
+    with tempfile.TemporaryDirectory() as tmp:
+        pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
+        procs = [ctx.Process(target=_bare_rank, args=(r, world_size, os.path.join(tmp, "store"),
+                                                      n, pipes[r][1]))
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
+        times = [float(recv.recv()) for recv, _ in pipes]
+        for p in procs:
+            p.join(60)
+    return max(times)
+
+
+def bench_hang(deadline_s: float) -> float:
+    """Seconds from the deadline to the hang report, for a receive that never completes."""
+    doc = yamlload.load_text(textwrap.dedent("""
+    cases:
+      - name: hang
+        world_size: 2
+        tensors: {t: {shape: [2], init: zeros}}
+        steps:
+          - {op: recv, tensor: t, src: 0, ranks: [1]}
+        expected: {}
+    """), "hang.yaml")
+    (inst,) = [i for c in validate.load_cases(doc) for i in expand.expand(c, "gloo")]
+    manager = PoolManager(max_pools=1)
+    try:
+        pool = manager.get(PoolKey("gloo", "cpu", 2))
+        t0 = time.perf_counter()
+        run = pool.run(inst, deadline_s=deadline_s)
+        elapsed = time.perf_counter() - t0
+    finally:
+        manager.close()
+    if run.kind != "hang" or not any(s.stack for s in run.states):
+        raise RuntimeError(f"expected a diagnosed hang, got {run.kind}")
+    return elapsed - deadline_s
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print a Markdown table (and JSON with --json)."""
+    ap = argparse.ArgumentParser(prog="collective-bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--world-sizes", default="2,4,8")
+    ap.add_argument("--instances", type=int, default=300, help="instances per world size")
+    ap.add_argument("--spawn-reps", type=int, default=3, help="spawn-per-test repetitions")
+    ap.add_argument("--hang-deadline", type=float, default=2.0)
+    ap.add_argument("--no-pytest", action="store_true", help="skip the whole-session column")
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = ap.parse_args(argv)
+    rows: list[Row] = []
+    for ws in (int(x) for x in args.world_sizes.split(",")):
+        per, steady, start = bench_harness(ws, args.instances)
+        py = float("nan") if args.no_pytest else bench_pytest(ws, args.instances)
+        spawn = bench_spawn(ws, max(1, args.spawn_reps if ws <= 4 else 1))
+        bare = bench_bare(ws, args.instances)
+        rows.append(Row(ws, per, steady, py, spawn, bare, start))
+        print(f"ws{ws}: harness {per * 1e3:.2f} ms, pytest {py * 1e3:.2f} ms, spawn "
+              f"{spawn:.2f} s, bare {bare * 1e3:.3f} ms", file=sys.stderr, flush=True)
+    hang_extra = bench_hang(args.hang_deadline)
+    import torch
+
+    lines = [
+        f"collective-bench: Gloo/CPU, torch {torch.__version__}, {os.cpu_count()} CPUs, "
+        f"{args.instances} instances per world size, all_reduce of 4 float32",
+        "",
+        "| world size | harness ms/test (amortized) | steady ms/test | overhead ms/test | "
+        "pytest session ms/test | spawn-per-test s/test | bare ms/op | pool start s | "
+        "spawn / harness |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r.world_size} | {r.harness_s * 1e3:.2f} | {r.steady_s * 1e3:.2f} | "
+                     f"{r.overhead_s * 1e3:.2f} | "
+                     f"{r.pytest_s * 1e3:.2f} | {r.spawn_s:.2f} | {r.bare_s * 1e3:.3f} | "
+                     f"{r.pool_start_s:.2f} | {r.spawn_s / r.harness_s:.0f}x |")
+    lines += ["", f"hang reported {hang_extra:.2f} s after a {args.hang_deadline:g} s deadline"]
+    print("\n".join(lines))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"created": datetime.datetime.now(datetime.UTC).isoformat(),
+                       "torch": str(torch.__version__), "cpus": os.cpu_count(),
+                       "instances": args.instances,
+                       "rows": [{**asdict(r), "overhead_s": r.overhead_s} for r in rows],
+                       "hang_report_after_deadline_s": hang_extra}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
