@@ -124,7 +124,7 @@ def run_instance(inst: Instance, renv: RankEnv) -> RankResult:
         prepare_groups(inst, renv)
         bufs = _build(inst, renv, env)
         before = {n: t.detach().cpu().clone() for n, t in bufs.items()}
-        touched: set[str] = set()
+        written: set[str] = set()
         handles: dict[str, tuple[Any, StepEvent]] = {}
         pending: list[tuple[Any, StepEvent]] = []
         for step_idx, step in enumerate(inst.steps):
@@ -134,7 +134,7 @@ def run_instance(inst: Instance, renv: RankEnv) -> RankResult:
                 continue
             ev = StepEvent(step_idx, step.describe(), time.perf_counter() - t0, 0.0)
             if step.kind == "op":
-                work = _call(inst, step, renv, env, bufs, touched)
+                work = _call(inst, step, renv, env, bufs, written)
                 ev.t_return = time.perf_counter() - t0
                 if work is not None:
                     ev.completed_at_return = bool(work.is_completed())
@@ -158,7 +158,7 @@ def run_instance(inst: Instance, renv: RankEnv) -> RankResult:
             _wait(work, wev, t0)
         if renv.device == "cuda":
             torch.cuda.synchronize()
-        res.checks = _check(inst, renv, env, bufs, before, touched)
+        res.checks = _check(inst, renv, env, bufs, before, written)
     except Exception as exc:  # reported to the parent, which decides the outcome
         res.status = "raised"
         res.exc_type = type(exc).__name__
@@ -170,7 +170,7 @@ def run_instance(inst: Instance, renv: RankEnv) -> RankResult:
 
 
 def _call(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
-          bufs: dict[str, torch.Tensor], touched: set[str]) -> Any:
+          bufs: dict[str, torch.Tensor], written: set[str]) -> Any:
     assert step.op is not None
     op = ops.get(step.op)
     args = _args(step, renv.rank, renv.world_size, env)
@@ -184,7 +184,8 @@ def _call(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
             continue
         t = bufs[tname]
         passed[role_name] = list(t.unbind(0)) if role.form == "list" else t
-        touched.add(tname)
+        if role.access != "in":
+            written.add(tname)
     ctx = ops.CallContext(dist=dist, rank=renv.rank, world_size=renv.world_size, group=group,
                           group_ranks=group_ranks,
                           reduce_op=_reduce_op(inst.reduce_op, inst.premul_factor)
@@ -232,7 +233,7 @@ def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> torch.Tens
 
 
 def _check(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, torch.Tensor],
-           before: dict[str, torch.Tensor], touched: set[str]) -> list[TensorCheck]:
+           before: dict[str, torch.Tensor], written: set[str]) -> list[TensorCheck]:
     checks: list[TensorCheck] = []
     declared = dict(inst.expected)
     for spec in inst.tensors:
@@ -251,8 +252,9 @@ def _check(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, t
             exp = tensors.materialize(fill, tuple(got.shape), got.dtype, renv.rank,
                                       renv.world_size, env, inst.reduce_op)
             how = "explicit" if fill.kind == "list" else fill.kind
-        if exp is None and spec.name not in touched:
-            # Never handed to an op on this rank: whatever the contract, it must be untouched.
+        if exp is None and spec.name not in written:
+            # No op on this rank may write it (only read, or never handed over): whatever the
+            # case says, it must come back bit for bit as it was.
             exp, how = before[spec.name], "untouched"
         if exp is None:
             continue
