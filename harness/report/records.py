@@ -107,6 +107,7 @@ def build_report(records: list[dict[str, Any]], metadata: dict[str, Any]) -> dic
     meta.setdefault("created", datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
     meta["world_sizes"] = sorted({r["world_size"] for r in records})
     meta["backends"] = sorted({r["backend"] for r in records})
+    meta["devices"] = sorted({r["device"] for r in records})
     return {"schema_version": SCHEMA_VERSION, "metadata": meta, "summary": summary,
             "records": records}
 
