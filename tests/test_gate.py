@@ -116,9 +116,9 @@ def test_backend_matching_modes() -> None:
 
 
 def test_baseline_file_is_stable_and_keeps_a_persons_edits(tmp_path: Path) -> None:
-    report = {"metadata": {"torch": "2.13.0+cpu"}, "records": [
-        record("b", "passed"), record("a", "failed", message="c.yaml:3: a[gloo-ws2]: boom\n"
-                                                               "  rank 1 raised X")]}
+    records = [record("b", "passed"), record("a", "failed", message="c.yaml:3: a[gloo-ws2]: "
+                                                                    "boom\n  rank 1 raised X")]
+    report: dict[str, Any] = {"metadata": {"torch": "2.13.0+cpu"}, "records": records}
     path = tmp_path / "base.json"
     bl.write(str(path), bl.from_report(report))
     first = path.read_text()
@@ -127,7 +127,7 @@ def test_baseline_file_is_stable_and_keeps_a_persons_edits(tmp_path: Path) -> No
     assert doc["entries"][0]["reason"] == "boom: rank 1 raised X"
     assert "created" not in doc and "hostname" not in first  # nothing that changes per run
     # records in another order, same content: the same bytes
-    report["records"].reverse()
+    records.reverse()
     bl.write(str(path), bl.from_report(report, bl.load(str(path))))
     assert path.read_text() == first
     # a person's allow/note/policy survive a refresh
