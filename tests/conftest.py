@@ -58,4 +58,5 @@ def faulty_run(gloo_baseline: Path, tmp_path_factory: pytest.TempPathFactory) ->
     baseline, with JUnit in the xunit1 family (file and line attributes)."""
     project = make_project(tmp_path_factory.mktemp("faulty"))
     return run_pytest(project, "faulty", "--baseline", str(gloo_baseline),
+                      "--report-html", "reports/matrix.html",
                       "--junitxml=reports/junit.xml", "-o", "junit_family=xunit1")

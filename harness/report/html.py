@@ -231,7 +231,7 @@ def _drilldown(backend: str, recs: list[dict[str, Any]]) -> list[str]:
             if isinstance(r.get("ordering"), dict):
                 order = " ".join(
                     f'<span class="chip o-{"passed" if v else "failed"}" title="{_e(k)}">'
-                    f'{_e(k.rsplit(".", 1)[-1])}</span>' if isinstance(v, bool)
+                    f'{_e(k.removesuffix(".ok"))}</span>' if isinstance(v, bool)
                     else f"{_e(k)}={_e(v)}" for k, v in flatten(r["ordering"]))
             mode = ("-" if "async" not in r["axes"] else "async" if r.get("async") else "sync")
             note = r.get("reason") or (r["message"].splitlines()[0]
