@@ -318,6 +318,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
         item._record_sent = True  # type: ignore[attr-defined]
         outcome = item.record["outcome"]
         item.user_properties.append(("outcome", outcome))
+        if outcome != "passed":  # JUnit consumers show properties beside the test
+            from .report.oneline import one_line
+
+            item.user_properties.append(("detail", one_line(item.record)))
+            if item.record["reason"]:
+                item.user_properties.append(("reason", item.record["reason"]))
         if outcome == "xpass":
             rep.wasxfail = item.record["reason"]  # pytest shows it as XPASS
     return rep
