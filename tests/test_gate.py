@@ -236,11 +236,11 @@ def test_pytest_baseline_fails_the_session_on_regressions(faulty_run: Run) -> No
 
 def test_pytest_baseline_allows_known_failures(faulty_run: Run, tmp_path: Path) -> None:
     """Failures recorded in the baseline do not fail the session; pytest still shows them."""
-    from tests.runs import run_pytest
+    from tests.runs import make_project, run_pytest
 
     known = tmp_path / "faulty.json"
     assert gate.main([str(faulty_run.json), str(known), "--update"]) == 0
-    again = run_pytest(faulty_run.project, "faulty", "--baseline", str(known))
+    again = run_pytest(make_project(tmp_path / "again"), "faulty", "--baseline", str(known))
     assert again.returncode == 0, again.output
     assert "5 failed" in again.output
     assert "collective-gate: PASS (11 instances: 11 unchanged)" in again.output
