@@ -403,7 +403,9 @@ def _load_baseline(config: pytest.Config) -> None:
     from . import baseline
 
     try:
-        config.stash[_BASELINE] = baseline.load(str(config.rootpath / path))
+        base = baseline.load(str(config.rootpath / path))
+        base.path = path  # shown as the user wrote it
+        config.stash[_BASELINE] = base
     except baseline.BaselineError as exc:
         raise pytest.UsageError(f"--baseline: {exc}") from None
 
