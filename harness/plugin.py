@@ -385,8 +385,9 @@ def write_reports(config: pytest.Config, hs: HarnessSession) -> None:
     tr = config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None:
         tr.ensure_newline()
-        tr.write_line("collective-harness: reports written to "
-                      + ", ".join(os.path.relpath(p) for p in paths))
+        shown = [os.path.relpath(p) for p in paths]
+        tr.write_line(f"collective-harness: report written to {', '.join(shown[:-1])} and "
+                      f"{shown[-1]}")
 
 
 # -- gating against a baseline (--baseline) ------------------------------------------------------
