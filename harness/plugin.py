@@ -60,6 +60,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     metavar="PATH", help="JSON report path (default reports/conformance.json)")
     group.addoption("--report-md", dest="collective_report_md", default=None, metavar="PATH",
                     help="Markdown report path (default reports/conformance.md)")
+    group.addoption("--report-html", dest="collective_report_html", default=None,
+                    metavar="PATH", help="HTML report path (default reports/conformance.html)")
+    group.addoption("--baseline", dest="collective_baseline", default=None, metavar="PATH",
+                    help="gate the run against this baseline (ci/baselines/...): the session "
+                         "fails on regressions and new failures, not on known ones")
+    group.addoption("--baseline-match", dest="collective_baseline_match", default="auto",
+                    choices=("auto", "exact", "agnostic"),
+                    help="how instances are matched with the baseline (see collective-gate)")
     group.addoption("--no-report", dest="collective_no_report", action="store_true",
                     default=False, help="write no report files")
     group.addoption("--max-pools", dest="collective_max_pools", type=int, default=None,
@@ -72,6 +80,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   default="reports/conformance.json")
     parser.addini("collective_report_md", "Markdown report path",
                   default="reports/conformance.md")
+    parser.addini("collective_report_html", "HTML report path",
+                  default="reports/conformance.html")
+    parser.addini("collective_baseline", "baseline to gate the run against (optional)",
+                  default="")
     parser.addini("collective_max_pools", "rank pools kept alive at once", default="2")
 
 
@@ -123,6 +135,7 @@ def _hs(config: pytest.Config) -> HarnessSession:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SESSION] = HarnessSession(config)
+    _load_baseline(config)
     config.addinivalue_line("markers", "collective: a collective-harness case instance")
     config.addinivalue_line("markers", "full: part of the long matrix (run with --full)")
     for name in sorted({*ops.ALL_OPS, *(op.family for op in ops.ALL_OPS.values())}):
@@ -305,6 +318,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
         item._record_sent = True  # type: ignore[attr-defined]
         outcome = item.record["outcome"]
         item.user_properties.append(("outcome", outcome))
+        if outcome != "passed":  # JUnit consumers show properties beside the test
+            from .report.oneline import one_line
+
+            item.user_properties.append(("detail", one_line(item.record)))
+            if item.record["reason"]:
+                item.user_properties.append(("reason", item.record["reason"]))
         if outcome == "xpass":
             rep.wasxfail = item.record["reason"]  # pytest shows it as XPASS
     return rep
@@ -331,29 +350,96 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     hs = _hs(session.config)
     hs.close()
-    if hs.is_worker or not hs.records or session.config.getoption("collective_no_report"):
+    if hs.is_worker:
         return
-    write_reports(session.config, hs)
+    base = session.config.stash.get(_BASELINE, None)
+    if hs.records and not session.config.getoption("collective_no_report"):
+        write_reports(session.config, hs)
+    if base is not None:
+        _gate_session(session, hs, base)
+
+
+def _report(hs: HarnessSession) -> dict[str, Any]:
+    from .capabilities import probe
+    from .report.records import build_report
+
+    meta: dict[str, Any] = (probe(hs.backend_modules).metadata() if hs.records
+                            else {"torch": "", "hostname": ""})
+    meta["options"] = hs.options()
+    return build_report(hs.records, meta)
 
 
 def write_reports(config: pytest.Config, hs: HarnessSession) -> None:
-    """Write the JSON and Markdown reports (controller only)."""
-    from .capabilities import probe
-    from .report import markdown
-    from .report.records import build_report, write_atomic, write_json
+    """Write the JSON, Markdown and HTML reports (controller only)."""
+    from .report import html, markdown
+    from .report.records import write_atomic, write_json
 
-    meta = probe(hs.backend_modules).metadata()
-    meta["options"] = hs.options()
-    report = build_report(hs.records, meta)
+    report = _report(hs)
     root = config.rootpath
-    json_path = root / (config.getoption("collective_report_json")
-                        or str(config.getini("collective_report_json")))
-    md_path = root / (config.getoption("collective_report_md")
-                      or str(config.getini("collective_report_md")))
-    write_json(str(json_path), report)
-    write_atomic(str(md_path), markdown.render(report))
+    paths = [root / (config.getoption(f"collective_report_{kind}")
+                     or str(config.getini(f"collective_report_{kind}")))
+             for kind in ("json", "md", "html")]
+    write_json(str(paths[0]), report)
+    write_atomic(str(paths[1]), markdown.render(report))
+    write_atomic(str(paths[2]), html.render(report))
     tr = config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None:
         tr.ensure_newline()
-        tr.write_line(f"collective-harness: report written to "
-                      f"{os.path.relpath(json_path)} and {os.path.relpath(md_path)}")
+        shown = [os.path.relpath(p) for p in paths]
+        tr.write_line(f"collective-harness: report written to {', '.join(shown[:-1])} and "
+                      f"{shown[-1]}")
+
+
+# -- gating against a baseline (--baseline) ------------------------------------------------------
+
+_BASELINE = pytest.StashKey[Any]()
+_GATE = pytest.StashKey[Any]()
+
+
+def _load_baseline(config: pytest.Config) -> None:
+    """Read --baseline at start-up, so a wrong path fails before any rank starts."""
+    path = config.getoption("collective_baseline") or str(config.getini("collective_baseline"))
+    if not path or hasattr(config, "workerinput"):
+        return
+    from . import baseline
+
+    try:
+        base = baseline.load(str(config.rootpath / path))
+        base.path = path  # shown as the user wrote it
+        config.stash[_BASELINE] = base
+    except baseline.BaselineError as exc:
+        raise pytest.UsageError(f"--baseline: {exc}") from None
+
+
+def _gate_session(session: pytest.Session, hs: HarnessSession, base: Any) -> None:
+    """Classify this session's instances against the baseline and set the exit status from
+    the verdict: regressions fail the session even when every test "passed" (a skip, a
+    missing instance under a strict policy), and failures the baseline records as known do
+    not, as long as nothing else failed."""
+    from . import baseline, gate
+
+    config = session.config
+    res = gate.compare(baseline.entries_from_report(_report(hs)), base,
+                       config.getoption("collective_baseline_match"))
+    res.report_label = f"of this session ({', '.join(res.report_backends) or 'no instances'})"
+    res.baseline_label = f"{base.path} ({', '.join(base.backends)}, torch {base.torch or '?'})"
+    config.stash[_GATE] = res
+    known = sum(r["outcome"] in BAD_OUTCOMES for r in hs.records)
+    if not res.ok and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    elif (res.ok and session.exitstatus == pytest.ExitCode.TESTS_FAILED
+          and session.testsfailed == known):
+        session.exitstatus = pytest.ExitCode.OK
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
+                            config: pytest.Config) -> None:
+    res = config.stash.get(_GATE, None)
+    if res is None:
+        return
+    from . import gate
+
+    terminalreporter.section("collective-harness gate", sep="=", bold=True,
+                             red=not res.ok, green=res.ok)
+    for line in gate.render_text(res, max_list=50).rstrip().splitlines():
+        terminalreporter.write_line(line)

@@ -12,7 +12,9 @@ import multiprocessing.popen_forkserver
 import multiprocessing.resource_sharer
 import multiprocessing.resource_tracker
 import multiprocessing.sharedctypes  # noqa: F401
+from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed  # noqa: F401
 
@@ -22,6 +24,39 @@ import harness.pool
 import harness.report.markdown
 import harness.report.records
 import harness.verdict  # noqa: F401
+from tests.runs import Run, make_project, run_pytest
 
 # Case files used as test inputs are data, not part of this test run.
 collect_ignore_glob = ["data/*"]
+
+
+# -- real conformance runs shared by the gate, HTML and JUnit tests ------------------------------
+
+
+@pytest.fixture(scope="session")
+def gloo_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The small gate case file on Gloo: passes, one xfail, one skip (JUnit xunit2 default)."""
+    project = make_project(tmp_path_factory.mktemp("gloo"))
+    run = run_pytest(project, "gloo", "--junitxml=reports/junit.xml")
+    assert run.returncode == 0, run.output
+    return run
+
+
+@pytest.fixture(scope="session")
+def gloo_baseline(gloo_run: Run, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A baseline written by ``collective-gate --update`` from :func:`gloo_run`."""
+    from harness import gate
+
+    path = tmp_path_factory.mktemp("baseline") / "gloo.json"
+    assert gate.main([str(gloo_run.json), str(path), "--update"]) == 0
+    return path
+
+
+@pytest.fixture(scope="session")
+def faulty_run(gloo_baseline: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The same cases on the fault-injecting backend, gated by ``--baseline`` against the Gloo
+    baseline, with JUnit in the xunit1 family (file and line attributes)."""
+    project = make_project(tmp_path_factory.mktemp("faulty"))
+    return run_pytest(project, "faulty", "--baseline", str(gloo_baseline),
+                      "--report-html", "reports/matrix.html",
+                      "--junitxml=reports/junit.xml", "-o", "junit_family=xunit1")

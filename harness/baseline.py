@@ -1,0 +1,195 @@
+"""Baselines: the committed record of how each instance behaved, for the CI gate.
+
+A baseline is a JSON file (``ci/baselines/*.json``) with one entry per instance, keyed by the
+case id (``file::case``) and the instance's axes, never by pytest node id, so it is stable
+across machines, rootdirs and pytest versions. The backend is stored beside the identity, not
+inside it, so that a report from backend X can be compared with a baseline taken on backend Y
+(see :func:`identity`). Entries are written one per line, sorted, with no timestamps: refreshing
+a baseline from an unchanged run rewrites the same bytes, and a review diff shows exactly the
+instances whose recorded outcome changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .report.oneline import one_line
+from .report.records import OUTCOMES, write_atomic
+
+BASELINE_VERSION = 1
+Level = Literal["fail", "warn", "ok"]
+LEVELS: tuple[Level, ...] = ("fail", "warn", "ok")
+
+# What each kind of change does to the gate's exit status, unless the baseline file or the
+# command line says otherwise. Regressions and failures nobody has seen before fail; losing
+# coverage (missing, newly skipped) and fixes that should be locked in warn.
+CATEGORIES: tuple[str, ...] = ("regression", "new_failure", "missing", "newly_skipped", "fixed",
+                               "new", "changed", "unchanged")
+DEFAULT_POLICY: dict[str, Level] = {
+    "regression": "fail", "new_failure": "fail", "missing": "warn", "newly_skipped": "warn",
+    "fixed": "warn", "new": "ok", "changed": "ok", "unchanged": "ok",
+}
+REFRESH_HINT = ("pytest cases/ --backend gloo && "
+                "collective-gate reports/conformance.json ci/baselines/gloo-cpu.json --update")
+
+
+class BaselineError(Exception):
+    """A baseline or report file cannot be used; the message says which file and what to do."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One instance as the gate sees it, from a report record or a baseline entry."""
+
+    key: str  # file::case[id], for display (the id includes the backend)
+    case: str  # file::case
+    backend: str
+    axes: dict[str, Any]
+    outcome: str
+    reason: str = ""  # one line: why it is not simply passing
+    where: str = ""  # file:line of the case, when known (reports only)
+    allow: tuple[str, ...] = ()  # extra outcomes the baseline accepts for this instance
+    note: str = ""  # a person's note kept across refreshes
+
+    def identity(self, with_backend: bool) -> tuple[str, str, str]:
+        """The matching key: case id and axes, plus the backend unless comparing across them."""
+        return (self.backend if with_backend else "", self.case, canonical(self.axes))
+
+
+def canonical(axes: dict[str, Any]) -> str:
+    """Axes as a canonical string (sorted keys, no whitespace) so equal axes compare equal."""
+    return json.dumps(axes, sort_keys=True, separators=(",", ":"))
+
+
+def entries_from_report(report: dict[str, Any]) -> list[Entry]:
+    """Every record of a report as an :class:`Entry`."""
+    out: list[Entry] = []
+    for r in report["records"]:
+        reason = "" if r["outcome"] == "passed" else one_line(r)
+        out.append(Entry(key=r["key"], case=f"{r['file']}::{r['case']}", backend=r["backend"],
+                         axes=dict(r["axes"]), outcome=r["outcome"], reason=reason,
+                         where=f"{r['file']}:{r['line']}"))
+    return out
+
+
+@dataclass
+class Baseline:
+    """A loaded baseline: its entries, the policy it carries and where it came from."""
+
+    entries: list[Entry]
+    policy: dict[str, Level] = field(default_factory=lambda: dict(DEFAULT_POLICY))
+    torch: str = ""
+    path: str = ""
+
+    @property
+    def backends(self) -> list[str]:
+        return sorted({e.backend for e in self.entries})
+
+
+def _bad(path: str, what: str) -> BaselineError:
+    return BaselineError(f"{path}: {what}\n    hint: regenerate it with: {REFRESH_HINT}")
+
+
+def parse_policy(items: dict[str, Any], where: str) -> dict[str, Level]:
+    """Validate a category -> level mapping (from a baseline file or ``--policy``)."""
+    out: dict[str, Level] = {}
+    for cat, level in items.items():
+        if cat not in CATEGORIES:
+            raise BaselineError(f"{where}: unknown gate category {cat!r}; "
+                                f"choose from {', '.join(CATEGORIES)}")
+        if level not in LEVELS:
+            raise BaselineError(f"{where}: policy for {cat!r} must be one of "
+                                f"{', '.join(LEVELS)}, got {level!r}")
+        out[cat] = level
+    return out
+
+
+def load(path: str) -> Baseline:
+    """Read a baseline file, with an error message a person can act on if it is malformed."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        raise BaselineError(f"{path}: baseline file not found\n    hint: create it with: "
+                            f"{REFRESH_HINT}") from None
+    except json.JSONDecodeError as exc:
+        raise _bad(path, f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(doc, dict) or doc.get("baseline_version") != BASELINE_VERSION:
+        raise _bad(path, f"not a collective-harness baseline (expected \"baseline_version\": "
+                         f"{BASELINE_VERSION})")
+    policy = dict(DEFAULT_POLICY)
+    policy.update(parse_policy(doc.get("policy") or {}, f"{path}: policy"))
+    entries: list[Entry] = []
+    for n, e in enumerate(doc.get("entries") or []):
+        try:
+            allow = tuple(e.get("allow", ()))
+            unknown = [o for o in (e["outcome"], *allow) if o not in OUTCOMES]
+            if unknown:
+                raise _bad(path, f"entries[{n}] ({e.get('key')}): unknown outcome "
+                                 f"{unknown[0]!r}; outcomes are {', '.join(OUTCOMES)}")
+            entries.append(Entry(key=e["key"], case=e["case"], backend=e["backend"],
+                                 axes=dict(e["axes"]), outcome=e["outcome"],
+                                 reason=e.get("reason", ""), allow=allow,
+                                 note=e.get("note", "")))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise _bad(path, f"entries[{n}] is malformed (missing or wrong field {exc})") from None
+    return Baseline(entries, policy, str(doc.get("torch", "")), path)
+
+
+def from_report(report: dict[str, Any], previous: Baseline | None = None,
+                keep: list[Entry] | None = None) -> Baseline:
+    """A baseline recording every instance of ``report``. A person's ``allow`` and ``note`` on
+    an entry of ``previous`` carry over; ``keep`` adds entries the report did not run."""
+    old = {e.identity(True): e for e in previous.entries} if previous else {}
+    entries: list[Entry] = []
+    for e in [*entries_from_report(report), *(keep or [])]:
+        prior = old.get(e.identity(True))
+        if prior is not None:
+            e = Entry(e.key, e.case, e.backend, e.axes, e.outcome, e.reason, "", prior.allow,
+                      prior.note)
+        entries.append(e)
+    policy = previous.policy if previous else dict(DEFAULT_POLICY)
+    return Baseline(entries, policy, str(report["metadata"].get("torch", "")))
+
+
+def render(baseline: Baseline) -> str:
+    """The baseline as JSON text: a readable header, then one entry per line, sorted."""
+    entries = sorted(baseline.entries, key=lambda e: (e.backend, e.key, canonical(e.axes)))
+    counts = Counter(e.outcome for e in entries)
+    head: dict[str, Any] = {
+        "baseline_version": BASELINE_VERSION,
+        "comment": "collective-harness gate baseline: one entry per instance, keyed by case id "
+                   "+ axes (+ backend). Refresh: " + REFRESH_HINT,
+        "backends": sorted({e.backend for e in entries}),
+        "torch": baseline.torch,
+        "counts": {o: counts[o] for o in OUTCOMES if counts[o]},
+        "policy": {c: baseline.policy[c] for c in CATEGORIES if c in baseline.policy},
+    }
+    lines = ["{"]
+    lines += [f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in head.items()]
+    lines.append(' "entries": [')
+    rows = []
+    for e in entries:
+        row: dict[str, Any] = {"key": e.key, "case": e.case, "backend": e.backend,
+                               "axes": dict(sorted(e.axes.items())), "outcome": e.outcome}
+        if e.reason:
+            row["reason"] = e.reason
+        if e.allow:
+            row["allow"] = list(e.allow)
+        if e.note:
+            row["note"] = e.note
+        rows.append("  " + json.dumps(row, ensure_ascii=False, separators=(", ", ": ")))
+    lines.append(",\n".join(rows))
+    lines.append(" ]")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def write(path: str, baseline: Baseline) -> None:
+    """Write ``baseline`` to ``path`` atomically."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_atomic(path, render(baseline))

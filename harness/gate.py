@@ -1,0 +1,358 @@
+"""The CI gate: compare a conformance report with a committed baseline.
+
+Every instance is classified (see :data:`harness.baseline.CATEGORIES`):
+
+- ``regression``: it met its expectation in the baseline (passed, xfail, xpass) and now fails,
+  errors, hangs or crashes, or is newly a declared expected failure (xfail);
+- ``new_failure``: it fails now and never ran in the baseline (absent or skipped there);
+- ``fixed``: it failed (or was an xfail) in the baseline and passes now;
+- ``missing``: in the baseline, not in the report; ``new``: the reverse, and not failing;
+- ``newly_skipped``: it ran in the baseline and is skipped now (coverage lost);
+- ``changed``: any other outcome change (failed -> hang, an xfail added to a failing case...);
+- ``unchanged``: the same outcome, or one the baseline entry ``allow``s.
+
+The baseline's ``policy`` (overridable with ``--policy``) says which categories fail the gate
+(exit 1), which only warn, and which are informational. Usage::
+
+    collective-gate reports/conformance.json ci/baselines/gloo-cpu.json
+    collective-gate reports/conformance.json ci/baselines/gloo-cpu.json --update
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import jsonschema
+
+from . import baseline as bl
+from .baseline import Baseline, BaselineError, Entry, Level
+from .report.records import load_report, write_atomic
+
+BAD = frozenset({"failed", "error", "hang", "crash"})
+PASSING = frozenset({"passed", "xpass"})
+Match = Literal["auto", "exact", "agnostic"]
+TITLES = {"regression": "Regressions", "new_failure": "New failures", "missing": "Missing",
+          "newly_skipped": "Newly skipped", "fixed": "Fixed", "new": "New",
+          "changed": "Changed", "unchanged": "Unchanged"}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One instance's classification: what it was in the baseline, what it is now."""
+
+    category: str
+    key: str
+    was: str  # baseline outcome, "" if absent
+    now: str  # report outcome, "" if absent
+    reason: str  # one line
+    where: str = ""  # file:line of the case
+
+    def line(self) -> str:
+        where = f" ({self.where})" if self.where else ""
+        arrow = f"{self.was or 'absent'} -> {self.now or 'absent'}"
+        return f"{self.key}{where}: {arrow}" + (f": {self.reason}" if self.reason else "")
+
+
+@dataclass
+class GateResult:
+    """The whole comparison: every change, the policy applied and how instances were matched."""
+
+    changes: list[Change]
+    policy: dict[str, Level]
+    agnostic: bool
+    report_backends: list[str]
+    baseline_backends: list[str]
+    report_label: str = ""
+    baseline_label: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def of(self, category: str) -> list[Change]:
+        return [c for c in self.changes if c.category == category]
+
+    def counts(self) -> dict[str, int]:
+        return {cat: len(self.of(cat)) for cat in bl.CATEGORIES}
+
+    def failing(self) -> list[str]:
+        """Categories with instances whose policy is ``fail``."""
+        return [c for c, n in self.counts().items() if n and self.policy.get(c) == "fail"]
+
+    def warning(self) -> list[str]:
+        return [c for c, n in self.counts().items() if n and self.policy.get(c) == "warn"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failing()
+
+    def verdict(self) -> str:
+        """``FAIL: 3 regression, 1 new_failure (40 instances: ...)`` — the first line of output."""
+        counts = self.counts()
+        word = "PASS" if self.ok else "FAIL"
+        blocking = self.failing() if not self.ok else self.warning()
+        head = ", ".join(f"{counts[c]} {c}" for c in blocking)
+        if self.ok and blocking:
+            word = "PASS with warnings"
+        total = sum(counts.values())
+        detail = ", ".join(f"{n} {c}" for c, n in counts.items() if n)
+        return f"{word}" + (f": {head}" if head else "") + f" ({total} instances: {detail or '-'})"
+
+
+def _classify_pair(b: Entry, r: Entry) -> str:
+    was, now = b.outcome, r.outcome
+    if now == was or now in b.allow:
+        return "unchanged"
+    if now == "skipped":
+        return "newly_skipped"
+    if now in BAD:
+        if was in BAD:
+            return "changed"
+        return "new_failure" if was == "skipped" else "regression"
+    if now in PASSING:
+        return "fixed" if (was in BAD or was == "xfail") else "changed"
+    # now == "xfail": a failure someone declared; it hides a regression if it passed before.
+    return "regression" if was in PASSING else "changed"
+
+
+def _index(entries: list[Entry], with_backend: bool, side: str
+           ) -> dict[tuple[str, str, str], Entry]:
+    out: dict[tuple[str, str, str], Entry] = {}
+    for e in entries:
+        ident = e.identity(with_backend)
+        if ident in out:
+            raise BaselineError(
+                f"{side}: two instances match as one ({out[ident].key} and {e.key}); matching "
+                "across backends needs one backend on each side: use --match exact, or gate "
+                "each backend's report separately")
+        out[ident] = e
+    return out
+
+
+def compare(report_entries: list[Entry], base: Baseline, match: Match = "auto",
+            policy: dict[str, Level] | None = None) -> GateResult:
+    """Classify every instance of the report against the baseline."""
+    rb = sorted({e.backend for e in report_entries})
+    bb = base.backends
+    notes: list[str] = []
+    if match == "auto":
+        agnostic = len(rb) == 1 and len(bb) == 1 and rb != bb
+    else:
+        agnostic = match == "agnostic"
+    if agnostic:
+        notes.append(f"matched by case id + axes, ignoring the backend (report: "
+                     f"{', '.join(rb) or '-'}; baseline: {', '.join(bb) or '-'})")
+    else:
+        notes.append("matched by backend + case id + axes")
+    ridx = _index(report_entries, not agnostic, "report")
+    bidx = _index(base.entries, not agnostic, base.path or "baseline")
+    changes: list[Change] = []
+    for ident, r in ridx.items():
+        b = bidx.get(ident)
+        if b is None:
+            cat = "new_failure" if r.outcome in BAD else "new"
+            changes.append(Change(cat, r.key, "", r.outcome, r.reason, r.where))
+        else:
+            cat = _classify_pair(b, r)
+            reason = r.reason if r.outcome != "passed" else (b.reason and f"was: {b.reason}")
+            changes.append(Change(cat, r.key, b.outcome, r.outcome, reason, r.where))
+    for ident, b in bidx.items():
+        if ident not in ridx:
+            changes.append(Change("missing", b.key, b.outcome, "", "not in the report "
+                                  "(removed, renamed or deselected)"))
+    changes.sort(key=lambda c: c.key)
+    return GateResult(changes, {**base.policy, **(policy or {})}, agnostic, rb, bb,
+                      notes=notes)
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+ORDER = ("regression", "new_failure", "missing", "newly_skipped", "fixed", "changed", "new")
+
+
+def render_text(res: GateResult, max_list: int = 200) -> str:
+    """Plain text for a terminal: the verdict first, then each non-trivial category."""
+    lines = [f"collective-gate: {res.verdict()}"]
+    if res.report_label or res.baseline_label:
+        lines.append(f"  report {res.report_label} vs baseline {res.baseline_label}")
+    lines += [f"  {n}" for n in res.notes]
+    for cat in ORDER:
+        items = res.of(cat)
+        level = res.policy.get(cat, "ok")
+        if not items:
+            continue
+        lines.append("")
+        lines.append(f"{TITLES[cat]} ({len(items)}, policy {level}):")
+        lines += [f"  {c.line()}" for c in items[:max_list]]
+        if len(items) > max_list:
+            lines.append(f"  ... and {len(items) - max_list} more (see --json)")
+    if res.of("fixed") or res.of("new"):
+        lines.append("")
+        lines.append(f"To lock in fixes and new instances, refresh the baseline: {bl.REFRESH_HINT}")
+    return "\n".join(lines) + "\n"
+
+
+def _md_escape(text: str) -> str:
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("|", "\\|").replace("`", "'"))
+
+
+def render_markdown(res: GateResult, max_list: int = 100) -> str:
+    """Markdown for ``$GITHUB_STEP_SUMMARY`` and PR comments: verdict heading first."""
+    icon = "✅" if res.ok and not res.warning() else ("⚠️" if res.ok else "❌")
+    out = [f"## {icon} Conformance gate: {_md_escape(res.verdict())}", ""]
+    if res.report_label or res.baseline_label:
+        out += [f"Report `{res.report_label}` vs baseline `{res.baseline_label}`; "
+                + "; ".join(res.notes) + ".", ""]
+    for cat in ORDER:
+        items = res.of(cat)
+        if not items:
+            continue
+        out.append(f"### {TITLES[cat]} ({len(items)}, policy {res.policy.get(cat, 'ok')})")
+        out.append("")
+        for c in items[:max_list]:
+            where = f" ({c.where})" if c.where else ""
+            reason = f" — {_md_escape(c.reason)}" if c.reason else ""
+            out.append(f"- `{c.key}`{where}: {c.was or 'absent'} → {c.now or 'absent'}{reason}")
+        if len(items) > max_list:
+            out.append(f"- … and {len(items) - max_list} more (see the gate's JSON artifact)")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def to_json(res: GateResult) -> dict[str, Any]:
+    """Machine-readable result (``--json``)."""
+    return {"ok": res.ok, "verdict": res.verdict(), "counts": res.counts(),
+            "policy": res.policy, "failing": res.failing(), "warning": res.warning(),
+            "agnostic": res.agnostic, "report_backends": res.report_backends,
+            "baseline_backends": res.baseline_backends,
+            "changes": [c.__dict__ for c in res.changes if c.category != "unchanged"]}
+
+
+# -- command line ------------------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="collective-gate",
+        description="Compare a collective-harness report with a baseline; exit 1 on what the "
+                    "baseline does not allow (regressions, new failures by default).")
+    p.add_argument("report", help="JSON report written by the pytest plugin")
+    p.add_argument("baseline", help="baseline JSON (ci/baselines/...)")
+    p.add_argument("--update", action="store_true",
+                   help="write BASELINE from REPORT instead of gating (keeps the old file's "
+                        "policy and each entry's allow/note)")
+    p.add_argument("--keep-missing", action="store_true",
+                   help="with --update: keep baseline entries the report did not run")
+    p.add_argument("--match", choices=("auto", "exact", "agnostic"), default="auto",
+                   help="exact: backend + case id + axes; agnostic: case id + axes, ignoring "
+                        "the backend (compare backend X with a baseline of backend Y); auto "
+                        "(default): agnostic when each side has one backend and they differ")
+    p.add_argument("--policy", action="append", default=[], metavar="CATEGORY=LEVEL",
+                   help=f"override the baseline's policy; LEVEL is fail, warn or ok; "
+                        f"categories: {', '.join(bl.CATEGORIES)}")
+    p.add_argument("--strict", action="store_true",
+                   help="every category but unchanged/new/changed fails (missing, newly "
+                        "skipped and fixed included)")
+    p.add_argument("--markdown", metavar="PATH", help="also write the result as Markdown")
+    p.add_argument("--json", dest="json_path", metavar="PATH",
+                   help="also write the result as JSON")
+    p.add_argument("--max-list", type=int, default=200, metavar="N",
+                   help="list at most N instances per category (default 200)")
+    return p
+
+
+def cli_policy(items: Sequence[str], strict: bool) -> dict[str, Level]:
+    """``--strict`` and ``--policy CAT=LEVEL`` options as a policy mapping."""
+    out: dict[str, Level] = {}
+    if strict:
+        out.update({c: "fail" for c in ("regression", "new_failure", "missing",
+                                         "newly_skipped", "fixed")})
+    raw: dict[str, Any] = {}
+    for item in items:
+        cat, sep, level = item.partition("=")
+        if not sep:
+            raise BaselineError(f"--policy {item!r}: write CATEGORY=LEVEL, e.g. missing=fail")
+        raw[cat.strip()] = level.strip()
+    out.update(bl.parse_policy(raw, "--policy"))
+    return out
+
+
+def _load_report(path: str) -> dict[str, Any]:
+    try:
+        return load_report(path)
+    except FileNotFoundError:
+        raise BaselineError(f"{path}: report not found\n    hint: run pytest with the "
+                            "collective-harness plugin first (it writes "
+                            "reports/conformance.json)") from None
+    except json.JSONDecodeError as exc:
+        raise BaselineError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(top)"
+        raise BaselineError(f"{path}: not a collective-harness report: at {where}: "
+                            f"{exc.message}") from None
+
+
+def _label(path: str, backends: list[str], torch: str) -> str:
+    return f"{path} ({', '.join(backends) or 'no instances'}, torch {torch or '?'})"
+
+
+def gate_files(report_path: str, baseline_path: str, match: Match = "auto",
+               policy: dict[str, Level] | None = None) -> GateResult:
+    """Load both files and compare them."""
+    report = _load_report(report_path)
+    base = bl.load(baseline_path)
+    res = compare(bl.entries_from_report(report), base, match, policy)
+    res.report_label = _label(report_path, res.report_backends, report["metadata"]["torch"])
+    res.baseline_label = _label(baseline_path, res.baseline_backends, base.torch)
+    return res
+
+
+def update(report_path: str, baseline_path: str, keep_missing: bool = False) -> str:
+    """Write a baseline from a report; return what changed, as text for the terminal."""
+    report = _load_report(report_path)
+    previous: Baseline | None = None
+    try:
+        previous = bl.load(baseline_path)
+    except BaselineError as exc:
+        if "not found" not in str(exc):
+            raise
+    entries = bl.entries_from_report(report)
+    keep: list[Entry] = []
+    summary = ""
+    if previous is not None:
+        res = compare(entries, previous, "auto")
+        counts = ", ".join(f"{n} {c}" for c, n in res.counts().items() if n)
+        summary = f" (versus the previous baseline: {counts})"
+        if keep_missing:
+            have = {e.identity(True) for e in entries}
+            keep = [e for e in previous.entries if e.identity(True) not in have]
+    new = bl.from_report(report, previous, keep)
+    bl.write(baseline_path, new)
+    return (f"collective-gate: wrote {baseline_path}: {len(new.entries)} entries for "
+            f"{', '.join(new.backends) or 'no backend'}{summary}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``collective-gate`` and ``python -m harness.gate``."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.update:
+            sys.stdout.write(update(args.report, args.baseline, args.keep_missing))
+            return 0
+        res = gate_files(args.report, args.baseline, args.match,
+                         cli_policy(args.policy, args.strict))
+    except BaselineError as exc:
+        sys.stderr.write(f"collective-gate: error: {exc}\n")
+        return 2
+    sys.stdout.write(render_text(res, args.max_list))
+    if args.markdown:
+        write_atomic(args.markdown, render_markdown(res))
+    if args.json_path:
+        write_atomic(args.json_path, json.dumps(to_json(res), indent=1) + "\n")
+    return 0 if res.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""The HTML report: structure, self-containment, and what a browser really shows.
+
+The browser tests drive Debian's headless Chromium without extra Python packages: the page's
+DOM after load is read with ``--dump-dom`` (a probe script appended to a copy of the page
+records computed colors and element counts), and ``--screenshot`` gives a PNG whose pixels
+are counted. They are skipped, with the reason, only where no Chromium is installed
+(``bash ci/system-packages.sh`` installs it; CI runs that first).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from collections import Counter
+from html import unescape
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from harness.report import html
+from harness.report.records import build_report, validate_report
+from tests.runs import Run
+
+# -- a synthetic report covering every outcome ------------------------------------------------
+
+
+def rec(case: str, op: str, dtype: str, ws: int, asy: bool | None, outcome: str,
+        message: str = "", ordering: dict[str, Any] | None = None) -> dict[str, Any]:
+    ident = f"gloo-ws{ws}-{dtype}" + ("" if asy is None else "-async" if asy else "-sync")
+    axes: dict[str, Any] = {"world_size": ws, "dtype": dtype}
+    if asy is not None:
+        axes["async"] = asy
+    r: dict[str, Any] = {
+        "key": f"cases/x.yaml::{case}[{ident}]", "nodeid": f"cases/x.yaml::{case}[{ident}]",
+        "file": "cases/x.yaml", "line": 7, "case": case, "id": ident, "description": "d",
+        "backend": "gloo", "device": "cpu", "world_size": ws, "dtype": dtype, "op": op,
+        "family": op, "reduce_op": None, "async": bool(asy), "axes": axes, "outcome": outcome,
+        "expected": "pass", "reason": "known" if outcome == "xfail" else "",
+        "message": message or f"cases/x.yaml:7: {case}[{ident}]: {outcome}",
+        "duration_s": 0.01, "pool_replaced": False,
+        "ranks": [{"rank": k, "status": "ok", "checks": []} for k in range(ws)]}
+    if outcome == "hang":
+        r["ranks"][1] = {"rank": 1, "status": "no_result", "state": "blocked", "step": 0,
+                         "step_desc": "recv(tensor=t)", "stack": "File rank.py, line 9"}
+    if ordering is not None:
+        r["ordering"] = ordering
+    return r
+
+
+def synthetic() -> dict[str, Any]:
+    good = {"pre_op": {"ok": True}, "post_wait": {"ok": True}, "blocking": "returned_early"}
+    bad = {"pre_op": {"ok": True}, "post_wait": {"ok": False}, "blocking": "returned_early"}
+    records = [
+        rec("ar", "all_reduce", "float32", 2, False, "passed", ordering=good),
+        rec("ar", "all_reduce", "float32", 2, True, "failed",
+            "cases/x.yaml:7: ar[gloo-ws2-float32-async]: wrong values on rank(s) 1\n"
+            "  rank 1, tensor 'input': 1 of 4 wrong <script>alert(1)</script>", ordering=bad),
+        rec("ar", "all_reduce", "float32", 4, False, "passed"),
+        rec("ar2", "all_reduce", "float32", 4, False, "xfail"),
+        rec("ar", "all_reduce", "int64", 2, False, "passed"),
+        rec("bc", "broadcast", "int64", 2, None, "hang"),
+        rec("bc", "broadcast", "int64", 4, None, "skipped"),
+        rec("sr", "send", "float32", 2, None, "passed"),
+    ]
+    report = build_report(records, {"torch": "2.13.0+cpu", "hostname": "h", "options": {}})
+    validate_report(report)
+    return report
+
+
+class Dom(HTMLParser):
+    """Elements as (tag, attrs, text inside) with a class helper; enough for structure tests."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.elements: list[dict[str, Any]] = []
+        self.stack: list[dict[str, Any]] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        el = {"tag": tag, "attrs": {k: v or "" for k, v in attrs}, "text": ""}
+        self.elements.append(el)
+        if tag not in ("meta", "br", "link", "img", "input"):
+            self.stack.append(el)
+
+    def handle_endtag(self, tag: str) -> None:
+        while self.stack:
+            if self.stack.pop()["tag"] == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        for el in self.stack:
+            el["text"] += data
+
+    def select(self, tag: str, cls: str = "") -> list[dict[str, Any]]:
+        return [e for e in self.elements if e["tag"] == tag
+                and (not cls or cls in e["attrs"].get("class", "").split())]
+
+
+def test_matrix_cells_chips_and_links() -> None:
+    page = html.render(synthetic())
+    dom = Dom(page)
+    cells = dom.select("td", "cell")
+    # (op, dtype) pairs with records: all_reduce x {float32, int64}, broadcast x int64,
+    # send x float32; the other pairs of the 3 x 2 grid are empty
+    assert sorted((c["attrs"]["data-op"], c["attrs"]["data-dtype"]) for c in cells) == [
+        ("all_reduce", "float32"), ("all_reduce", "int64"), ("broadcast", "int64"),
+        ("send", "float32")]
+    assert len(dom.select("td", "empty")) == 2
+    by_cell = {(c["attrs"]["data-op"], c["attrs"]["data-dtype"]): c for c in cells}
+    assert by_cell[("all_reduce", "float32")]["attrs"]["data-outcome"] == "failed"
+    assert by_cell[("broadcast", "int64")]["attrs"]["data-outcome"] == "hang"
+    chips = [c for c in dom.select("a", "chip")]
+    combos = [(c["attrs"]["data-world-size"], c["attrs"]["data-async"], c["attrs"]["data-outcome"],
+               c["text"]) for c in chips]
+    assert combos == [
+        ("2", "False", "passed", "2s"), ("2", "True", "failed", "2a"),
+        ("4", "False", "xfail", "4s"),  # worst of passed + xfail
+        ("2", "False", "passed", "2s"),
+        ("2", "None", "hang", "2"), ("4", "None", "skipped", "4"),
+        ("2", "None", "passed", "2")]
+    ids = {e["attrs"]["id"] for e in dom.elements if "id" in e["attrs"]}
+    hrefs = [e["attrs"]["href"] for e in dom.select("a") if e["attrs"].get("href")]
+    assert hrefs and all(h.startswith("#") and h[1:] in ids for h in hrefs)
+    # a failing chip leads straight to that failure's detail
+    failed_chip = next(c for c in chips if c["attrs"]["data-outcome"] == "failed")
+    href = failed_chip["attrs"]["href"][1:]
+    target = next(e for e in dom.elements if e["attrs"].get("id") == href)
+    assert target["tag"] == "details" and "failure" in target["attrs"]["class"]
+    assert target["attrs"]["data-key"] == "cases/x.yaml::ar[gloo-ws2-float32-async]"
+
+
+def test_failures_detail_ordering_and_escaping() -> None:
+    page = html.render(synthetic())
+    dom = Dom(page)
+    failures = dom.select("details", "failure")
+    assert [f["attrs"]["data-key"] for f in failures] == [
+        "cases/x.yaml::ar[gloo-ws2-float32-async]", "cases/x.yaml::bc[gloo-ws2-int64]"]
+    assert "rank 1, tensor 'input': 1 of 4 wrong" in failures[0]["text"]
+    assert "recv(tensor=t)" in failures[1]["text"] and "File rank.py" in failures[1]["text"]
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)" in page
+    ordering = dom.select("table", "ordering")
+    assert len(ordering) == 1
+    assert "post_wait.ok" in ordering[0]["text"] and "false: 1" in ordering[0]["text"]
+    assert len(dom.select("td", "prop-false")) >= 2  # summary row and the failure's own table
+    # without ordering data the section is simply absent
+    plain = synthetic()
+    for r in plain["records"]:
+        r.pop("ordering", None)
+    assert not Dom(html.render(plain)).select("table", "ordering")
+
+
+def test_page_is_self_contained() -> None:
+    page = html.render(synthetic())
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page, re.I)
+    assert "<link" not in page and "@import" not in page and "url(" not in page
+    assert "fetch(" not in page and "XMLHttpRequest" not in page
+
+
+def test_plugin_writes_html_beside_json(gloo_run: Run, faulty_run: Run) -> None:
+    default = gloo_run.reports / "conformance.html"
+    assert default.is_file() and (gloo_run.reports / "conformance.md").is_file()
+    dom = Dom(default.read_text())
+    assert [t["attrs"]["data-backend"] for t in dom.select("table", "matrix")] == ["gloo"]
+    assert not dom.select("details", "failure")
+    chosen = faulty_run.reports / "matrix.html"  # --report-html in the faulty run
+    assert chosen.is_file() and not (faulty_run.reports / "conformance.html").exists()
+    assert len(Dom(chosen.read_text()).select("details", "failure")) == 5
+
+
+# -- in a real browser -------------------------------------------------------------------------
+
+CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser",
+                                                        "google-chrome")) if p), None)
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed "
+                                    "(bash ci/system-packages.sh installs Debian's chromium)")
+PASSED_RGB = (0x2D, 0xA4, 0x4E)
+FAILED_RGB = (0xCF, 0x22, 0x2E)
+PROBE = """<script>window.addEventListener('load', function () {
+  var css = function (el) { return getComputedStyle(el).backgroundColor; };
+  var out = {cells: document.querySelectorAll('table.matrix td.cell').length,
+             chips: [], open: [], failures: document.querySelectorAll('details.failure').length};
+  document.querySelectorAll('table.matrix a.chip').forEach(function (a) {
+    var r = a.getBoundingClientRect();
+    out.chips.push([a.dataset.outcome, css(a), r.width > 0 && r.height > 0]); });
+  document.querySelectorAll('details[open]').forEach(function (d) { out.open.push(d.id); });
+  var pre = document.createElement('pre'); pre.id = 'probe';
+  pre.textContent = JSON.stringify(out); document.body.appendChild(pre); });
+</script>"""
+
+
+def chromium(tmp: Path, *args: str) -> str:
+    assert CHROMIUM is not None
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--hide-scrollbars", f"--user-data-dir={tmp / 'profile'}", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def probe(page: str, tmp: Path, fragment: str = "") -> dict[str, Any]:
+    path = tmp / "probe.html"
+    path.write_text(page.replace("</body>", PROBE + "</body>"))
+    dom = chromium(tmp, "--virtual-time-budget=3000", "--dump-dom",
+                   path.as_uri() + (f"#{fragment}" if fragment else ""))
+    match = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
+    assert match, dom[-2000:]
+    data: dict[str, Any] = json.loads(unescape(match.group(1)))
+    return data
+
+
+def rgb(css: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", css)[:3])
+
+
+@needs_chromium
+def test_browser_renders_matrix_colors(faulty_run: Run, tmp_path: Path) -> None:
+    page = (faulty_run.reports / "matrix.html").read_text()
+    data = probe(page, tmp_path)
+    # the gate case file: all_reduce x {float32, int64}, broadcast x int64
+    assert data["cells"] == 3 and data["failures"] == 5
+    colors = {(o, rgb(c)) for o, c, _visible in data["chips"]}
+    assert colors == {("passed", PASSED_RGB), ("failed", FAILED_RGB)}
+    assert all(visible for _o, _c, visible in data["chips"])
+    # world size 1 (sync, async) passes for both dtypes; every world-size-2 chip holds a
+    # failure (the xfail and the skip share the float32 sync chip and do not hide it)
+    assert Counter(o for o, _c, _v in data["chips"]) == {"passed": 4, "failed": 5}
+    assert data["open"] == []  # failure details start folded
+
+
+@needs_chromium
+def test_failure_detail_is_one_click_away(tmp_path: Path) -> None:
+    """Following a failing chip's link (what a click does) opens that failure's details."""
+    page = html.render(synthetic())
+    dom = Dom(page)
+    chip = next(c for c in dom.select("a", "chip") if c["attrs"]["data-outcome"] == "failed")
+    target = chip["attrs"]["href"][1:]
+    assert probe(page, tmp_path, target)["open"] == [target]
+
+
+def read_png(path: Path) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """Decode an 8-bit RGB/RGBA, non-interlaced PNG (what Chromium writes) to an array."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width, height, channels = 8, b"", 0, 0, 0
+    while pos < len(data):
+        (n,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        pos += 12 + n
+        if kind == b"IHDR":
+            width, height, depth, ctype, _c, _f, interlace = struct.unpack(">IIBBBBB", body)
+            assert depth == 8 and ctype in (2, 6) and interlace == 0
+            channels = 3 if ctype == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+    raw = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, width * channels + 1)
+    out = np.zeros((height, width * channels), np.uint8)
+    prev = np.zeros(width * channels, np.int32)
+    for y in range(height):
+        f, line = raw[y, 0], raw[y, 1:].astype(np.int32)
+        if f == 0:
+            cur = line
+        elif f == 2:
+            cur = (line + prev) % 256
+        elif f == 1:
+            cur = np.cumsum(line.reshape(width, channels), axis=0).reshape(-1) % 256
+        else:  # average / Paeth depend on the pixel just decoded: a plain loop
+            row = bytearray(width * channels)
+            bl, up = line.tolist(), prev.tolist()
+            for i in range(len(row)):
+                a = row[i - channels] if i >= channels else 0
+                b = up[i]
+                if f == 3:
+                    row[i] = (bl[i] + (a + b) // 2) & 0xFF
+                else:
+                    c = up[i - channels] if i >= channels else 0
+                    p = a + b - c
+                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                    pred = a if pa <= pb and pa <= pc else b if pb <= pc else c
+                    row[i] = (bl[i] + pred) & 0xFF
+            cur = np.frombuffer(bytes(row), np.uint8).astype(np.int32)
+        out[y] = cur
+        prev = cur
+    return out.reshape(height, width, channels)[:, :, :3]
+
+
+def pixels_near(img: np.ndarray[Any, np.dtype[np.uint8]], color: tuple[int, ...]) -> int:
+    diff = np.abs(img.astype(np.int32) - np.array(color, np.int32)).max(axis=2)
+    return int((diff <= 10).sum())
+
+
+@needs_chromium
+def test_screenshot_shows_red_for_failures_green_for_passes(gloo_run: Run, faulty_run: Run,
+                                                            tmp_path: Path) -> None:
+    counts = {}
+    for name, page in (("pass", gloo_run.reports / "conformance.html"),
+                       ("fail", faulty_run.reports / "matrix.html")):
+        shot = tmp_path / f"{name}.png"
+        chromium(tmp_path, "--window-size=1000,700", f"--screenshot={shot}", page.as_uri())
+        img = read_png(shot)
+        assert img.shape == (700, 1000, 3)
+        counts[name] = (pixels_near(img, PASSED_RGB), pixels_near(img, FAILED_RGB))
+    # both pages show green chips; only the failing run's matrix adds red ones (the legend has
+    # one red swatch on both pages)
+    assert counts["pass"][0] > 1000 and counts["fail"][0] > 500
+    assert counts["fail"][1] > counts["pass"][1] + 1000, counts

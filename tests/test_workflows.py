@@ -1,0 +1,183 @@
+"""The GitHub workflows: valid against the workflow schema, safe on the GPU runner, and every
+command they (and the CI scripts they call) reference exists in this repository."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.runs import REPO
+
+WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
+CPU = REPO / ".github" / "workflows" / "conformance-gloo.yml"
+GPU = REPO / ".github" / "workflows" / "conformance-nccl.yml"
+
+
+def load(path: Path) -> dict[str, Any]:
+    raw: dict[Any, Any] = yaml.safe_load(path.read_text())
+    # YAML 1.1 reads the key `on` as a boolean
+    return {("on" if k is True else str(k)): v for k, v in raw.items()}
+
+
+def check_jsonschema(*paths: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
+                           "vendor.github-workflows", *map(str, paths)],
+                          capture_output=True, text=True, check=False)
+
+
+def test_workflows_exist() -> None:
+    assert CPU in WORKFLOWS and GPU in WORKFLOWS
+
+
+def test_workflows_match_the_github_workflow_schema() -> None:
+    proc = check_jsonschema(*WORKFLOWS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_schema_check_rejects_a_broken_workflow(tmp_path: Path) -> None:
+    """The validator really validates: a job without runs-on and a bad timeout fail."""
+    bad = tmp_path / "bad.yml"
+    bad.write_text("on: push\njobs:\n  x:\n    timeout-minutes: soon\n    steps:\n"
+                   "      - run: echo\n")
+    proc = check_jsonschema(bad)
+    assert proc.returncode != 0 and "bad.yml" in proc.stdout + proc.stderr
+
+
+def steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for job in doc["jobs"].values() for s in job.get("steps", [])]
+
+
+@pytest.mark.parametrize("path", [CPU, GPU], ids=["gloo", "nccl"])
+def test_each_workflow_gates_summarises_and_keeps_artifacts(path: Path) -> None:
+    doc = load(path)
+    assert doc["concurrency"]["group"] and "cancel-in-progress" in doc["concurrency"]
+    assert doc["permissions"] == {"contents": "read"}
+    conformance = next(iter(doc["jobs"].values()))
+    assert isinstance(conformance["timeout-minutes"], int)
+    runs = [s.get("run", "") for s in steps(doc)]
+    assert any(r.startswith("bash ci/gate.sh ") for r in runs)
+    summary = next(s for s in steps(doc) if "ci/step_summary.py" in s.get("run", ""))
+    assert summary["if"] == "always()"  # the verdict is written even when the gate failed
+    assert "--gate reports/gate.md --matrix reports/conformance.md" in summary["run"]
+    upload = next(s for s in steps(doc) if s.get("uses", "").startswith(
+        "actions/upload-artifact@"))
+    assert upload["if"] == "always()" and upload["with"]["path"] == "reports/"
+    assert all(s["uses"].split("@")[1].startswith("v") for s in steps(doc) if "uses" in s)
+
+
+def test_gpu_workflow_never_runs_fork_pull_requests() -> None:
+    doc = load(GPU)
+    assert "pull_request_target" not in doc["on"]  # would run fork code with secrets
+    (job,) = doc["jobs"].values()
+    assert job["runs-on"] == ["self-hosted", "linux", "x64", "gpu"]
+    assert job["if"] == ("github.event_name != 'pull_request' || "
+                         "github.event.pull_request.head.repo.full_name == github.repository")
+    assert "bash ci/gate.sh nccl ci/baselines/nccl-cuda.json" in [s.get("run") for s in
+                                                                  job["steps"]]
+    cpu = load(CPU)
+    assert all(j["runs-on"] == "ubuntu-latest" for j in cpu["jobs"].values())
+
+
+# -- every command referenced exists -------------------------------------------------------------
+
+def console_scripts() -> set[str]:
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())
+    return set(meta["project"]["scripts"])
+
+
+# The NCCL baseline is created on the first GPU run (ci/gate.sh gates on raw outcomes until
+# then, README "Gating in CI"); every other file a workflow names must be committed.
+OPTIONAL = {"ci/baselines/nccl-cuda.json"}
+VENV_TOOLS = {"python", "python3", "pip", "pytest", "ruff", "mypy"}  # installed by ci/setup.sh
+
+
+def check_command(words: list[str], where: str) -> list[str]:
+    """Problems with one simple command (a list of shell words)."""
+    problems: list[str] = []
+    if not words:
+        return problems
+    prog, args = words[0], words[1:]
+    if prog.startswith(".venv/bin/"):
+        tool = prog.removeprefix(".venv/bin/")
+        if tool not in VENV_TOOLS | console_scripts():
+            problems.append(f"{where}: {prog}: not a console script of pyproject.toml")
+        prog = "python" if tool.startswith("python") else tool
+    if (prog in ("bash", "sh", "python", "python3") and args and not args[0].startswith("-")
+            and not (REPO / args[0]).is_file()):
+        problems.append(f"{where}: {prog} {args[0]}: no such file in the repository")
+    if prog in ("python", "python3") and args[:1] == ["-m"]:
+        module = args[1]
+        local = REPO / (module.replace(".", "/") + ".py")
+        if not local.is_file() and find_spec(module) is None:
+            problems.append(f"{where}: python -m {module}: no such module")
+    for word in words:
+        for path in re.findall(r"(?<![\w/.-])(\.?ci/[\w./-]+)", word):
+            if not (REPO / path).exists() and path not in OPTIONAL:
+                problems.append(f"{where}: {path}: no such file in the repository")
+    return problems
+
+
+def simple_commands(script: str) -> list[list[str]]:
+    """Shell words of each simple command (split on newlines, ;, &&, ||, |)."""
+    out: list[list[str]] = []
+    text = script.replace("\\\n", " ")
+    for line in text.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        for part in re.split(r"\s*(?:&&|\|\||;|\|)\s*", line):
+            try:
+                words = shlex.split(part)
+            except ValueError:
+                continue
+            while words and re.match(r"^\w+=", words[0]):  # VAR=value prefixes
+                words = words[1:]
+            if words and words[0] in ("exit", "echo", "printf", "if", "then", "fi", "else",
+                                      "set", "cd", "mkdir", "rm", "shift", "[", "]", "local"):
+                continue
+            if words:
+                out.append(words)
+    return out
+
+
+def test_every_command_referenced_exists() -> None:
+    problems: list[str] = []
+    seen_scripts: set[str] = set()
+    for path in WORKFLOWS:
+        for s in steps(load(path)):
+            if "run" not in s:
+                continue
+            for words in simple_commands(s["run"]):
+                problems += check_command(words, f"{path.name}: {s.get('name', s['run'])}")
+                if words[0] == "bash":
+                    seen_scripts.add(words[1])
+    assert {"ci/setup.sh", "ci/gate.sh", "ci/system-packages.sh", "ci/test.sh"} <= seen_scripts
+    for script in sorted(seen_scripts):  # and what the scripts themselves run
+        for words in simple_commands((REPO / script).read_text()):
+            problems += check_command(words, script)
+    assert not problems, "\n".join(problems)
+
+
+def test_command_check_catches_a_missing_file() -> None:
+    assert check_command(["bash", "ci/nope.sh"], "w")
+    assert check_command([".venv/bin/collective-nothing", "x"], "w")
+    assert check_command(["python", "-m", "harness.nothing"], "w")
+    assert check_command(["bash", "ci/gate.sh", "gloo", "ci/baselines/typo.json"], "w")
+    assert not check_command([".venv/bin/collective-gate", "reports/x.json",
+                              "ci/baselines/gloo-cpu.json"], "w")
+
+
+def test_ci_scripts_parse() -> None:
+    for script in sorted((REPO / "ci").glob("*.sh")):
+        proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True,
+                              check=False)
+        assert proc.returncode == 0, f"{script}: {proc.stderr}"
