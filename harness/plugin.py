@@ -230,7 +230,8 @@ class CaseItem(pytest.Item):
         reason = self.instance.expectation.skip or caps.skip_reason(self.instance)
         if reason:
             self.record = skipped_record(self.instance, reason, self.nodeid)
-            pytest.skip(reason)
+            # Point -rs at the YAML case rather than at this line.
+            raise pytest.skip.Exception(reason, _use_item_location=True)
 
     def runtest(self) -> None:
         from .pool import PoolKey, PoolStartError
