@@ -80,7 +80,9 @@ def check_step(case: Case, path: tuple[Any, ...], step: dict[str, Any], action: 
     errs: list[CaseFileError] = []
     for key, kinds in ONLY_WITH.items():
         if key in step and action not in kinds:
-            errs.append(case.error((*path, key), f"'{key}' does not apply to a {action} step",
+            article = "an" if action[0] in "aeiou" else "a"
+            errs.append(case.error((*path, key),
+                                   f"'{key}' does not apply to {article} {action} step",
                                    f"'{key}' belongs to {' / '.join(kinds)} steps"))
     if action == "op" and step.get("stream") == "side" and _devices(case) != ["cuda"]:
         errs.append(case.error((*path, "stream"), "'stream: side' needs CUDA tensors",
