@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 CHECKS = ("pre_op", "post_wait", "completion", "host_blocking", "declared")
 STATUSES = ("ok", "violated", "inconclusive", "n/a")
-MODES = ("sample", "all", "off")
+MODES = ("sample", "all", "none")
 DEFAULT_DELAY_S = 0.02
 BLOCKING_FRACTION = 0.5  # a blocking call shorter than this share of the delay returned early
 MAX_DETAIL_LINES = 6
@@ -106,7 +106,7 @@ def add_options(group: Any, parser: pytest.Parser) -> None:
     kwargs: dict[str, Any] = dict(
         dest="collective_ordering", default=None, choices=("auto", *MODES),
         help="async-contract probes: auto (each case's 'ordering:', default sample), sample, "
-             "all, off")
+             "all, none")
     try:
         group.addoption(*names, **kwargs)
     except ValueError:  # another plugin owns --ordering: keep the long form only
@@ -280,7 +280,7 @@ def _why_no_probe(plan: OrderingPlan) -> str:
     if plan.probes:
         return "the probe did not run on this rank"
     return ("probes run on a sample: see this case's other instances" if plan.mode == "sample"
-            else "probes are off")
+            else "probes are turned off (ordering: none)")
 
 
 def judge(inst: Instance, results: dict[int, RankResult]) -> dict[str, Any]:

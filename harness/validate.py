@@ -343,6 +343,9 @@ def check_steps(case: Case) -> None:
                 errs.append(case.error(path, f"{op.name} needs '{req}:'"))
         if "handle" in step:
             handles.add(step["handle"])
+    if not any("op" in step for step in raw["steps"]):
+        errs.append(case.error(("steps",), "a program needs at least one op step",
+                               "e.g. - {op: all_reduce, tensor: t}"))
     expected = raw.get("expected", {})
     if not isinstance(expected, dict) or "generator" in expected:
         errs.append(case.error(("expected",), "with 'steps', expected maps tensor names to values",
