@@ -17,8 +17,11 @@ The first four come from *probes*: extra runs of a shorthand async instance with
 injected (see :mod:`harness.ordering_rank`). They cost a few tens of milliseconds each, so by
 default they run on a representative sample: per case, the first async instance of each
 world size and device (the other axes at their first value). ``ordering: all`` on a case or
-``--ordering all`` runs them on every async instance; ``off`` on none. ``completion`` from the
+``--ordering all`` runs them on every async instance; ``none`` on none. ``completion`` from the
 instance's own timeline and ``declared`` are checked on every instance.
+
+An override's ``ordering: [check, ...]`` documents a known divergence: the verdict stays
+``violated`` in the report, with the override's reason, but does not fail the instance.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ MAX_DETAIL_LINES = 6
 class OrderingPlan:
     """What the ranks do and the parent judges for one instance's async contract."""
 
-    mode: str  # the case's probe mode: sample / all / off
+    mode: str  # the case's probe mode: sample / all / none
     sampled: bool  # the representative of its case at this world size and device
     shorthand_async: bool  # an async instance of the ``op:`` form (probes possible)
     async_steps: bool  # the program issues async ops (completion from the timeline)
@@ -52,6 +55,7 @@ class OrderingPlan:
     delayed_rank: int  # the rank made slow in the post-wait and host-blocking probes
     probes: bool = False  # decided at setup from the mode, the option and the expectation
     delay_s: float = DEFAULT_DELAY_S
+    known: tuple[tuple[str, str], ...] = ()  # (check, reason): documented divergences
 
 
 # -- planning (collection and setup) --------------------------------------------------------
@@ -128,8 +132,11 @@ def options(config: pytest.Config) -> dict[str, Any]:
     return {"ordering": mode, "ordering_delay_s": float(delay)}
 
 
-def configure(inst: Instance, config: pytest.Config) -> Instance:
-    """Decide, after overrides are applied, whether this instance runs the delayed probes."""
+def configure(inst: Instance, config: pytest.Config, torch_version: str) -> Instance:
+    """Decide, after overrides are applied, whether this instance runs the delayed probes,
+    and which ordering checks a matching override documents as known divergences."""
+    from .expand import override_applies
+
     plan = inst.ordering
     if plan is None:
         return inst
@@ -137,7 +144,14 @@ def configure(inst: Instance, config: pytest.Config) -> Instance:
     mode = plan.mode if opts["ordering"] == "auto" else opts["ordering"]
     probes = (plan.shorthand_async and inst.expectation.kind == "pass"
               and (mode == "all" or (mode == "sample" and plan.sampled)))
-    return replace(inst, ordering=replace(plan, probes=probes, delay_s=opts["ordering_delay_s"]))
+    known: dict[str, str] = {}
+    for o in inst.overrides:
+        checks = dict(o.patch).get("ordering")
+        if checks and override_applies(o, inst, torch_version):
+            reason = o.reason + (f" ({o.issue})" if o.issue else "")
+            known.update(dict.fromkeys(checks, reason))
+    return replace(inst, ordering=replace(plan, probes=probes, delay_s=opts["ordering_delay_s"],
+                                          known=tuple(sorted(known.items()))))
 
 
 # -- verdicts (parent, after the run) ------------------------------------------------------
@@ -307,7 +321,11 @@ def apply(inst: Instance, results: dict[int, RankResult], res: InstanceResult,
     if inst.ordering is None or not completed or inst.expectation.kind != "pass":
         return
     res.ordering = judge(inst, results)
-    violated = [c for c in CHECKS if res.ordering[c]["status"] == "violated"]
+    known = dict(inst.ordering.known)
+    for check, reason in known.items():
+        if res.ordering[check]["status"] == "violated":
+            res.ordering[check]["known"] = reason  # documented by an override: reported only
+    violated = [c for c in CHECKS if res.ordering[c]["status"] == "violated" and c not in known]
     if not violated:
         return
     lines = [f"  {c}: {res.ordering[c]['detail']}" for c in violated]

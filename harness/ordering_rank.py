@@ -298,7 +298,11 @@ class _Prober:
         checks = self.program._check(self.inst, self.renv, self.env, view, before, touched)
         bad = [c for c in checks if not c.ok]
         text = "; ".join(f"{c.tensor}: {wrong_text(c)}" for c in bad[:2])
-        return not bad, any(c.tensor == self.out_name for c in checks), text
+        # Only an output the op writes here depends on the other ranks (not one left alone).
+        depends = any(c.tensor == self.out_name and c.expectation not in ("untouched",
+                                                                          "unchanged")
+                      for c in checks)
+        return not bad, depends, text
 
     def align(self, probe: str) -> None:
         """Let the delayed rank start its delay only once every other member is at the call."""

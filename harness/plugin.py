@@ -216,7 +216,7 @@ class CaseItem(pytest.Item):
         hs = _hs(self.config)
         caps = probe(hs.backend_modules)
         self.instance = ordering.configure(expand.resolve(self.instance, caps.torch_version),
-                                           self.config)
+                                           self.config, caps.torch_version)
         reason = self.instance.expectation.skip or caps.skip_reason(self.instance)
         if reason:
             self.record = skipped_record(self.instance, reason, self.nodeid)

@@ -132,7 +132,7 @@ def test_probe_mode_from_case_and_option(case_mode: str, option: str | None,
                                          probed: int) -> None:
     insts = _instances(SHORTHAND % ("all_reduce", case_mode))
     config: Any = _Config(option, 0.05)
-    done = [ordering.configure(i, config) for i in insts]
+    done = [ordering.configure(i, config, "2.13.0") for i in insts]
     assert sum(1 for i in done if i.ordering and i.ordering.probes) == probed
     assert all(i.ordering.delay_s == 0.05 for i in done if i.ordering)
 
@@ -141,7 +141,8 @@ def test_raising_instances_get_no_probes() -> None:
     inst = next(i for i in _instances(SHORTHAND % ("all_reduce", "    ordering: all"))
                 if i.async_op)
     raising = replace(inst, expectation=replace(inst.expectation, kind="raises"))
-    configured = ordering.configure(raising, _Config(None, None))  # type: ignore[arg-type]
+    configured = ordering.configure(raising, _Config(None, None),  # type: ignore[arg-type]
+                                    "2.13.0")
     assert configured.ordering is not None and not configured.ordering.probes
 
 
@@ -160,7 +161,7 @@ def test_delayed_rank_is_one_every_other_member_depends_on(op: str, args: str, w
 def _probed() -> Instance:
     inst = next(i for i in _instances(SHORTHAND % ("all_reduce", "    ordering: all"))
                 if i.async_op and i.world_size == 2)
-    return ordering.configure(inst, _Config(None, 0.1))  # type: ignore[arg-type]
+    return ordering.configure(inst, _Config(None, 0.1), "2.13.0")  # type: ignore[arg-type]
 
 
 def _obs(**over: Any) -> dict[str, Any]:
@@ -248,6 +249,29 @@ def test_violation_fails_a_passing_instance_with_a_clear_message() -> None:
     wrong = InstanceResult("failed", "wrong values")
     ordering.apply(inst, _results(_obs(post__immediate_ok=False)), wrong, completed=True)
     assert wrong.outcome == "failed" and "async contract violated too" in wrong.message
+
+
+def test_override_documents_a_known_ordering_divergence() -> None:
+    text = (SHORTHAND % ("all_reduce", "    ordering: all\n    overrides:\n"
+                         "      - when: {backend: gloo, world_size: 2}\n"
+                         "        ordering: [completion]\n"
+                         "        reason: Work never reports completion"))
+    insts = [i for i in _instances(text) if i.async_op]
+    config: Any = _Config(None, 0.1)
+    ws2, ws4 = (ordering.configure(i, config, "2.13.0") for i in
+                sorted(insts, key=lambda i: i.world_size)[::2])
+    assert ws2.ordering is not None and ws2.ordering.known == (
+        ("completion", "Work never reports completion"),)
+    assert ws4.ordering is not None and ws4.ordering.known == ()
+    res = InstanceResult("passed", "passed")
+    never = _results(_obs(post__completed_after_wait=False))
+    ordering.apply(ws2, never, res, completed=True)
+    assert res.outcome == "passed"
+    assert res.ordering["completion"]["status"] == "violated"
+    assert res.ordering["completion"]["known"] == "Work never reports completion"
+    res4 = InstanceResult("passed", "passed")
+    ordering.apply(ws4, never, res4, completed=True)
+    assert res4.outcome == "failed" and "known" not in res4.ordering["completion"]
 
 
 def test_declared_snapshot_mismatch_is_violated() -> None:

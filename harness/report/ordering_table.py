@@ -7,7 +7,7 @@ from typing import Any
 
 COLUMNS = (("pre_op", "pre-op"), ("post_wait", "post-wait"), ("completion", "completion"),
            ("host_blocking", "host blocking"), ("declared", "declared reads"))
-SYMBOLS = {"violated": "❌", "inconclusive": "❔", "ok": "✅"}
+SYMBOLS = {"violated": "❌", "known": "⚠️", "inconclusive": "❔", "ok": "✅"}
 OBSERVED = {"blocks": "blocks", "returns_early": "returns early", "mixed": "mixed"}
 
 
@@ -32,12 +32,14 @@ def render(records: list[dict[str, Any]]) -> list[str]:
         cells = by_op[r["op"]]
         cells["instances"]["n"] += 1
         for key, _ in COLUMNS:
-            cells[key][r["ordering"][key]["status"]] += 1
+            verdict = r["ordering"][key]
+            cells[key]["known" if "known" in verdict else verdict["status"]] += 1
         observed[r["op"]][r["ordering"]["host_blocking"].get("observed", "unknown")] += 1
     delays = sorted({r["ordering"]["delay_s"] for r in recs if r["ordering"].get("probes")})
     lines = ["## Async contract", "",
              "Ordering checks of async instances and of programs' declared reads: ✅ ok, "
-             "❌ violated, ❔ inconclusive (the values were wrong even without delays), - not "
+             "❌ violated, ⚠️ violated as documented by an override, ❔ inconclusive (the "
+             "values were wrong even without delays), - not "
              "checked. Probes delay one rank by "
              + (", ".join(f"{d:g}" for d in delays) + " s" if delays else "(no probe ran)")
              + "; \"blocking form\" is what the blocking call was observed to do with that "
@@ -50,4 +52,10 @@ def render(records: list[dict[str, Any]]) -> list[str]:
                      + " | ".join(_cell(cells[key]) for key, _ in COLUMNS)
                      + f" | {_observed(observed[op])} |")
     lines.append("")
+    known = sorted({(r["op"], key, r["ordering"][key]["known"]) for r in recs
+                    for key, _ in COLUMNS if "known" in r["ordering"][key]})
+    if known:
+        lines += ["Documented ordering divergences (overrides):", ""]
+        lines += [f"- `{op}` {key.replace('_', '-')}: {reason}" for op, key, reason in known]
+        lines.append("")
     return lines
