@@ -36,7 +36,11 @@ from . import tensors
 from .model import Instance, Step, StepEvent, TensorCheck
 
 STEP_KINDS = frozenset({"delay_stream", "write", "read", "future"})
-SETTLE_S = 10.0  # longest poll of is_completed() when settling on CPU
+# Settling on CPU polls is_completed() for at most this many delays (and this minimum): long
+# enough for a result that lands after the delayed peer, short enough that a Work which never
+# reports completion (Gloo's reduce_scatter) costs little.
+SETTLE_DELAYS = 5.0
+SETTLE_MIN_S = 0.25
 ALIGN_S = 10.0  # longest wait of the delayed rank for the others to reach the call
 POLL_S = 0.0005
 CALIBRATION_CYCLES = 2_000_000
@@ -71,8 +75,9 @@ def _sleep_cycles_per_s() -> float:
 class Device:
     """What "slow work on the current stream", "synchronize" and "settle" mean here."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, settle_s: float = SETTLE_MIN_S) -> None:
         self.cuda = kind == "cuda"
+        self.settle_s = settle_s
 
     def delay(self, seconds: float) -> None:
         """Slow work on the current stream: a sleep kernel (CUDA) or a host sleep (CPU)."""
@@ -92,7 +97,7 @@ class Device:
         if self.cuda:
             torch.cuda.synchronize()
             return
-        end = time.monotonic() + SETTLE_S
+        end = time.monotonic() + self.settle_s
         while not work.is_completed() and time.monotonic() < end:
             time.sleep(POLL_S)
 
@@ -271,7 +276,7 @@ class _Prober:
         self.program = program
         self.inst, self.renv, self.env = inst, renv, env
         self.plan = inst.ordering
-        self.dev = Device(renv.device)
+        self.dev = Device(renv.device, max(SETTLE_MIN_S, SETTLE_DELAYS * self.plan.delay_s))
         self.step = inst.steps[0]
         self.in_name, self.out_name = inst.shorthand
         self.delayed = renv.rank == self.plan.delayed_rank
