@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from . import dtypes, ops
+from . import dtypes, ops, ordering, ordering_steps
 from .errors import CaseFileError, ExprError
 from .expr import Expr, parse
 from .model import Case, Expectation, Fill, Instance, Override, Step, TensorSpec, Tolerance
@@ -296,9 +296,13 @@ class _Expander:
                 asy = (s.get("async", bool(point.get("async", False)))
                        or op.name in ops.ALWAYS_ASYNC)
                 steps.append(Step("op", line, op=op.name, bufs=bufs, args=tuple(args),
-                                  ranks=ranks, async_op=asy, handle=s.get("handle")))
+                                  ranks=ranks, async_op=asy, handle=s.get("handle"),
+                                  stream=s.get("stream", "current")))
             elif "wait" in s:
-                steps.append(Step("wait", line, ranks=ranks, waits=tuple(_as_list(s["wait"]))))
+                steps.append(Step("wait", line, ranks=ranks, waits=tuple(_as_list(s["wait"])),
+                                  args=(("thread", True),) if s.get("thread") else ()))
+            elif ordering_steps.is_ordering_step(s):
+                steps.append(ordering_steps.make_step(self.case, s, idx, line, ranks, env))
             else:
                 kind = next(k for k in ("sleep", "sync", "raise", "abort", "exit", "segfault")
                             if k in s)
@@ -350,7 +354,7 @@ def expand(case: Case, backend: str) -> list[Instance]:
             out.append(ex.instance(point, inst_id))
         except ExprError as exc:
             raise case.error(("name",), f"at {inst_id}: {exc}") from None
-    return out
+    return ordering.plan_instances(case.raw.get("ordering", "sample"), out)
 
 
 def override_applies(o: Override, inst: Instance, torch_version: str) -> bool:

@@ -9,13 +9,16 @@ Rank side: :class:`Instance` in, :class:`RankResult` out. Parent again:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import CaseFileError
 from .expr import Expr
 
+if TYPE_CHECKING:
+    from .ordering import OrderingPlan
+
 FillKind = Literal["list", "expr", "generator", "poison", "zeros", "per_rank", "unspecified",
-                   "unchanged", "auto"]
+                   "unchanged", "auto", "stale", "final"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,8 @@ class Fill:
     ``generator``: ``data = (name, params)``; ``per_rank``: ``data`` maps rank (or
     ``"others"``) to a Fill; ``poison``/``zeros``: fixed patterns; ``unspecified``: the
     contract says nothing; ``unchanged``: must equal its pre-op contents; ``auto``: the op's
-    reference model.
+    reference model; ``stale``/``final`` (expectations of a ``read`` snapshot only): the
+    tensor's contents at program start / at program end.
     """
 
     kind: FillKind
@@ -61,8 +65,9 @@ class Step:
 
     ``kind`` is ``op`` (call ``op`` with ``bufs`` role->tensor name and ``args``), ``wait``
     (wait on ``waits`` handles), ``sleep`` (``value`` seconds on the host), ``sync``
-    (device synchronize), or a deliberate fault used to test the harness and to document
-    failure modes: ``raise`` (message), ``abort``, ``exit`` (code), ``segfault``.
+    (device synchronize), an ordering step (``delay_stream``, ``write``, ``read``, ``future``:
+    see :mod:`harness.ordering_steps`), or a deliberate fault used to test the harness and to
+    document failure modes: ``raise`` (message), ``abort``, ``exit`` (code), ``segfault``.
     """
 
     kind: str
@@ -75,12 +80,16 @@ class Step:
     handle: str | None = None
     waits: tuple[str, ...] = ()
     value: Any = None
+    stream: str = "current"  # op steps: "side" issues the op on the rank's side CUDA stream
 
     def describe(self) -> str:
         if self.kind == "op":
             return f"{self.op}(" + ", ".join(f"{k}={v}" for k, v in self.bufs) + ")"
         if self.kind == "wait":
             return "wait(" + ", ".join(self.waits) + ")"
+        if self.kind in ("write", "read", "future"):
+            what = ", ".join((*self.waits, *(t for _, t in self.bufs)))
+            return f"{self.kind}({what})"
         return f"{self.kind}({self.value!r})" if self.value is not None else self.kind
 
 
@@ -169,6 +178,7 @@ class Instance:
     isolate: bool
     marks: tuple[str, ...]
     premul_factor: float = 2.0
+    ordering: OrderingPlan | None = None  # async-contract checks (harness.ordering)
 
     @property
     def case_id(self) -> str:
@@ -185,7 +195,13 @@ Outcome = Literal["passed", "failed", "error", "hang", "crash", "skipped", "xfai
 
 @dataclass
 class StepEvent:
-    """Timeline of one step on one rank (seconds since the instance started on that rank)."""
+    """Timeline of one step on one rank (seconds since the instance started on that rank).
+
+    For an async op: when the call was entered and returned, ``is_completed()`` at return,
+    when ``wait()`` returned (and from which thread), ``is_completed()`` after it, and on CUDA
+    when the final device synchronize returned and ``is_completed()`` after that, plus the
+    device and stream the op was issued on.
+    """
 
     index: int
     what: str
@@ -194,6 +210,11 @@ class StepEvent:
     completed_at_return: bool | None = None
     t_wait_return: float | None = None
     completed_after_wait: bool | None = None
+    waited_in_thread: bool | None = None
+    t_sync_return: float | None = None
+    completed_after_sync: bool | None = None
+    device: str | None = None
+    stream: str | None = None
 
 
 @dataclass
@@ -223,6 +244,7 @@ class RankResult:
     traceback: str = ""
     step: int = -1  # index of the step that raised
     duration: float = 0.0
+    ordering: dict[str, Any] = field(default_factory=dict)  # probe observations, reads
 
 
 @dataclass
@@ -252,3 +274,4 @@ class InstanceResult:
     pool_replaced: bool = False
     expected_kind: str = "pass"
     reason: str = ""
+    ordering: dict[str, Any] = field(default_factory=dict)  # async-contract verdicts

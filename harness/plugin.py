@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from . import ops
+from . import ops, ordering
 from .errors import CaseFileError, CaseFileErrors
 from .model import Instance, InstanceResult
 
@@ -72,6 +72,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     default=False, help="write no report files")
     group.addoption("--max-pools", dest="collective_max_pools", type=int, default=None,
                     metavar="N", help="rank pools kept alive at once (default 2)")
+    ordering.add_options(group, parser)
     parser.addini("collective_backend", "default backend", default="gloo")
     parser.addini("collective_backend_modules", "modules to import before init",
                   type="linelist", default=[])
@@ -118,7 +119,8 @@ class HarnessSession:
     def options(self) -> dict[str, Any]:
         return {"backend": self.backend, "backend_modules": list(self.backend_modules),
                 "deadline_s": self.deadline, "full": self.full,
-                "world_sizes": sorted(self.world_sizes) if self.world_sizes else None}
+                "world_sizes": sorted(self.world_sizes) if self.world_sizes else None,
+                **ordering.options(self.config)}
 
     def close(self) -> None:
         if self._manager is not None:
@@ -226,7 +228,8 @@ class CaseItem(pytest.Item):
 
         hs = _hs(self.config)
         caps = probe(hs.backend_modules)
-        self.instance = expand.resolve(self.instance, caps.torch_version)
+        self.instance = ordering.configure(expand.resolve(self.instance, caps.torch_version),
+                                           self.config, caps.torch_version)
         reason = self.instance.expectation.skip or caps.skip_reason(self.instance)
         if reason:
             self.record = skipped_record(self.instance, reason, self.nodeid)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import ops, tensors
+from . import ops, ordering_rank, tensors
 from .expr import Expr
 from .model import Fill, Instance, RankResult, Step, StepEvent, TensorCheck
 
@@ -108,12 +108,6 @@ def _args(step: Step, rank: int, world_size: int, env: dict[str, Any]) -> dict[s
     return out
 
 
-def _wait(work: Any, ev: StepEvent, t0: float) -> None:
-    work.wait()
-    ev.t_wait_return = time.perf_counter() - t0
-    ev.completed_after_wait = bool(work.is_completed())
-
-
 def run_instance(inst: Instance, renv: RankEnv) -> RankResult:
     """Execute ``inst`` on this rank and check every expectation that concerns it."""
     t0 = time.perf_counter()
@@ -126,7 +120,8 @@ def run_instance(inst: Instance, renv: RankEnv) -> RankResult:
         before = {n: t.detach().cpu().clone() for n, t in bufs.items()}
         written: set[str] = set()
         handles: dict[str, tuple[Any, StepEvent]] = {}
-        pending: list[tuple[Any, StepEvent]] = []
+        state = ordering_rank.ProgramState(inst, renv.rank, renv.world_size, renv.device, t0,
+                                           env, bufs, before, written)
         for step_idx, step in enumerate(inst.steps):
             if renv.progress is not None:
                 renv.progress[1] = step_idx
@@ -134,31 +129,39 @@ def run_instance(inst: Instance, renv: RankEnv) -> RankResult:
                 continue
             ev = StepEvent(step_idx, step.describe(), time.perf_counter() - t0, 0.0)
             if step.kind == "op":
-                work = _call(inst, step, renv, env, bufs, written)
-                ev.t_return = time.perf_counter() - t0
+                with state.stream(step):
+                    work = _call(inst, step, renv, env, bufs, written)
+                    ev.t_return = time.perf_counter() - t0
+                    state.issued(step, work, ev)
                 if work is not None:
                     ev.completed_at_return = bool(work.is_completed())
                     if step.handle:
                         handles[step.handle] = (work, ev)
                     else:
-                        _wait(work, ev, t0)
+                        state.wait(work, ev)
             elif step.kind == "wait":
                 for h in step.waits:
                     if h in handles:
                         work, wev = handles.pop(h)
-                        _wait(work, wev, t0)
+                        state.wait(work, wev, thread=bool(dict(step.args).get("thread")))
+                ev.t_return = time.perf_counter() - t0
+            elif step.kind in ordering_rank.STEP_KINDS:
+                state.run(step, step_idx)
                 ev.t_return = time.perf_counter() - t0
             else:
                 _special(step)
                 ev.t_return = time.perf_counter() - t0
+                if step.kind == "sync":
+                    state.synchronized()
             res.events.append(ev)
         step_idx = len(inst.steps)
-        pending.extend(handles.values())
-        for work, wev in pending:  # never leave work in flight: the pool is reused
-            _wait(work, wev, t0)
+        for work, wev in handles.values():  # never leave work in flight: the pool is reused
+            state.wait(work, wev)
         if renv.device == "cuda":
             torch.cuda.synchronize()
+            state.synchronized()
         res.checks = _check(inst, renv, env, bufs, before, written)
+        res.ordering = {**state.results(), **ordering_rank.run_probes(inst, renv, env)}
     except Exception as exc:  # reported to the parent, which decides the outcome
         res.status = "raised"
         res.exc_type = type(exc).__name__

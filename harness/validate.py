@@ -22,7 +22,8 @@ from .yamlload import Document, Path
 
 KEYWORDS = ("poison", "zeros", "unspecified", "unchanged", "auto")
 BASE_NAMES = ("rank", "world_size")
-STEP_ACTIONS = ("op", "wait", "sleep", "sync", "raise", "abort", "exit", "segfault")
+STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future", "raise",
+                "abort", "exit", "segfault")
 
 
 @functools.cache
@@ -274,6 +275,8 @@ def check_case(case: Case) -> None:
 
 def check_steps(case: Case) -> None:
     """Check the steps form: tensors referenced exist, roles fit the op, handles are waited."""
+    from .ordering_steps import check_step
+
     raw = case.raw
     tensors = raw.get("tensors", {})
     errs: list[CaseFileError] = []
@@ -296,6 +299,7 @@ def check_steps(case: Case) -> None:
             errs.append(case.error(path, "a step needs exactly one of: " + ", ".join(STEP_ACTIONS)))
             continue
         action = actions[0]
+        errs.extend(check_step(case, path, step, action, tensors, handles))
         if isinstance(step.get("ranks"), str):
             try:
                 check_expr(case, (*path, "ranks"), step["ranks"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from . import ordering
 from .model import Instance, InstanceResult, RankResult, RankState
 from .pool import PoolRun
 
@@ -69,6 +70,8 @@ def judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
     """The outcome of one instance given what the pool observed."""
     exp = inst.expectation
     res = _judge(inst, run, deadline_s)
+    ordering.apply(inst, run.results, res,
+                   completed=run.kind == "done" and not _raised(run.results))
     res.expected_kind = exp.kind
     res.reason = exp.reason
     if exp.xfail:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
+from . import ordering_table
+
 SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "hang": "⏳", "crash": "☠️",
            "xfail": "⚠️", "xpass": "❗", "skipped": "⏭️"}
 BAD = ("failed", "error", "hang", "crash")
@@ -60,6 +62,7 @@ def render(report: dict[str, Any]) -> str:
         out.append("")
         out.extend(matrix(recs))
         out.append("")
+        out.extend(ordering_table.render(recs))
         bad = [r for r in recs if r["outcome"] in BAD or r["outcome"] == "xpass"]
         if bad:
             out.append(f"## Failures ({len(bad)})")

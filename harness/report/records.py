@@ -52,11 +52,13 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
                                  for i, e, g in c.first_wrong]}
                 for c in rr.checks]
             entry["events"] = [dataclasses.asdict(e) for e in rr.events]
+            if rr.ordering:
+                entry["ordering"] = rr.ordering
             if rr.status == "raised":
                 entry["exception"] = {"type": rr.exc_type, "message": rr.exc_message,
                                       "traceback": rr.traceback, "step": rr.step}
         ranks.append(entry)
-    return {
+    record: dict[str, Any] = {
         "key": inst.key,
         "nodeid": nodeid,
         "file": inst.file,
@@ -81,6 +83,9 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
         "pool_replaced": result.pool_replaced,
         "ranks": ranks,
     }
+    if result.ordering:
+        record["ordering"] = result.ordering
+    return record
 
 
 def skipped_record(inst: Instance, reason: str, nodeid: str) -> dict[str, Any]:

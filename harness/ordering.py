@@ -1,0 +1,338 @@
+"""The async contract: which ordering checks apply to an instance, and their verdicts.
+
+The seeds' contract for an async collective, checked per instance (parent side; no torch):
+
+- ``pre_op``: the data written just before the call (by slow work: a sleep kernel on the
+  current CUDA stream, or a delayed host write on CPU) is the data communicated;
+- ``post_wait``: work issued right after ``wait()`` (a copy on the current CUDA stream, a host
+  read on CPU) sees the final result, without a host synchronize, while a peer is delayed;
+- ``completion``: ``is_completed()`` is true after ``wait()`` (CPU) or after ``wait()`` and a
+  device synchronize (CUDA), and whenever it says true the result is in place;
+- ``host_blocking``: a blocking call, with a peer delayed, returns with the result visible to
+  the next read; whether it held the host until the collective finished is recorded as an
+  observed property of the backend (``blocks`` / ``returns_early``);
+- ``declared``: the expectations a case states on ``read``/``future`` snapshots.
+
+The first four come from *probes*: extra runs of a shorthand async instance with delays
+injected (see :mod:`harness.ordering_rank`). They cost a few tens of milliseconds each, so by
+default they run on a representative sample: per case, the first async instance of each
+world size and device (the other axes at their first value). ``ordering: all`` on a case or
+``--ordering all`` runs them on every async instance; ``none`` on none. ``completion`` from the
+instance's own timeline and ``declared`` are checked on every instance.
+
+An override's ``ordering: [check, ...]`` documents a known divergence: the verdict stays
+``violated`` in the report, with the override's reason, but does not fail the instance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from .model import Instance, InstanceResult, RankResult
+
+if TYPE_CHECKING:
+    import pytest
+
+CHECKS = ("pre_op", "post_wait", "completion", "host_blocking", "declared")
+STATUSES = ("ok", "violated", "inconclusive", "n/a")
+MODES = ("sample", "all", "none")
+DEFAULT_DELAY_S = 0.02
+BLOCKING_FRACTION = 0.5  # a blocking call shorter than this share of the delay returned early
+MAX_DETAIL_LINES = 6
+
+
+@dataclass(frozen=True)
+class OrderingPlan:
+    """What the ranks do and the parent judges for one instance's async contract."""
+
+    mode: str  # the case's probe mode: sample / all / none
+    sampled: bool  # the representative of its case at this world size and device
+    shorthand_async: bool  # an async instance of the ``op:`` form (probes possible)
+    async_steps: bool  # the program issues async ops (completion from the timeline)
+    declared: bool  # the program has read/future snapshots with expectations
+    members: tuple[int, ...]  # ranks that take part in the op
+    delayed_rank: int  # the rank made slow in the post-wait and host-blocking probes
+    probes: bool = False  # decided at setup from the mode, the option and the expectation
+    delay_s: float = DEFAULT_DELAY_S
+    known: tuple[tuple[str, str], ...] = ()  # (check, reason): documented divergences
+
+
+# -- planning (collection and setup) --------------------------------------------------------
+
+def _members(inst: Instance) -> tuple[int, ...]:
+    group = dict(inst.steps[0].args).get("group") if inst.steps else None
+    return tuple(group) if group else tuple(range(inst.world_size))
+
+
+def delayed_rank(inst: Instance) -> int:
+    """The rank to delay so that every other member's result depends on it.
+
+    A rooted op's source (broadcast, scatter) feeds everyone; otherwise any member but the
+    destination (reduce, gather), whose result needs every contribution.
+    """
+    members = _members(inst)
+    args = dict(inst.steps[0].args) if inst.steps else {}
+    src = args.get("src")
+    if isinstance(src, int) and src in members:
+        return src
+    dst = args.get("dst")
+    others = [m for m in members if m != dst]
+    return (others or list(members))[-1]
+
+
+def plan_instances(mode: str, instances: list[Instance]) -> list[Instance]:
+    """Attach an :class:`OrderingPlan` to every instance of one case that has async work."""
+    out: list[Instance] = []
+    sampled_points: set[tuple[int, str]] = set()
+    for inst in instances:
+        async_steps = any(s.kind == "op" and s.async_op for s in inst.steps)
+        declared = any(s.kind in ("read", "future") and s.value is not None
+                       for s in inst.steps)
+        if not (async_steps or declared):
+            out.append(inst)
+            continue
+        shorthand_async = inst.shorthand is not None and inst.async_op
+        point = (inst.world_size, inst.device)
+        sampled = shorthand_async and point not in sampled_points
+        if sampled:
+            sampled_points.add(point)
+        plan = OrderingPlan(mode=mode, sampled=sampled, shorthand_async=shorthand_async,
+                            async_steps=async_steps, declared=declared,
+                            members=_members(inst), delayed_rank=delayed_rank(inst))
+        out.append(replace(inst, ordering=plan))
+    return out
+
+
+def add_options(group: Any, parser: pytest.Parser) -> None:
+    """Register ``--ordering`` and ``--ordering-delay`` (with ini fallbacks)."""
+    names = ("--ordering", "--collective-ordering")
+    kwargs: dict[str, Any] = dict(
+        dest="collective_ordering", default=None, choices=("auto", *MODES),
+        help="async-contract probes: auto (each case's 'ordering:', default sample), sample, "
+             "all, none")
+    try:
+        group.addoption(*names, **kwargs)
+    except ValueError:  # another plugin owns --ordering: keep the long form only
+        group.addoption(names[1], **kwargs)
+    group.addoption("--ordering-delay", dest="collective_ordering_delay", type=float,
+                    default=None, metavar="SECONDS",
+                    help=f"delay injected by the ordering probes (default {DEFAULT_DELAY_S})")
+    parser.addini("collective_ordering", "async-contract probe mode", default="auto")
+    parser.addini("collective_ordering_delay", "ordering probe delay in seconds",
+                  default=str(DEFAULT_DELAY_S))
+
+
+def options(config: pytest.Config) -> dict[str, Any]:
+    """The effective ordering options (echoed in the report metadata)."""
+    mode = config.getoption("collective_ordering") or str(config.getini("collective_ordering"))
+    delay = config.getoption("collective_ordering_delay")
+    if delay is None:
+        delay = float(str(config.getini("collective_ordering_delay")))
+    return {"ordering": mode, "ordering_delay_s": float(delay)}
+
+
+def configure(inst: Instance, config: pytest.Config, torch_version: str) -> Instance:
+    """Decide, after overrides are applied, whether this instance runs the delayed probes,
+    and which ordering checks a matching override documents as known divergences."""
+    from .expand import override_applies
+
+    plan = inst.ordering
+    if plan is None:
+        return inst
+    opts = options(config)
+    mode = plan.mode if opts["ordering"] == "auto" else opts["ordering"]
+    probes = (plan.shorthand_async and inst.expectation.kind == "pass"
+              and (mode == "all" or (mode == "sample" and plan.sampled)))
+    known: dict[str, str] = {}
+    for o in inst.overrides:
+        checks = dict(o.patch).get("ordering")
+        if checks and override_applies(o, inst, torch_version):
+            reason = o.reason + (f" ({o.issue})" if o.issue else "")
+            known.update(dict.fromkeys(checks, reason))
+    return replace(inst, ordering=replace(plan, probes=probes, delay_s=opts["ordering_delay_s"],
+                                          known=tuple(sorted(known.items()))))
+
+
+# -- verdicts (parent, after the run) ------------------------------------------------------
+
+def _verdict(status: str, detail: str, **extra: Any) -> dict[str, Any]:
+    return {"status": status, "detail": detail, **extra}
+
+
+def _lines(items: list[str]) -> str:
+    if len(items) > MAX_DETAIL_LINES:
+        items = [*items[:MAX_DETAIL_LINES], f"... and {len(items) - MAX_DETAIL_LINES} more"]
+    return "; ".join(items)
+
+
+def _probe(results: dict[int, RankResult], name: str) -> dict[int, dict[str, Any]]:
+    return {r: res.ordering["probes"][name] for r, res in sorted(results.items())
+            if name in res.ordering.get("probes", {})}
+
+
+def _baseline(results: dict[int, RankResult]) -> tuple[bool, str]:
+    """Whether the op gives right values when nothing is delayed at the call (settled read)."""
+    bad = [f"rank {r}: {o['settled_wrong']}" for r, o in _probe(results, "post_wait").items()
+           if not o["settled_ok"]]
+    return (not bad, _lines(bad))
+
+
+def _pre_op(plan: OrderingPlan, results: dict[int, RankResult], base: tuple[bool, str]
+            ) -> dict[str, Any]:
+    obs = _probe(results, "pre_op")
+    if not plan.probes or not obs:
+        return _verdict("n/a", _why_no_probe(plan))
+    if not base[0]:
+        return _verdict("inconclusive", f"values are wrong even without delays: {base[1]}")
+    bad = [f"rank {r}: {o['wrong']}" for r, o in obs.items() if not o["ok"]]
+    if bad:
+        return _verdict("violated", "the input was written by slow work just before the call "
+                        "but the collective did not communicate it: " + _lines(bad))
+    return _verdict("ok", f"input written after a {plan.delay_s:g} s delay was communicated")
+
+
+def _post_wait(plan: OrderingPlan, results: dict[int, RankResult], base: tuple[bool, str]
+               ) -> dict[str, Any]:
+    obs = _probe(results, "post_wait")
+    if not plan.probes or not obs:
+        return _verdict("n/a", _why_no_probe(plan))
+    if not base[0]:
+        return _verdict("inconclusive", f"values are wrong even after settling: {base[1]}")
+    bad = [f"rank {r}: {o['immediate_wrong']}" for r, o in obs.items() if not o["immediate_ok"]]
+    if bad:
+        return _verdict("violated", f"with rank {plan.delayed_rank} delayed {plan.delay_s:g} s, "
+                        "a read issued right after wait() saw a result not yet in place: "
+                        + _lines(bad))
+    return _verdict("ok", f"reads right after wait() saw the result (rank {plan.delayed_rank} "
+                    f"delayed {plan.delay_s:g} s)")
+
+
+def _completion(inst: Instance, plan: OrderingPlan, results: dict[int, RankResult],
+                base: tuple[bool, str]) -> dict[str, Any]:
+    cuda = inst.device == "cuda"
+    after = "after wait() and a device synchronize" if cuda else "after wait()"
+    bad: list[str] = []
+    for r, res in sorted(results.items()):
+        for ev in res.events:
+            flag = ev.completed_after_sync if cuda else ev.completed_after_wait
+            if flag is False:
+                bad.append(f"rank {r}: step {ev.index} {ev.what}: is_completed() is False "
+                           f"{after}")
+    for r, o in _probe(results, "post_wait").items():
+        flag = o["completed_after_sync"] if cuda else o["completed_after_wait"]
+        if flag is False:
+            bad.append(f"rank {r}: probe: is_completed() is False {after}")
+        if o["completed_at_return"] and not o["at_return_ok"] and base[0]:
+            bad.append(f"rank {r}: is_completed() was True when the call returned (rank "
+                       f"{plan.delayed_rank} delayed) but the result was not in place: "
+                       f"{o['at_return_wrong']}")
+    if bad:
+        return _verdict("violated", _lines(bad))
+    if not plan.async_steps:
+        return _verdict("n/a", "no async op")
+    return _verdict("ok", f"is_completed() true {after}"
+                    + ("; true at return only with the result in place" if plan.probes else ""))
+
+
+def _host_blocking(plan: OrderingPlan, results: dict[int, RankResult], base: tuple[bool, str]
+                   ) -> dict[str, Any]:
+    obs = _probe(results, "host_blocking")
+    if not plan.probes or not obs:
+        return _verdict("n/a", _why_no_probe(plan), observed="unknown")
+    times = {r: o["return_s"] for r, o in obs.items() if o["observer"]}
+    limit = BLOCKING_FRACTION * plan.delay_s
+    if not times:
+        observed = "unknown"
+    elif all(t >= limit for t in times.values()):
+        observed = "blocks"
+    elif all(t < limit for t in times.values()):
+        observed = "returns_early"
+    else:
+        observed = "mixed"
+    measured = ", ".join(f"rank {r} {t * 1000:.1f} ms" for r, t in times.items())
+    facts = {"observed": observed, "return_s": {str(r): round(t, 6) for r, t in times.items()}}
+    if not base[0]:
+        return _verdict("inconclusive", "values are wrong even without delays", **facts)
+    bad = [f"rank {r}: {o['immediate_wrong']}" for r, o in obs.items() if not o["immediate_ok"]]
+    if bad:
+        return _verdict("violated", "a read issued right after the blocking call returned saw "
+                        "a result not yet in place: " + _lines(bad), **facts)
+    what = {"blocks": "held the host until the collective finished",
+            "returns_early": "returned before the collective finished",
+            "mixed": "held the host on some ranks only",
+            "unknown": "(no rank waited on the delayed one)"}[observed]
+    return _verdict("ok", f"blocking call {what} (rank {plan.delayed_rank} delayed "
+                    f"{plan.delay_s:g} s{'; ' + measured if measured else ''}); the next read "
+                    "saw the result", **facts)
+
+
+def _declared(plan: OrderingPlan, results: dict[int, RankResult]) -> dict[str, Any]:
+    if not plan.declared:
+        return _verdict("n/a", "no read/future expectations in the case")
+    bad: list[str] = []
+    count = 0
+    for r, res in sorted(results.items()):
+        for rd in res.ordering.get("reads", []):
+            if rd.get("expect") is None:
+                continue
+            count += 1
+            if not rd["ok"]:
+                bad.append(f"rank {r}: {rd['name']} (step {rd['step']}, expect {rd['expect']}): "
+                           f"{rd['wrong_text']}")
+        for fu in res.ordering.get("futures", []):
+            if not fu["callback_ran"]:
+                bad.append(f"rank {r}: the get_future() callback of {fu['handle']} never ran")
+    if bad:
+        return _verdict("violated", _lines(bad))
+    return _verdict("ok", f"{count} snapshot expectation(s) met")
+
+
+def _why_no_probe(plan: OrderingPlan) -> str:
+    if not plan.shorthand_async:
+        return "probes run on async instances of the op: form"
+    if plan.probes:
+        return "the probe did not run on this rank"
+    return ("probes run on a sample: see this case's other instances" if plan.mode == "sample"
+            else "probes are turned off (ordering: none)")
+
+
+def judge(inst: Instance, results: dict[int, RankResult]) -> dict[str, Any]:
+    """The ordering verdicts of one instance, as stored in its report record."""
+    plan = inst.ordering
+    assert plan is not None
+    base = _baseline(results)
+    verdicts: dict[str, Any] = {
+        "pre_op": _pre_op(plan, results, base),
+        "post_wait": _post_wait(plan, results, base),
+        "completion": _completion(inst, plan, results, base),
+        "host_blocking": _host_blocking(plan, results, base),
+        "declared": _declared(plan, results),
+    }
+    verdicts["probes"] = plan.probes
+    verdicts["delay_s"] = plan.delay_s
+    verdicts["delayed_rank"] = plan.delayed_rank if plan.probes else None
+    return verdicts
+
+
+def apply(inst: Instance, results: dict[int, RankResult], res: InstanceResult,
+          completed: bool) -> None:
+    """Store the verdicts on ``res``; a violation fails an instance whose values passed."""
+    if inst.ordering is None or not completed or inst.expectation.kind != "pass":
+        return
+    res.ordering = judge(inst, results)
+    known = dict(inst.ordering.known)
+    for check, reason in known.items():
+        if res.ordering[check]["status"] == "violated":
+            res.ordering[check]["known"] = reason  # documented by an override: reported only
+    violated = [c for c in CHECKS if res.ordering[c]["status"] == "violated" and c not in known]
+    if not violated:
+        return
+    lines = [f"  {c}: {res.ordering[c]['detail']}" for c in violated]
+    if res.outcome == "passed":
+        res.outcome = "failed"
+        res.message = (f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]: async contract "
+                       f"violated ({', '.join(violated)}); the values were right\n"
+                       + "\n".join(lines))
+    elif res.outcome == "failed":
+        res.message += "\n  async contract violated too:\n" + "\n".join(lines)

@@ -1,0 +1,169 @@
+"""Case-format side of the ordering steps: validation and expansion into :class:`Step`.
+
+Steps a program may use to make the async contract visible (README "Ordering"):
+
+- ``{delay_stream: S}``: slow work on the rank's current stream (a CUDA sleep kernel; on CPU,
+  where the host is the stream, a host sleep);
+- ``{write: T, value: FILL, delay: S}``: a slow producer: after S seconds of stream work (or
+  host sleep on CPU) tensor T is overwritten with FILL, on the current stream;
+- ``{read: T, as: NAME, expect: EXP}``: snapshot T now (a copy on the current stream, no host
+  synchronize), compared at the end with EXP: ``stale`` (T's contents at program start),
+  ``final`` (T's contents at program end), ``unspecified``, or a fill;
+- ``{future: H, tensor: T, as: NAME, expect: EXP}``: wait for ``get_future().then(cb)`` of
+  handle H, where ``cb`` snapshots T;
+- ``{wait: H, thread: true}``: call ``wait()`` from another thread;
+- ``{op: ..., stream: side}``: issue the op on a side CUDA stream that first waits for the
+  current one (cases using it must say ``device: cuda``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import CaseFileError, CaseFileErrors
+from .expr import Expr
+from .model import Case, Fill, Step
+from .validate import KEYWORDS, check_expr, check_fill, suggest
+
+STEP_KINDS = ("delay_stream", "write", "read", "future")
+SNAPSHOT_KEYWORDS = ("stale", "final", "unspecified")
+OP_KEYS = ("tensor", "input", "output", "src", "dst", "tag", "group", "async", "handle")
+# Keys that belong to some step kinds only; anything else is a mistake worth naming.
+ONLY_WITH: dict[str, tuple[str, ...]] = {
+    "value": ("write",), "delay": ("write",), "expect": ("read", "future"),
+    "as": ("read", "future"), "thread": ("wait",), "stream": ("op",),
+    **{k: ("op",) for k in OP_KEYS},
+}
+ONLY_WITH["tensor"] = ("op", "future")
+
+
+def is_ordering_step(raw: dict[str, Any]) -> bool:
+    """Whether a raw step is one of this module's kinds."""
+    return any(k in raw for k in STEP_KINDS)
+
+
+def _devices(case: Case) -> list[str]:
+    dev = case.raw.get("device", "default")
+    return dev if isinstance(dev, list) else [dev]
+
+
+def _check_expect(case: Case, path: tuple[Any, ...], value: Any,
+                  errs: list[CaseFileError]) -> None:
+    if isinstance(value, dict) and "generator" not in value:
+        for k, v in value.items():
+            _check_expect(case, (*path, k), v, errs)
+        return
+    if isinstance(value, str):
+        if value in SNAPSHOT_KEYWORDS:
+            return
+        if value in KEYWORDS:
+            errs.append(case.error(path, f"{value!r} cannot be used in a snapshot expectation",
+                                   "allowed: stale, final, unspecified, a list, an expression"))
+            return
+        try:
+            check_expr(case, path, value, ("i",))
+        except CaseFileErrors as exc:
+            errs.extend(exc.errors)
+
+
+def _tensor(case: Case, path: tuple[Any, ...], key: str, name: Any,
+            tensors: dict[str, Any], errs: list[CaseFileError]) -> None:
+    if name not in tensors:
+        errs.append(case.error((*path, key), f"unknown tensor {name!r}",
+                               suggest(str(name), tuple(tensors)) if tensors else
+                               "declare it under 'tensors:'"))
+
+
+def check_step(case: Case, path: tuple[Any, ...], step: dict[str, Any], action: str,
+               tensors: dict[str, Any], handles: set[str]) -> list[CaseFileError]:
+    """Problems of one step that concern ordering keys (any step kind may be passed)."""
+    errs: list[CaseFileError] = []
+    for key, kinds in ONLY_WITH.items():
+        if key in step and action not in kinds:
+            article = "an" if action[0] in "aeiou" else "a"
+            errs.append(case.error((*path, key),
+                                   f"'{key}' does not apply to {article} {action} step",
+                                   f"'{key}' belongs to {' / '.join(kinds)} steps"))
+    if action == "op" and step.get("stream") == "side" and _devices(case) != ["cuda"]:
+        errs.append(case.error((*path, "stream"), "'stream: side' needs CUDA tensors",
+                               "add 'device: cuda' to the case (it skips without a GPU)"))
+    if action == "write":
+        _tensor(case, path, "write", step["write"], tensors, errs)
+        if "value" not in step:
+            errs.append(case.error(path, "a write step needs 'value: FILL'",
+                                   "e.g. {write: t, value: \"rank + i\", delay: 0.05}"))
+        else:
+            try:
+                check_fill(case, (*path, "value"), step["value"], False)
+            except CaseFileErrors as exc:
+                errs.extend(exc.errors)
+    elif action == "read":
+        _tensor(case, path, "read", step["read"], tensors, errs)
+    elif action == "future":
+        if step["future"] not in handles:
+            errs.append(case.error((*path, "future"), f"no earlier step has handle "
+                                   f"{step['future']!r}", "give the async op 'handle: NAME'"))
+        if "tensor" in step:
+            _tensor(case, path, "tensor", step["tensor"], tensors, errs)
+        elif "expect" in step:
+            errs.append(case.error(path, "'expect' on a future step needs 'tensor: NAME'",
+                                   "name the tensor the callback reads"))
+    if "expect" in step and action in ("read", "future"):
+        _check_expect(case, (*path, "expect"), step["expect"], errs)
+    return errs
+
+
+def parse_expect(case: Case, raw: Any) -> Fill | None:
+    """A snapshot expectation as a :class:`Fill` (``stale``/``final`` are keyword kinds)."""
+    from .expand import parse_fill
+
+    if raw is None:
+        return None
+    if isinstance(raw, str) and raw in SNAPSHOT_KEYWORDS:
+        return Fill(raw)  # type: ignore[arg-type]
+    if isinstance(raw, dict) and "generator" not in raw:
+        return Fill("per_rank", {k: parse_expect(case, v) for k, v in raw.items()})
+    return parse_fill(case, raw)
+
+
+def _running_ranks(ranks: tuple[int, ...] | Expr | None, env: dict[str, Any]) -> list[int]:
+    ws = int(env["world_size"])
+    if ranks is None:
+        return list(range(ws))
+    if isinstance(ranks, Expr):
+        return [r for r in range(ws) if ranks({**env, "rank": r})]
+    return list(ranks)
+
+
+def _cover(case: Case, path: tuple[Any, ...], fill: Fill | None, needed: list[int]) -> None:
+    if fill is None or fill.kind != "per_rank":
+        return
+    missing = [r for r in needed if r not in fill.data and "others" not in fill.data]
+    if missing:
+        raise case.error(path, f"no value for rank(s) {', '.join(map(str, missing))}, which run "
+                         "this step", "add them, or an 'others:' entry")
+
+
+def make_step(case: Case, raw: dict[str, Any], idx: int, line: int,
+              ranks: tuple[int, ...] | Expr | None, env: dict[str, Any]) -> Step:
+    """The :class:`Step` for one ordering step of a program (already validated)."""
+    path = ("steps", idx)
+    needed = _running_ranks(ranks, env)
+    if "delay_stream" in raw:
+        return Step("delay_stream", line, ranks=ranks, value=float(raw["delay_stream"]))
+    if "write" in raw:
+        from .expand import parse_fill
+
+        fill = parse_fill(case, raw["value"])
+        _cover(case, (*path, "value"), fill, needed)
+        return Step("write", line, ranks=ranks, bufs=(("tensor", raw["write"]),), value=fill,
+                    args=(("delay", float(raw.get("delay", 0.0))),))
+    expect = parse_expect(case, raw.get("expect"))
+    _cover(case, (*path, "expect"), expect, needed)
+    if "read" in raw:
+        return Step("read", line, ranks=ranks, bufs=(("tensor", raw["read"]),),
+                    handle=raw.get("as") or f"{raw['read']}@step{idx}", value=expect)
+    handle = raw["future"]
+    bufs = (("tensor", raw["tensor"]),) if "tensor" in raw else ()
+    return Step("future", line, ranks=ranks, waits=(handle,), bufs=bufs,
+                handle=raw.get("as") or f"{handle}.future@step{idx}", value=expect)
