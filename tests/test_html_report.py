@@ -55,8 +55,15 @@ def rec(case: str, op: str, dtype: str, ws: int, asy: bool | None, outcome: str,
 
 
 def synthetic() -> dict[str, Any]:
-    good = {"pre_op": {"ok": True}, "post_wait": {"ok": True}, "blocking": "returned_early"}
-    bad = {"pre_op": {"ok": True}, "post_wait": {"ok": False}, "blocking": "returned_early"}
+    def verdicts(post_wait: str) -> dict[str, Any]:
+        ok = {"status": "ok", "detail": ""}
+        return {"pre_op": ok, "post_wait": {"status": post_wait, "detail": "read right after "
+                                             "wait() saw stale data"},
+                "completion": ok, "host_blocking": {**ok, "observed": "returns_early"},
+                "declared": {"status": "n/a", "detail": ""}, "probes": True, "delay_s": 0.02,
+                "delayed_rank": 1}
+
+    good, bad = verdicts("ok"), verdicts("violated")
     records = [
         rec("ar", "all_reduce", "float32", 2, False, "passed", ordering=good),
         rec("ar", "all_reduce", "float32", 2, True, "failed",
@@ -147,7 +154,8 @@ def test_failures_detail_ordering_and_escaping() -> None:
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)" in page
     ordering = dom.select("table", "ordering")
     assert len(ordering) == 1
-    assert "post_wait.ok" in ordering[0]["text"] and "false: 1" in ordering[0]["text"]
+    assert "post_wait" in ordering[0]["text"] and "false: 1" in ordering[0]["text"]
+    assert "returns_early: 2" in ordering[0]["text"] and "declared" not in ordering[0]["text"]
     assert len(dom.select("td", "prop-false")) >= 2  # summary row and the failure's own table
     # without ordering data the section is simply absent
     plain = synthetic()

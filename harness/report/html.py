@@ -88,6 +88,27 @@ def flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix, value)]
 
 
+ORDERING_CHECKS = ("pre_op", "post_wait", "completion", "host_blocking", "declared")
+
+
+def ordering_props(ordering: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The properties worth showing: each check's verdict (True ok, False violated, else its
+    status; n/a left out) and the observed host-blocking form. Other shapes are flattened."""
+    if not any(isinstance(ordering.get(k), dict) and "status" in ordering[k]
+               for k in ORDERING_CHECKS):
+        return flatten(ordering)
+    out: list[tuple[str, Any]] = []
+    for key in ORDERING_CHECKS:
+        verdict = ordering.get(key)
+        if not isinstance(verdict, dict) or verdict.get("status") == "n/a":
+            continue
+        status = verdict.get("status")
+        out.append((key, True if status == "ok" else False if status == "violated" else status))
+        if key == "host_blocking" and verdict.get("observed"):
+            out.append(("host_blocking.observed", verdict["observed"]))
+    return out
+
+
 def _prop_cell(value: Any) -> str:
     if isinstance(value, bool):
         return f'<td class="prop-{str(value).lower()}">{"yes" if value else "no"}</td>'
@@ -148,7 +169,7 @@ def _ordering(recs: list[dict[str, Any]]) -> list[str]:
         return []
     table: dict[str, Counter[str]] = defaultdict(Counter)
     for r in with_ordering:
-        for name, value in flatten(r["ordering"]):
+        for name, value in ordering_props(r["ordering"]):
             table[name][json.dumps(value) if not isinstance(value, str) else value] += 1
     out = [f"<h3>Ordering checks ({len(with_ordering)} instances)</h3>",
            '<table class="ordering"><thead><tr><th>property</th><th>values (instances)</th>'
@@ -206,7 +227,7 @@ def _failures(recs: list[dict[str, Any]]) -> list[str]:
         if r.get("ordering"):
             out.append("<table><tbody>" + "".join(
                 f"<tr><td><code>{_e(k)}</code></td>{_prop_cell(v)}</tr>"
-                for k, v in flatten(r["ordering"])) + "</tbody></table>")
+                for k, v in ordering_props(r["ordering"])) + "</tbody></table>")
         out += _rank_detail(r)
         out.append("</details>")
     return out
@@ -232,7 +253,7 @@ def _drilldown(backend: str, recs: list[dict[str, Any]]) -> list[str]:
                 order = " ".join(
                     f'<span class="chip o-{"passed" if v else "failed"}" title="{_e(k)}">'
                     f'{_e(k.removesuffix(".ok"))}</span>' if isinstance(v, bool)
-                    else f"{_e(k)}={_e(v)}" for k, v in flatten(r["ordering"]))
+                    else f"{_e(k)}={_e(v)}" for k, v in ordering_props(r["ordering"]))
             mode = ("-" if "async" not in r["axes"] else "async" if r.get("async") else "sync")
             note = r.get("reason") or (r["message"].splitlines()[0]
                                        if r["outcome"] == "skipped" else "")
