@@ -130,7 +130,10 @@ def _exact(n: int, info: dtypes.DtypeInfo, g: torch.Generator, rank: int, world_
             sign = torch.randint(0, 2, (n,), generator=g) * 2 - 1
             vals = mant * sign / 2 ** (p - 1)
         else:
-            k = torch.randint(-1, 2, (n,), generator=g).to(torch.float64)
+            # float8's narrow exponent range cannot hold 2**-(world_size-1) times a mantissa
+            # step: keep its factors >= 1 (and <= 2**(world_size-1), well below its max).
+            low = 0 if info.kind == "float8" else -1
+            k = torch.randint(low, 2, (n,), generator=g).to(torch.float64)
             sign = torch.randint(0, 2, (n,), generator=g) * 2 - 1
             vals = torch.pow(2.0, k) * sign
     else:
