@@ -20,7 +20,7 @@ from .validate import KEYWORDS, expr_names
 
 DEFAULT_DEVICE = {"nccl": "cuda", "gloo": "cpu", "mpi": "cpu", "ucc": "cpu"}
 # Op arguments whose list value is a matrix axis (each value its own instance).
-AXIS_ARGS = ("src", "dst", "group", "form")
+AXIS_ARGS = ("src", "dst", "group", "form", "inplace")
 # Op arguments passed through unchanged (``splits`` is evaluated per world size).
 PLAIN_ARGS = ("tag", "timeout", "wait_all_ranks")
 
@@ -142,6 +142,8 @@ class _Expander:
             elif name in ("device", "layout") and len(values) == 1 and v in ("default",
                                                                            "contiguous"):
                 continue
+            elif name == "args.inplace":
+                parts.append("inplace" if v else "outofplace")
             elif name in ("shape",) or name.startswith(("args.", "params.")):
                 if len(values) > 1 or name.startswith("args."):
                     parts.append(f"{prefix}{_fmt(v)}")
@@ -244,8 +246,9 @@ class _Expander:
     def _root_args(self, point: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
         args: dict[str, Any] = {}
         ws = point["world_size"]
-        if "args.form" in point:
-            args["form"] = point["args.form"]
+        for key in ("form", "inplace"):
+            if f"args.{key}" in point:
+                args[key] = point[f"args.{key}"]
         for key in ("src", "dst", "group"):
             if f"args.{key}" in point:
                 value = point[f"args.{key}"]
@@ -359,7 +362,7 @@ class _Expander:
         raw, ws = self.raw, point["world_size"]
         names = (*expr_names(self.case),)
         tensors: list[TensorSpec] = []
-        for name, spec in raw["tensors"].items():
+        for name, spec in raw.get("tensors", {}).items():
             is_obj = spec.get("dtype") == "object"
             init = parse_fill(self.case, spec["init"], objects=is_obj)
             self._check_ranks(init, ws, ("tensors", name, "init"), f"tensors.{name}.init")
@@ -397,7 +400,7 @@ class _Expander:
                     if key in s:
                         v = s[key]
                         args.append((key, parse(v, names) if isinstance(v, str) else v))
-                for key in ("form", *PLAIN_ARGS[1:]):
+                for key in ("form", "inplace", *PLAIN_ARGS[1:]):
                     if key in s:
                         args.append((key, s[key]))
                 if "splits" in s:

@@ -124,7 +124,7 @@ def _build(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> dict[str, Any]
 
 def _snapshot(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().clone()
+        return tensors.snapshot(value)
     return objects.snapshot(value)
 
 

@@ -24,7 +24,7 @@ KEYWORDS = ("poison", "zeros", "unspecified", "unchanged", "auto")
 BASE_NAMES = ("rank", "world_size")
 STEP_ACTIONS = ("op", "wait", "sleep", "sync", "raise", "abort", "exit")
 # Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
-STEP_OP_ARGS = ("form", "splits", "timeout", "wait_all_ranks")
+STEP_OP_ARGS = ("form", "inplace", "splits", "timeout", "wait_all_ranks")
 
 
 @functools.cache

@@ -29,6 +29,27 @@ def _all_reduce_ref(inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
     return [out if r in ctx.group_ranks else inputs[r] for r in range(ctx.world_size)]
 
 
+class FutureWork:
+    """Adapts the torch.futures.Future that the public coalesced APIs return when
+    ``async_op=True`` (their docs promise a work handle; a Future has no ``is_completed``)."""
+
+    def __init__(self, fut: Any) -> None:
+        self.fut = fut
+
+    def wait(self) -> bool:
+        self.fut.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return bool(self.fut.done())
+
+
+def _as_work(handle: Any) -> Any:
+    if handle is None or hasattr(handle, "is_completed"):
+        return handle
+    return FutureWork(handle)
+
+
 class AllReduceCoalesced(Op):
     name = "all_reduce_coalesced"
     family = "coalesced"
@@ -41,8 +62,8 @@ class AllReduceCoalesced(Op):
         return 2 * (world_size - 1) / world_size
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return ctx.dist.all_reduce_coalesced(bufs["tensors"], op=ctx.reduce_op, group=ctx.group,
-                                             async_op=ctx.async_op)
+        return _as_work(ctx.dist.all_reduce_coalesced(bufs["tensors"], op=ctx.reduce_op,
+                                                      group=ctx.group, async_op=ctx.async_op))
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         return _all_reduce_ref(inputs, ctx)
@@ -64,8 +85,8 @@ class AllGatherCoalesced(Op):
         return (world_size, *in_shape)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return ctx.dist.all_gather_coalesced(bufs["output"], bufs["input"], group=ctx.group,
-                                             async_op=ctx.async_op)
+        return _as_work(ctx.dist.all_gather_coalesced(bufs["output"], bufs["input"],
+                                                      group=ctx.group, async_op=ctx.async_op))
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         import torch

@@ -83,6 +83,7 @@ class AllGather(Op):
     name = "all_gather"
     family = "all_gather"
     roles = (Role("output", "out", form="list"), Role("input", "in"))
+    args = ("inplace",)
     in_role = "input"
     out_role = "output"
     agree = True
@@ -95,8 +96,12 @@ class AllGather(Op):
         return (world_size, *in_shape)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return ctx.dist.all_gather(bufs["output"], bufs["input"], group=ctx.group,
-                                   async_op=ctx.async_op)
+        out, inp = bufs["output"], bufs["input"]
+        if ctx.args.get("inplace"):  # the input is this rank's own entry of the output list
+            mine = out[ctx.group_ranks.index(ctx.rank)]
+            mine.copy_(inp)
+            inp = mine
+        return ctx.dist.all_gather(out, inp, group=ctx.group, async_op=ctx.async_op)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         import torch

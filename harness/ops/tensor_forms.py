@@ -3,9 +3,10 @@
 ``all_gather_into_tensor``/``all_gather_single`` and ``reduce_scatter_tensor``/
 ``reduce_scatter_single`` accept the big buffer in two shapes: the ranks' chunks concatenated
 along dim 0 (``form: concat``, the default) or stacked in a new dim 0 (``form: stack``).
-``all_to_all_single`` splits dim 0 evenly, or by per-peer row counts (``splits``: a matrix
-``splits[s][d]`` = rows rank s sends to rank d, in group positions, given as an expression over
-``src`` and ``dst`` or as a list of lists).
+``inplace: true`` passes the rank's own chunk of the big buffer as the small one (the aliasing
+NCCL documents as the in-place form). ``all_to_all_single`` splits dim 0 evenly, or by
+per-peer row counts (``splits``: a matrix ``splits[s][d]`` = rows member s sends to member d,
+in group positions, given as an expression over ``src`` and ``dst`` or as a list of lists).
 """
 
 from __future__ import annotations
@@ -28,14 +29,39 @@ def _form(args: dict[str, Any] | None) -> str:
     return form
 
 
+def _chunk(big: Any, pos: int, small: Any, args: dict[str, Any]) -> Any:
+    """Member ``pos``'s chunk of ``big`` (the gathered/scattered buffer) as a view."""
+    if _form(args) == "stack" or big.dim() == small.dim() + 1:
+        return big[pos]
+    rows = small.shape[0]
+    return big.narrow(0, pos * rows, rows)
+
+
 def _pos(ctx: RefContext) -> dict[int, int]:
     return {g: i for i, g in enumerate(ctx.group_ranks)}
+
+
+class _CopyAfterWait:
+    """The Work of an in-place reduce-scatter: wait(), then copy the result chunk out."""
+
+    def __init__(self, work: Any, dst: Any, src: Any) -> None:
+        self.work, self.dst, self.src, self.done = work, dst, src, False
+
+    def wait(self) -> bool:
+        self.work.wait()
+        if not self.done:
+            self.dst.copy_(self.src)
+            self.done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self.done and bool(self.work.is_completed())
 
 
 class _GatherSingle(Op):
     family = "all_gather"
     roles = (Role("output", "out"), Role("input", "in"))
-    args = ("form",)
+    args = ("form", "inplace")
     in_role = "input"
     out_role = "output"
     agree = True
@@ -51,7 +77,13 @@ class _GatherSingle(Op):
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         fn = getattr(ctx.dist, self.torch_name or self.name)
-        return fn(bufs["output"], bufs["input"], group=ctx.group, async_op=ctx.async_op)
+        out, inp = bufs["output"], bufs["input"]
+        if ctx.args.get("inplace"):
+            # In place: the input is this rank's own chunk of the output buffer.
+            chunk = _chunk(out, ctx.group_ranks.index(ctx.rank), inp, ctx.args)
+            chunk.copy_(inp)
+            inp = chunk
+        return fn(out, inp, group=ctx.group, async_op=ctx.async_op)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         import torch
@@ -71,7 +103,7 @@ class AllGatherSingle(_GatherSingle):
 class _ReduceScatterSingle(Op):
     family = "reduce_scatter"
     roles = (Role("output", "out"), Role("input", "in"))
-    args = ("form",)
+    args = ("form", "inplace")
     reduces = True
     in_role = "input"
     out_role = "output"
@@ -89,8 +121,19 @@ class _ReduceScatterSingle(Op):
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         fn = getattr(ctx.dist, self.torch_name or self.name)
-        return fn(bufs["output"], bufs["input"], op=ctx.reduce_op, group=ctx.group,
-                  async_op=ctx.async_op)
+        out, inp = bufs["output"], bufs["input"]
+        if not ctx.args.get("inplace"):
+            return fn(out, inp, op=ctx.reduce_op, group=ctx.group, async_op=ctx.async_op)
+        # In place: the output is this rank's chunk of (a scratch copy of) the input; the
+        # case's output buffer receives that chunk afterwards, so it is checked as usual.
+        scratch = inp.clone()
+        chunk = _chunk(scratch, ctx.group_ranks.index(ctx.rank), out, ctx.args)
+        work = fn(chunk, scratch, op=ctx.reduce_op, group=ctx.group, async_op=ctx.async_op)
+        if work is None:
+            out.copy_(chunk)
+            return None
+        return _CopyAfterWait(work, out, chunk)
+
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         assert ctx.reduce_op is not None
