@@ -17,7 +17,16 @@ import torch.distributed as dist
 
 from . import objects, ops, tensors
 from .expr import Expr
-from .model import Fill, Instance, RankResult, Step, StepEvent, TensorCheck, TensorSpec
+from .model import (
+    Fill,
+    Instance,
+    RankResult,
+    Step,
+    StepEvent,
+    TensorCheck,
+    TensorSpec,
+    Tolerance,
+)
 
 REDUCE_OPS = {
     "sum": "SUM", "product": "PRODUCT", "min": "MIN", "max": "MAX", "band": "BAND",
@@ -291,6 +300,15 @@ def _check(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, A
         if spec.dtype == "object":
             checks.append(objects.compare(spec.name, got, exp, how))
         else:
-            checks.append(tensors.compare(spec.name, got, exp.to(got.dtype), how,
-                                          inst.tolerance))
+            tol = inst.tolerance
+            if tol is None and how == "auto":
+                slack = ops.reference_tolerance(inst.reduce_op, _group_size(inst, renv),
+                                                spec.dtype)
+                tol = Tolerance(*slack) if slack else None
+            checks.append(tensors.compare(spec.name, got, exp.to(got.dtype), how, tol))
     return checks
+
+
+def _group_size(inst: Instance, renv: RankEnv) -> int:
+    group = dict(inst.steps[0].args).get("group") if inst.steps else None
+    return len(group) if group else renv.world_size

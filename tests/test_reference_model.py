@@ -80,6 +80,28 @@ def test_float_avg_of_three_is_the_correctly_rounded_quotient() -> None:
     assert same(got, t([2 / 3], torch.float16))
 
 
+def test_complex_avg_divides_each_part_with_one_rounding() -> None:
+    xs = [t([1 + 1j], torch.complex64), t([1 + 0j], torch.complex64),
+          t([0 + 2j], torch.complex64)]
+    got = reduce_tensors(xs, "avg", {})
+    assert torch.view_as_real(got).tolist() == [[torch.tensor(2 / 3).item(), 1.0]]
+    big = [t([1e15 + 3j], torch.complex128), t([2e15 + 1j], torch.complex128),
+           t([1.0 + 0j], torch.complex128)]
+    got = reduce_tensors(big, "avg", {})
+    assert torch.view_as_real(got).tolist() == [[(3e15 + 1.0) / 3, 4 / 3]]
+
+
+def test_avg_allows_two_ulp_only_where_the_world_size_is_not_a_power_of_two() -> None:
+    from harness.ops import reference_tolerance
+
+    assert reference_tolerance("avg", 3, "float32") == (0.0, 2 * 2.0**-23)
+    assert reference_tolerance("avg", 3, "bfloat16") == (0.0, 2 * 2.0**-7)
+    assert reference_tolerance("avg", 3, "complex64") == (0.0, 2 * 2.0**-23)
+    assert reference_tolerance("avg", 4, "float32") is None
+    assert reference_tolerance("sum", 3, "float32") is None
+    assert reference_tolerance("avg", 3, "int32") is None
+
+
 def test_nan_propagates_through_min_and_max() -> None:
     nan = float("nan")
     for op in ("min", "max"):
