@@ -117,7 +117,8 @@ def _numel(inst: Instance) -> int:
     for spec in inst.tensors:
         n = 1
         for d in spec.shape_for(0) or ():
-            n *= int(d)
+            assert isinstance(d, int)  # shapes are concrete after expansion
+            n *= d
         sizes.append(n)
     return min(sizes)
 
