@@ -9,10 +9,9 @@ not match the world size, a root rank outside the world) happen here, still at c
 from __future__ import annotations
 
 import itertools
-import re
 from typing import Any
 
-from . import dtypes, ops
+from . import dtypes, opargs, ops
 from .errors import CaseFileError, ExprError
 from .expr import Expr, parse
 from .model import Case, Expectation, Fill, Instance, Override, Step, TensorSpec, Tolerance
@@ -48,7 +47,7 @@ def parse_fill(case: Case, raw: Any, objects: bool = False) -> Fill:
     strings, and only a top-level map keyed by ranks/``others`` is a per-rank map.
     """
     if objects:
-        return _object_fill(raw, top=True)
+        return opargs.parse_object_fill(raw)
     if isinstance(raw, dict) and "generator" in raw:
         params = {k: v for k, v in raw.items() if k != "generator"}
         return Fill("generator", (raw["generator"], tuple(sorted(params.items()))))
@@ -59,26 +58,6 @@ def parse_fill(case: Case, raw: Any, objects: bool = False) -> Fill:
             return Fill(raw)  # type: ignore[arg-type]
         return Fill("expr", parse(raw, (*expr_names(case), "i")))
     return Fill("list", raw)
-
-
-def _object_fill(raw: Any, top: bool) -> Fill:
-    if isinstance(raw, dict) and "generator" in raw:
-        params = {k: v for k, v in raw.items() if k != "generator"}
-        return Fill("generator", (raw["generator"], tuple(sorted(params.items()))))
-    if top and isinstance(raw, dict) and raw and all(isinstance(k, int) or k == "others"
-                                                     for k in raw):
-        return Fill("per_rank", {k: _object_fill(v, top=False) for k, v in raw.items()})
-    if isinstance(raw, str) and raw in KEYWORDS:
-        return Fill(raw)  # type: ignore[arg-type]
-    return Fill("list", raw)
-
-
-def _object_role(op: ops.Op, role_name: str) -> str:
-    """The role's object form ("object"/"objects"), or "" for tensor roles."""
-    if not role_name:
-        return ""
-    form = op.role(role_name).form
-    return form if form in ("object", "objects") else ""
 
 
 def _list_shape(value: Any) -> tuple[int, ...] | None:
@@ -106,7 +85,8 @@ class _Expander:
         """(axis name, id prefix, values) in id order."""
         raw = self.raw
         objects_only = bool(self.all_ops) and all(
-            op.roles and all(_object_role(op, r.name) for r in op.roles) for op in self.all_ops)
+            op.roles and all(opargs.object_form(op, r.name) for r in op.roles)
+            for op in self.all_ops)
         dtype_values = (["object"] if objects_only else
                         [dtypes.canonical(d) for d in _as_list(raw.get("dtype", "float32"))])
         out: list[tuple[str, str, list[Any]]] = [
@@ -222,27 +202,6 @@ class _Expander:
                                   f"{', '.join(map(str, missing))} at world_size {ws}",
                                   "add them, or an 'others:' entry")
 
-    def _splits(self, value: Any, n: int, env: dict[str, Any], path: tuple[Any, ...]
-                ) -> tuple[tuple[int, ...], ...]:
-        """Evaluate ``splits`` (an expression over src/dst, or a matrix) for a group of n."""
-        names = (*env, "src", "dst")
-        try:
-            if isinstance(value, str):
-                fn = parse(value, names)
-                m = [[fn({**env, "src": s, "dst": d}) for d in range(n)] for s in range(n)]
-            else:
-                m = [[parse(c, names)(env) if isinstance(c, str) else c for c in row]
-                     for row in value]
-        except (ExprError, KeyError) as exc:
-            raise self.case.error(path, f"bad splits: {exc}") from None
-        if len(m) != n or any(len(row) != n for row in m):
-            raise self.case.error(path, f"splits must be a {n}x{n} matrix (rows sent from each "
-                                  f"of the {n} group member(s) to each)",
-                                  "or give an expression over src and dst")
-        if any(not isinstance(c, int) or c < 0 for row in m for c in row):
-            raise self.case.error(path, "split sizes must be whole numbers >= 0")
-        return tuple(tuple(int(c) for c in row) for row in m)
-
     def _root_args(self, point: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
         args: dict[str, Any] = {}
         ws = point["world_size"]
@@ -264,7 +223,7 @@ class _Expander:
                 args[key] = self.raw["args"][key]
         if "splits" in self.raw.get("args", {}):
             n = len(args["group"]) if "group" in args else ws
-            args["splits"] = self._splits(self.raw["args"]["splits"], n, env,
+            args["splits"] = opargs.eval_splits(self.case, self.raw["args"]["splits"], n, env,
                                           ("args", "splits"))
         return args
 
@@ -280,7 +239,8 @@ class _Expander:
         bufs: list[tuple[str, str]] = []
         shorthand: tuple[str, str] | None = None
         if op.in_role:
-            in_obj, out_obj = _object_role(op, op.in_role), _object_role(op, op.out_role)
+            in_obj = opargs.object_form(op, op.in_role)
+            out_obj = opargs.object_form(op, op.out_role)
             init = parse_fill(self.case, raw["input"], objects=bool(in_obj))
             self._check_ranks(init, ws, ("input",), "input")
             in_shape = (self._object_shape(point, env, init, in_obj) if in_obj else
@@ -369,7 +329,7 @@ class _Expander:
             shape, rank_shapes = None, None
             if "shape" in spec:
                 spath = ("tensors", name, "shape")
-                if _uses_rank(spec["shape"]):
+                if opargs.uses_rank(spec["shape"]):
                     rank_shapes = tuple(self._eval_shape(spec["shape"], {**env, "rank": r}, spath)
                                         for r in range(ws))
                     shape = rank_shapes[0]
@@ -405,7 +365,7 @@ class _Expander:
                         args.append((key, s[key]))
                 if "splits" in s:
                     n = len(s["group"]) if "group" in s else ws
-                    args.append(("splits", self._splits(s["splits"], n, env,
+                    args.append(("splits", opargs.eval_splits(self.case, s["splits"], n, env,
                                                         ("steps", idx, "splits"))))
                 for k, entry in enumerate(s.get("p2p", [])):
                     bufs = (*bufs, (f"p2p.{k}", entry["tensor"]))
@@ -447,11 +407,6 @@ class _Expander:
             out.append(Override(conds, when.get("torch", ""), patch, o["reason"],
                                 o.get("issue", ""), line))
         return tuple(out)
-
-
-def _uses_rank(shape: list[Any]) -> bool:
-    """Whether a shape has an entry that depends on the rank (a per-rank shape)."""
-    return any(isinstance(d, str) and re.search(r"\brank\b", d) for d in shape)
 
 
 def _jsonish(value: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 
 import jsonschema
 
-from . import dtypes, ops
+from . import dtypes, opargs, ops
 from .errors import CaseFileError, CaseFileErrors, ExprError
 from .expr import parse
 from .model import Case
@@ -188,29 +188,6 @@ def check_expr(case: Case, path: Path, source: str, extra: tuple[str, ...] = ())
         raise CaseFileErrors([case.error(path, f"bad expression {source!r}: {exc}")]) from None
 
 
-def is_object_role(op: Any, role_name: str) -> bool:
-    """Whether the op's buffer ``role_name`` holds Python objects (object collectives)."""
-    try:
-        return bool(role_name) and op.role(role_name).form in ("object", "objects")
-    except KeyError:
-        return False
-
-
-def check_object_fill(case: Case, path: Path, value: Any, expected: bool) -> None:
-    """Object buffers take plain data: only the per-rank keys and keywords are checked."""
-    keywords = ("auto", "unchanged", "unspecified") if expected else ("poison",)
-    if isinstance(value, dict) and "generator" not in value and value and all(
-            isinstance(k, int) or k == "others" for k in value):
-        for k, v in value.items():
-            if isinstance(v, str) and v in KEYWORDS and v not in keywords:
-                raise CaseFileErrors([case.error((*path, k), f"{v!r} cannot be used here",
-                                                 "allowed: " + ", ".join(keywords))])
-        return
-    if isinstance(value, dict) and value.get("generator") not in (None, "objects"):
-        raise CaseFileErrors([case.error(path, "object buffers take the 'objects' generator",
-                                         "write {generator: objects, seed: 1}")])
-
-
 def check_fill(case: Case, path: Path, value: Any, expected: bool, depth: int = 0) -> None:
     """Check a fill (input or expectation) and every expression in it."""
     if value is None:
@@ -279,11 +256,12 @@ def check_case(case: Case) -> None:
             errs.append(case.error(("name",), "'input' is required with 'op'",
                                    "give per-rank values, an expression over i, or a generator"))
         op_entry = ops.ALL_OPS.get(raw.get("op", ""))
-        in_obj = op_entry is not None and is_object_role(op_entry, op_entry.in_role)
-        out_obj = op_entry is not None and is_object_role(op_entry, op_entry.out_role)
-        guard(check_object_fill if in_obj else check_fill, case, ("input",),
+        in_obj = op_entry is not None and bool(opargs.object_form(op_entry, op_entry.in_role))
+        out_obj = op_entry is not None and bool(opargs.object_form(op_entry,
+                                                                   op_entry.out_role))
+        guard(opargs.check_object_fill if in_obj else check_fill, case, ("input",),
               raw.get("input", 0), False)
-        guard(check_object_fill if out_obj else check_fill, case, ("expected",),
+        guard(opargs.check_object_fill if out_obj else check_fill, case, ("expected",),
               raw.get("expected", "auto"), True)
         if raw.get("op") in ops.ALL_OPS:
             op = ops.get(raw["op"])
@@ -307,25 +285,9 @@ def check_case(case: Case) -> None:
                 guard(check_expr, case, ("args", key, j) if isinstance(
                     raw["args"][key], list) else ("args", key), v)
     if "splits" in raw.get("args", {}):
-        guard(check_splits, case, ("args", "splits"), raw["args"]["splits"])
+        guard(opargs.check_splits, case, ("args", "splits"), raw["args"]["splits"])
     if errs:
         raise CaseFileErrors(errs)
-
-
-SPLIT_NAMES = ("src", "dst")
-
-
-def check_splits(case: Case, path: Path, value: Any) -> None:
-    """``splits``: an expression over src and dst, or a matrix of counts/expressions."""
-    if isinstance(value, str):
-        check_expr(case, path, value, SPLIT_NAMES)
-        return
-    for i, row in enumerate(value):
-        for j, cell in enumerate(row):
-            if isinstance(cell, str):
-                check_expr(case, (*path, i, j), cell)
-            elif cell < 0:
-                raise CaseFileErrors([case.error((*path, i, j), "split sizes cannot be negative")])
 
 
 def check_steps(case: Case) -> None:
@@ -336,7 +298,7 @@ def check_steps(case: Case) -> None:
     object_tensors = {n for n, spec in tensors.items() if spec.get("dtype") == "object"}
     for name, spec in tensors.items():
         try:
-            (check_object_fill if name in object_tensors else check_fill)(
+            (opargs.check_object_fill if name in object_tensors else check_fill)(
                 case, ("tensors", name, "init"), spec["init"], False)
         except CaseFileErrors as exc:
             errs.extend(exc.errors)
@@ -375,16 +337,17 @@ def check_steps(case: Case) -> None:
         role_names = {r.name for r in op.roles}
         for role in op.roles:
             tname = step.get(role.name)
+            holds_objects = bool(opargs.object_form(op, role.name))
             if tname is not None and tname in tensors and (
-                    is_object_role(op, role.name) != (tname in object_tensors)):
-                errs.append(case.error((*path, role.name), f"{op.name}'s {role.name!r} buffer "
-                                       + ("holds Python objects" if is_object_role(op, role.name)
-                                          else "is a tensor") + f"; {tname!r} is "
-                                       + ("an object buffer" if tname in object_tensors
-                                          else "a tensor"),
-                                       "declare object buffers with 'dtype: object'"
-                                       if is_object_role(op, role.name) else
-                                       "drop 'dtype: object' from it"))
+                    holds_objects != (tname in object_tensors)):
+                errs.append(case.error(
+                    (*path, role.name),
+                    f"{op.name}'s {role.name!r} buffer "
+                    + ("holds Python objects" if holds_objects else "is a tensor")
+                    + f"; {tname!r} is "
+                    + ("an object buffer" if tname in object_tensors else "a tensor"),
+                    "declare object buffers with 'dtype: object'" if holds_objects
+                    else "drop 'dtype: object' from it"))
             if tname is None:
                 errs.append(case.error(path, f"{op.name} needs '{role.name}: TENSOR'",
                                        "name one of: " + ", ".join(tensors) if tensors else ""))
@@ -421,7 +384,7 @@ def check_steps(case: Case) -> None:
                     errs.extend(exc.errors)
         if "splits" in step:
             try:
-                check_splits(case, (*path, "splits"), step["splits"])
+                opargs.check_splits(case, (*path, "splits"), step["splits"])
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
         for req in op.required_args:
@@ -440,7 +403,7 @@ def check_steps(case: Case) -> None:
                                        suggest(str(tname), tuple(tensors))))
                 continue
             try:
-                (check_object_fill if tname in object_tensors else check_fill)(
+                (opargs.check_object_fill if tname in object_tensors else check_fill)(
                     case, ("expected", tname), fill, True)
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
