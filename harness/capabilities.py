@@ -49,13 +49,19 @@ class Capabilities:
             if backend == "nccl" and self.cuda_devices < inst.world_size:
                 return (f"NCCL needs one GPU per rank: world_size {inst.world_size} > "
                         f"{self.cuda_devices} GPU(s)")
-        dtypes_used = {t.dtype for t in inst.tensors} | {inst.dtype}
+        dtypes_used = ({t.dtype for t in inst.tensors} | {inst.dtype}) - {"object"}
         for name in sorted(dtypes_used):
             if not hasattr(self.torch, name):
                 return f"torch {self.torch_version} has no dtype {name}"
         for step in inst.steps:
-            if step.op and not ops.get(step.op).available(self.dist):
-                return f"torch {self.torch_version} has no torch.distributed.{step.op}"
+            if not step.op:
+                continue
+            op = ops.get(step.op)
+            if not op.available(self.dist):
+                return (f"torch {self.torch_version} has no torch.distributed."
+                        f"{op.torch_name or op.name}")
+            if op.only_backends and backend not in op.only_backends:
+                return f"{op.name} is implemented only for {', '.join(op.only_backends)}"
         if inst.reduce_op == "premul_sum" and not hasattr(self.dist, "_make_nccl_premul_sum"):
             return f"torch {self.torch_version} has no PREMUL_SUM"
         return ""

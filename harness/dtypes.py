@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["bool", "uint", "int", "float", "float8", "complex"]
+Kind = Literal["bool", "uint", "int", "float", "float8", "complex", "object"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ DTYPES: dict[str, DtypeInfo] = {
         DtypeInfo("float8_e5m2", "f8e5m2", "float8", 8, 3),
         DtypeInfo("float8_e4m3fnuz", "f8e4m3fnuz", "float8", 8, 4),
         DtypeInfo("float8_e5m2fnuz", "f8e5m2fnuz", "float8", 8, 3),
+        # Not a torch dtype: the buffers of the object collectives (Python objects).
+        DtypeInfo("object", "object", "object", 0),
     ]
 }
 

@@ -11,13 +11,17 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from . import dtypes, ops, ordering, ordering_steps
+from . import dtypes, opargs, ops, ordering, ordering_steps
 from .errors import CaseFileError, ExprError
 from .expr import Expr, parse
 from .model import Case, Expectation, Fill, Instance, Override, Step, TensorSpec, Tolerance
 from .validate import KEYWORDS, expr_names
 
 DEFAULT_DEVICE = {"nccl": "cuda", "gloo": "cpu", "mpi": "cpu", "ucc": "cpu"}
+# Op arguments whose list value is a matrix axis (each value its own instance).
+AXIS_ARGS = ("src", "dst", "group", "form", "inplace")
+# Op arguments passed through unchanged (``splits`` is evaluated per world size).
+PLAIN_ARGS = ("tag", "timeout", "wait_all_ranks")
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -36,8 +40,14 @@ def _fmt(value: Any) -> str:
     return str(value).replace(" ", "")
 
 
-def parse_fill(case: Case, raw: Any) -> Fill:
-    """Turn a raw YAML fill into a :class:`Fill` (expressions parsed, not evaluated)."""
+def parse_fill(case: Case, raw: Any, objects: bool = False) -> Fill:
+    """Turn a raw YAML fill into a :class:`Fill` (expressions parsed, not evaluated).
+
+    With ``objects`` (buffers of the object collectives) values are plain data: strings stay
+    strings, and only a top-level map keyed by ranks/``others`` is a per-rank map.
+    """
+    if objects:
+        return opargs.parse_object_fill(raw)
     if isinstance(raw, dict) and "generator" in raw:
         params = {k: v for k, v in raw.items() if k != "generator"}
         return Fill("generator", (raw["generator"], tuple(sorted(params.items()))))
@@ -74,9 +84,14 @@ class _Expander:
     def axes(self) -> list[tuple[str, str, list[Any]]]:
         """(axis name, id prefix, values) in id order."""
         raw = self.raw
+        objects_only = bool(self.all_ops) and all(
+            op.roles and all(opargs.object_form(op, r.name) for r in op.roles)
+            for op in self.all_ops)
+        dtype_values = (["object"] if objects_only else
+                        [dtypes.canonical(d) for d in _as_list(raw.get("dtype", "float32"))])
         out: list[tuple[str, str, list[Any]]] = [
             ("world_size", "ws", _as_list(raw.get("world_size", 2))),
-            ("dtype", "", [dtypes.canonical(d) for d in _as_list(raw.get("dtype", "float32"))]),
+            ("dtype", "", dtype_values),
         ]
         if any(o.reduces for o in self.all_ops):
             out.append(("reduce_op", "", _as_list(raw.get("reduce_op", "sum"))))
@@ -87,13 +102,13 @@ class _Expander:
         shape = raw.get("shape")
         if shape is not None and _is_shape_axis(shape):
             out.append(("shape", "shape", list(shape)))
-        for key in ("src", "dst", "group"):
+        for key in AXIS_ARGS:
             value = raw.get("args", {}).get(key)
             if value is None:
                 continue
             axis = value if (isinstance(value, list) and (key != "group" or isinstance(
                 value[0], list))) else [value]
-            out.append((f"args.{key}", key, axis))
+            out.append((f"args.{key}", "" if key == "form" else key, axis))
         for key, value in raw.get("params", {}).items():
             out.append((f"params.{key}", key, _as_list(value)))
         return out
@@ -107,6 +122,8 @@ class _Expander:
             elif name in ("device", "layout") and len(values) == 1 and v in ("default",
                                                                            "contiguous"):
                 continue
+            elif name == "args.inplace":
+                parts.append("inplace" if v else "outofplace")
             elif name in ("shape",) or name.startswith(("args.", "params.")):
                 if len(values) > 1 or name.startswith("args."):
                     parts.append(f"{prefix}{_fmt(v)}")
@@ -190,6 +207,9 @@ class _Expander:
     def _root_args(self, point: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
         args: dict[str, Any] = {}
         ws = point["world_size"]
+        for key in ("form", "inplace"):
+            if f"args.{key}" in point:
+                args[key] = point[f"args.{key}"]
         for key in ("src", "dst", "group"):
             if f"args.{key}" in point:
                 value = point[f"args.{key}"]
@@ -200,8 +220,13 @@ class _Expander:
                     raise self.case.error(("args", key), f"{key}={value!r} is outside "
                                           f"world_size {ws}", f"ranks run 0..{ws - 1}")
                 args[key] = tuple(value) if isinstance(value, list) else value
-        if "tag" in self.raw.get("args", {}):
-            args["tag"] = self.raw["args"]["tag"]
+        for key in PLAIN_ARGS:
+            if key in self.raw.get("args", {}):
+                args[key] = self.raw["args"][key]
+        if "splits" in self.raw.get("args", {}):
+            n = len(args["group"]) if "group" in args else ws
+            args["splits"] = opargs.eval_splits(self.case, self.raw["args"]["splits"], n, env,
+                                          ("args", "splits"))
         return args
 
     def _shorthand(self, point: dict[str, Any], env: dict[str, Any]) -> tuple[
@@ -216,20 +241,40 @@ class _Expander:
         bufs: list[tuple[str, str]] = []
         shorthand: tuple[str, str] | None = None
         if op.in_role:
-            init = parse_fill(self.case, raw["input"])
+            in_obj = opargs.object_form(op, op.in_role)
+            out_obj = opargs.object_form(op, op.out_role)
+            init = parse_fill(self.case, raw["input"], objects=bool(in_obj))
             self._check_ranks(init, ws, ("input",), "input")
-            in_shape = self._input_shape(point, env, init)
+            in_shape = (self._object_shape(point, env, init, in_obj) if in_obj else
+                        self._input_shape(point, env, init))
             in_name = "input"
             out_name = "input" if op.out_role == op.in_role else "output"
-            tensors.append(TensorSpec(in_name, in_shape, point["dtype"], init, point["layout"]))
+            members = list(group) if group is not None else list(range(ws))
+            per_rank = (op.rank_shapes(in_shape, len(members), args)
+                        if in_shape is not None and not in_obj else None)
+            in_shapes = out_shapes = None
+            if per_rank is not None:
+                pos = {g: i for i, g in enumerate(members)}
+                in_shapes = tuple(per_rank[pos[r]][0] if r in pos else (in_shape or ())
+                                  for r in range(ws))
+                out_shapes = tuple(per_rank[pos[r]][1] if r in pos else per_rank[0][1]
+                                   for r in range(ws))
+            tensors.append(TensorSpec(in_name, in_shape, "object" if in_obj else point["dtype"],
+                                      init, point["layout"], rank_shapes=in_shapes))
             bufs.append((op.in_role, in_name))
             if out_name != in_name:
-                out_shape = op.out_shape(in_shape, ws) if in_shape is not None else None
-                tensors.append(TensorSpec(out_name, out_shape, point["dtype"], Fill("poison"),
-                                          point["layout"]))
+                try:
+                    out_shape = (op.out_shape(in_shape, len(members), args)
+                                 if in_shape is not None else None)
+                except ValueError as exc:
+                    raise self.case.error(("shape",), str(exc)) from None
+                tensors.append(TensorSpec(out_name, out_shape,
+                                          "object" if out_obj else point["dtype"],
+                                          Fill("poison"), point["layout"],
+                                          rank_shapes=out_shapes))
                 bufs.append((op.out_role, out_name))
                 expected.append((in_name, Fill("unchanged")))
-            exp = parse_fill(self.case, raw.get("expected", "auto"))
+            exp = parse_fill(self.case, raw.get("expected", "auto"), objects=bool(out_obj))
             self._check_ranks(exp, ws, ("expected",), "expected")
             expected.insert(0, (out_name, exp))
             shorthand = (in_name, out_name)
@@ -240,6 +285,23 @@ class _Expander:
                     ranks=tuple(group) if group is not None else None,
                     async_op=bool(point.get("async", False)) or op.name in ops.ALWAYS_ASYNC)
         return tuple(tensors), (step,), tuple(expected), shorthand
+
+    def _object_shape(self, point: dict[str, Any], env: dict[str, Any], init: Fill,
+                      form: str) -> tuple[int, ...]:
+        """An object buffer's "shape": (list length,) for object lists, () for one object."""
+        if "shape" in self.raw:
+            return self._eval_shape(self.raw["shape"], env, ("shape",))
+        if form == "object":
+            return ()
+        lengths = {len(f.data) for r in range(point["world_size"])
+                   if (f := init.for_rank(r)).kind == "list" and isinstance(f.data, list)}
+        if len(lengths) > 1:
+            raise self.case.error(("input",), f"per-rank object lists differ in length "
+                                  f"{sorted(lengths)}", "give 'shape: [N]' for the list length")
+        if lengths:
+            return (lengths.pop(),)
+        return (3,) if any(init.for_rank(r).kind == "generator"
+                           for r in range(point["world_size"])) else (1,)
 
     def _input_shape(self, point: dict[str, Any], env: dict[str, Any], init: Fill
                      ) -> tuple[int, ...] | None:
@@ -262,17 +324,26 @@ class _Expander:
         raw, ws = self.raw, point["world_size"]
         names = (*expr_names(self.case),)
         tensors: list[TensorSpec] = []
-        for name, spec in raw["tensors"].items():
-            init = parse_fill(self.case, spec["init"])
+        for name, spec in raw.get("tensors", {}).items():
+            is_obj = spec.get("dtype") == "object"
+            init = parse_fill(self.case, spec["init"], objects=is_obj)
             self._check_ranks(init, ws, ("tensors", name, "init"), f"tensors.{name}.init")
-            shape = (self._eval_shape(spec["shape"], env, ("tensors", name, "shape"))
-                     if "shape" in spec else None)
+            shape, rank_shapes = None, None
+            if "shape" in spec:
+                spath = ("tensors", name, "shape")
+                if opargs.uses_rank(spec["shape"]):
+                    rank_shapes = tuple(self._eval_shape(spec["shape"], {**env, "rank": r}, spath)
+                                        for r in range(ws))
+                    shape = rank_shapes[0]
+                else:
+                    shape = self._eval_shape(spec["shape"], env, spath)
             dtype = dtypes.canonical(spec["dtype"]) if "dtype" in spec else point["dtype"]
             if dtype is None:
                 raise self.case.error(("tensors", name, "dtype"),
                                       f"unknown dtype {spec['dtype']!r}")
             tensors.append(TensorSpec(name, shape, dtype, init,
-                                      spec.get("layout", point["layout"])))
+                                      spec.get("layout", point["layout"]),
+                                      rank_shapes=rank_shapes))
         steps: list[Step] = []
         for idx, s in enumerate(raw["steps"]):
             line = self.case.doc.pos((*self.case.origin["steps"], idx)).line
@@ -291,6 +362,20 @@ class _Expander:
                     if key in s:
                         v = s[key]
                         args.append((key, parse(v, names) if isinstance(v, str) else v))
+                for key in ("form", "inplace", *PLAIN_ARGS[1:]):
+                    if key in s:
+                        args.append((key, s[key]))
+                if "splits" in s:
+                    n = len(s["group"]) if "group" in s else ws
+                    args.append(("splits", opargs.eval_splits(self.case, s["splits"], n, env,
+                                                        ("steps", idx, "splits"))))
+                for k, entry in enumerate(s.get("p2p", [])):
+                    bufs = (*bufs, (f"p2p.{k}", entry["tensor"]))
+                    peer = entry["peer"]
+                    args.append((f"p2p.{k}.op", entry["op"]))
+                    args.append((f"p2p.{k}.peer", parse(peer, names) if isinstance(peer, str)
+                                 else peer))
+                    args.append((f"p2p.{k}.tag", entry.get("tag", 0)))
                 if "group" in s:
                     args.append(("group", tuple(s["group"])))
                 asy = (s.get("async", bool(point.get("async", False)))

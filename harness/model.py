@@ -54,9 +54,15 @@ class TensorSpec:
 
     name: str
     shape: tuple[int | Expr, ...] | None  # None: taken from the explicit values
-    dtype: str
+    dtype: str  # a torch dtype name, or "object" (a Python object/list: object collectives)
     init: Fill
     layout: str = "contiguous"
+    # Per-rank shapes where they differ (uneven all_to_all_single, shapes over ``rank``).
+    rank_shapes: tuple[tuple[int, ...], ...] | None = None
+
+    def shape_for(self, rank: int) -> tuple[int | Expr, ...] | None:
+        """This rank's shape."""
+        return self.rank_shapes[rank] if self.rank_shapes is not None else self.shape
 
 
 @dataclass(frozen=True)

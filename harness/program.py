@@ -15,9 +15,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import ops, ordering_rank, tensors
+from . import objects, ops, ordering_rank, tensors
 from .expr import Expr
-from .model import Fill, Instance, RankResult, Step, StepEvent, TensorCheck
+from .model import (
+    Fill,
+    Instance,
+    RankResult,
+    Step,
+    StepEvent,
+    TensorCheck,
+    TensorSpec,
+    Tolerance,
+)
 
 REDUCE_OPS = {
     "sum": "SUM", "product": "PRODUCT", "min": "MIN", "max": "MAX", "band": "BAND",
@@ -62,7 +71,8 @@ def _group(renv: RankEnv, ranks: tuple[int, ...] | None) -> tuple[Any, tuple[int
         return None, tuple(range(renv.world_size))
     if ranks not in renv.groups:
         renv.groups[ranks] = dist.new_group(list(ranks))
-    return renv.groups[ranks], ranks
+    # new_group orders members by global rank whatever order the list gives.
+    return renv.groups[ranks], tuple(sorted(ranks))
 
 
 def prepare_groups(inst: Instance, renv: RankEnv) -> None:
@@ -88,15 +98,43 @@ def _device(renv: RankEnv) -> torch.device:
     return torch.device("cpu")
 
 
-def _build(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> dict[str, torch.Tensor]:
-    bufs: dict[str, torch.Tensor] = {}
+def _object_forms(inst: Instance) -> dict[str, str]:
+    """For each object buffer, whether ops take it as one object or as a list of objects."""
+    forms: dict[str, str] = {}
+    for step in inst.steps:
+        if step.op is not None:
+            op = ops.get(step.op)
+            for role_name, tname in step.bufs:
+                forms.setdefault(tname, op.role(role_name).form)
+    return forms
+
+
+def _materialize(inst: Instance, spec: TensorSpec, rank: int, world_size: int,
+                 env: dict[str, Any], fill: Fill | None = None) -> Any:
+    """Rank ``rank``'s contents of ``spec`` (a CPU tensor, or an object buffer)."""
+    fill = (fill or spec.init).for_rank(rank)
+    shape = _shape(spec.shape_for(rank))
+    if spec.dtype == "object":
+        return objects.materialize(fill, _object_forms(inst).get(spec.name, "objects"), shape,
+                                   rank)
+    return tensors.materialize(fill, shape, tensors.torch_dtype(spec.dtype), rank, world_size,
+                               env, inst.reduce_op)
+
+
+def _build(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> dict[str, Any]:
+    bufs: dict[str, Any] = {}
     dev = _device(renv)
     for spec in inst.tensors:
-        fill = spec.init.for_rank(renv.rank)
-        t = tensors.materialize(fill, _shape(spec.shape), tensors.torch_dtype(spec.dtype),
-                                renv.rank, renv.world_size, env, inst.reduce_op)
-        bufs[spec.name] = tensors.with_layout(t.to(dev), spec.layout)
+        t = _materialize(inst, spec, renv.rank, renv.world_size, env)
+        bufs[spec.name] = (t if spec.dtype == "object" else
+                           tensors.with_layout(t.to(dev), spec.layout))
     return bufs
+
+
+def _snapshot(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return tensors.snapshot(value)
+    return objects.snapshot(value)
 
 
 def _args(step: Step, rank: int, world_size: int, env: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +155,7 @@ def run_instance(inst: Instance, renv: RankEnv) -> RankResult:
     try:
         prepare_groups(inst, renv)
         bufs = _build(inst, renv, env)
-        before = {n: t.detach().cpu().clone() for n, t in bufs.items()}
+        before = {n: _snapshot(t) for n, t in bufs.items()}
         written: set[str] = set()
         handles: dict[str, tuple[Any, StepEvent]] = {}
         state = ordering_rank.ProgramState(inst, renv.rank, renv.world_size, renv.device, t0,
@@ -186,7 +224,12 @@ def _call(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
             passed[role_name] = None
             continue
         t = bufs[tname]
-        passed[role_name] = list(t.unbind(0)) if role.form == "list" else t
+        if role.form == "list":
+            passed[role_name] = list(t.unbind(0))
+        elif role.form == "nested":
+            passed[role_name] = [list(x.unbind(0)) for x in t.unbind(0)]
+        else:
+            passed[role_name] = t
         if role.access != "in":
             written.add(tname)
     ctx = ops.CallContext(dist=dist, rank=renv.rank, world_size=renv.world_size, group=group,
@@ -215,35 +258,34 @@ def _special(step: Step) -> None:
         ctypes.string_at(0)  # a real SIGSEGV, to show how the harness reports one
 
 
-def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> torch.Tensor | None:
+def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> Any:
     assert inst.shorthand is not None
     op = ops.get(inst.op)
     in_spec = next(s for s in inst.tensors if s.name == inst.shorthand[0])
     out_spec = next(s for s in inst.tensors if s.name == inst.shorthand[1])
-    dtype = tensors.torch_dtype(in_spec.dtype)
-    inputs = [tensors.materialize(in_spec.init.for_rank(r), _shape(in_spec.shape), dtype, r,
-                                  renv.world_size, env, inst.reduce_op)
+    inputs = [_materialize(inst, in_spec, r, renv.world_size, env)
               for r in range(renv.world_size)]
     step = inst.steps[0]
     args = _args(step, renv.rank, renv.world_size, env)
     group = args.pop("group", None)
     ctx = ops.RefContext(world_size=renv.world_size,
-                         group_ranks=tuple(group) if group else tuple(range(renv.world_size)),
+                         group_ranks=tuple(sorted(group)) if group
+                         else tuple(range(renv.world_size)),
                          reduce_op=inst.reduce_op,
                          args={**args, "premul_factor": inst.premul_factor},
-                         out_shape=_shape(out_spec.shape) or ())
+                         out_shape=_shape(out_spec.shape_for(renv.rank)) or ())
     return op.reference(inputs, ctx)[renv.rank]
 
 
-def _check(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, torch.Tensor],
-           before: dict[str, torch.Tensor], written: set[str]) -> list[TensorCheck]:
+def _check(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, Any],
+           before: dict[str, Any], written: set[str]) -> list[TensorCheck]:
     checks: list[TensorCheck] = []
     declared = dict(inst.expected)
     for spec in inst.tensors:
         got = bufs[spec.name]
         fill: Fill = declared.get(spec.name, Fill("unspecified")).for_rank(renv.rank)
         how: str = fill.kind
-        exp: torch.Tensor | None
+        exp: Any
         if fill.kind == "auto":
             exp = _reference(inst, renv, env)
             how = "auto"
@@ -251,6 +293,9 @@ def _check(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, t
             exp = before[spec.name]
         elif fill.kind == "unspecified":
             exp = None
+        elif spec.dtype == "object":
+            exp = _materialize(inst, spec, renv.rank, renv.world_size, env, fill)
+            how = "explicit" if fill.kind == "list" else fill.kind
         else:
             exp = tensors.materialize(fill, tuple(got.shape), got.dtype, renv.rank,
                                       renv.world_size, env, inst.reduce_op)
@@ -260,6 +305,33 @@ def _check(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, t
             # case says, it must come back bit for bit as it was.
             exp, how = before[spec.name], "untouched"
         if exp is None:
+            if _must_agree(inst, spec.name):  # no expected value, but a digest to compare
+                checks.append(_digest_only(spec.name, got))
             continue
-        checks.append(tensors.compare(spec.name, got, exp.to(got.dtype), how, inst.tolerance))
+        if spec.dtype == "object":
+            checks.append(objects.compare(spec.name, got, exp, how))
+        else:
+            tol = inst.tolerance
+            if tol is None and how == "auto":
+                slack = ops.reference_tolerance(inst.reduce_op, _group_size(inst, renv),
+                                                spec.dtype)
+                tol = Tolerance(*slack) if slack else None
+            checks.append(tensors.compare(spec.name, got, exp.to(got.dtype), how, tol))
     return checks
+
+
+def _must_agree(inst: Instance, name: str) -> bool:
+    return inst.shorthand is not None and inst.shorthand[1] == name and ops.get(inst.op).agree
+
+
+def _digest_only(name: str, got: Any) -> TensorCheck:
+    if isinstance(got, torch.Tensor):
+        return TensorCheck(tensor=name, ok=True, expectation="unspecified",
+                           total=got.numel(), digest=tensors.digest(got))
+    return TensorCheck(tensor=name, ok=True, expectation="unspecified",
+                       digest=objects.digest(got))
+
+
+def _group_size(inst: Instance, renv: RankEnv) -> int:
+    group = dict(inst.steps[0].args).get("group") if inst.steps else None
+    return len(group) if group else renv.world_size

@@ -28,8 +28,19 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
-    """A fresh row-major copy (``contiguous()`` keeps stride-0 views of one element)."""
+    """A fresh row-major copy (``contiguous()`` keeps stride-0 views of one element).
+
+    bool tensors are copied as bytes: torch's copy kernels turn any non-zero byte into 1,
+    which would hide a backend's non-canonical bools (and the 0xA5 poison).
+    """
+    if t.dtype == torch.bool:
+        return _dense(t.view(torch.uint8)).view(torch.bool)
     return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def snapshot(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of ``t`` with its exact bytes (for "unchanged" checks)."""
+    return _dense(t.detach().cpu())
 
 
 def _bits_view(t: torch.Tensor) -> torch.Tensor:
@@ -60,6 +71,8 @@ def generate(name: str, params: Mapping[str, Any], shape: tuple[int, ...], dtype
     for d in shape:
         n *= d
     seed = int(params.get("seed", 0))
+    # ``rank: R`` makes the values rank R would generate (what another rank should receive).
+    rank = int(params.get("rank", rank))
     info = dtypes.info(str(dtype).removeprefix("torch."))
     if name == "constant":
         return torch.full(shape, params.get("value", 1), dtype=dtype)
@@ -107,7 +120,10 @@ def _exact(n: int, info: dtypes.DtypeInfo, g: torch.Generator, rank: int, world_
            reduce_op: str) -> torch.Tensor:
     """Data whose reduction is exact in any order (anchors.md, "Exact data")."""
     if info.kind == "bool":
-        return torch.randint(0, 2, (n,), generator=g) == 1
+        # Mostly True for sums, so several ranks' Trues meet at most indices: a backend that
+        # adds bool bytes (1 + 1 = 2) instead of OR-ing them shows up.
+        cut = 3 if reduce_op in ("sum", "avg", "premul_sum") else 2
+        return torch.randint(0, 4, (n,), generator=g) < cut
     if info.kind in ("int", "uint"):
         if reduce_op in ("sum", "avg", "premul_sum"):
             lim = max(1, min(2 ** (info.bits - 2) // world_size, 1000))
@@ -130,7 +146,10 @@ def _exact(n: int, info: dtypes.DtypeInfo, g: torch.Generator, rank: int, world_
             sign = torch.randint(0, 2, (n,), generator=g) * 2 - 1
             vals = mant * sign / 2 ** (p - 1)
         else:
-            k = torch.randint(-1, 2, (n,), generator=g).to(torch.float64)
+            # float8's narrow exponent range cannot hold 2**-(world_size-1) times a mantissa
+            # step: keep its factors >= 1 (and <= 2**(world_size-1), well below its max).
+            low = 0 if info.kind == "float8" else -1
+            k = torch.randint(low, 2, (n,), generator=g).to(torch.float64)
             sign = torch.randint(0, 2, (n,), generator=g) * 2 - 1
             vals = torch.pow(2.0, k) * sign
     else:
@@ -182,9 +201,15 @@ def materialize(fill: Fill, shape: tuple[int, ...] | None, dtype: torch.dtype, r
 
 
 def with_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
-    """Return a tensor holding ``t``'s values in the requested memory layout."""
+    """Return a tensor holding ``t``'s values (bytes, for bool) in the requested layout.
+
+    ``channels_last`` applies to 4-d tensors, and to each entry of a 5-d tensor whose dim 0
+    enumerates 4-d list entries (the output list of a gather of channels_last tensors).
+    """
     if layout == "contiguous":
         return t
+    if t.dtype == torch.bool:
+        return with_layout(t.view(torch.uint8), layout).view(torch.bool)
     if layout == "transposed":
         if t.dim() < 2:
             base = torch.empty((*t.shape, 2), dtype=t.dtype, device=t.device)
@@ -202,9 +227,15 @@ def with_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
         view.copy_(t)
         return view
     if layout == "channels_last":
-        if t.dim() != 4:
-            raise ValueError("layout channels_last needs a 4-d shape")
-        return t.contiguous(memory_format=torch.channels_last)
+        if t.dim() == 4:
+            return t.contiguous(memory_format=torch.channels_last)
+        if t.dim() == 5:
+            n, c, h, w = t.shape[1:]
+            base = torch.empty((t.shape[0], n, h, w, c), dtype=t.dtype, device=t.device)
+            view = base.permute(0, 1, 4, 2, 3)
+            view.copy_(t)
+            return view
+        raise ValueError("layout channels_last needs a 4-d shape (or a list of 4-d entries)")
     raise ValueError(f"unknown layout {layout!r}")
 
 
@@ -216,7 +247,8 @@ def digest(t: torch.Tensor) -> str:
 
 def _fmt(x: torch.Tensor) -> str:
     if x.dtype == torch.bool:
-        return str(bool(x.item()))
+        byte = int(x.reshape(1).view(torch.uint8).item())
+        return str(bool(byte)) if byte in (0, 1) else f"True (byte {byte})"
     if x.dtype.is_floating_point and x.dtype not in _EXACT_FLOATS:
         return repr(float(x.to(torch.float32).item()))
     return repr(x.item())
@@ -235,6 +267,8 @@ def compare(name: str, got: torch.Tensor, exp: torch.Tensor, how: str,
                       f"got {tuple(got.shape)} {got.dtype}")
         check.wrong = exp.numel()
         return check
+    if got.dtype == torch.bool and exp.dtype == torch.bool:  # keep the raw bytes
+        got, exp = _dense(got), _dense(exp)
     g, e = got.reshape(-1), exp.reshape(-1)
     if tol is not None and (tol.atol or tol.rtol) and (g.is_floating_point() or g.is_complex()):
         wide = torch.complex128 if g.is_complex() else torch.float64

@@ -14,7 +14,7 @@ from typing import Any
 
 import jsonschema
 
-from . import dtypes, ops
+from . import dtypes, opargs, ops
 from .errors import CaseFileError, CaseFileErrors, ExprError
 from .expr import parse
 from .model import Case
@@ -24,6 +24,8 @@ KEYWORDS = ("poison", "zeros", "unspecified", "unchanged", "auto")
 BASE_NAMES = ("rank", "world_size")
 STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future", "raise",
                 "abort", "exit", "segfault")
+# Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
+STEP_OP_ARGS = ("form", "inplace", "splits", "timeout", "wait_all_ranks")
 
 
 @functools.cache
@@ -189,12 +191,22 @@ def check_expr(case: Case, path: Path, source: str, extra: tuple[str, ...] = ())
         raise CaseFileErrors([case.error(path, f"bad expression {source!r}: {exc}")]) from None
 
 
-def check_fill(case: Case, path: Path, value: Any, expected: bool) -> None:
+def check_fill(case: Case, path: Path, value: Any, expected: bool, depth: int = 0) -> None:
     """Check a fill (input or expectation) and every expression in it."""
+    if value is None:
+        raise CaseFileErrors([case.error(path, "null is not a tensor value",
+                                         "give a number, a list, an expression or a keyword")])
     if isinstance(value, dict) and "generator" not in value:
+        if depth > 0:
+            raise CaseFileErrors([case.error(path, "a per-rank value cannot be another map",
+                                             "give a list, a number, an expression, a keyword "
+                                             "or {generator: ...}")])
         for k, v in value.items():
-            check_fill(case, (*path, k), v, expected)
+            check_fill(case, (*path, k), v, expected, depth + 1)
         return
+    if isinstance(value, dict) and value.get("generator") == "objects":
+        raise CaseFileErrors([case.error(path, "the 'objects' generator is for object buffers",
+                                         "tensors take exact, ranks, random, constant, nan_inf")])
     if isinstance(value, str):
         if value in KEYWORDS:
             allowed_here = ("unspecified", "unchanged", "auto") if expected else ("poison", "zeros")
@@ -246,8 +258,14 @@ def check_case(case: Case) -> None:
         if "input" not in raw and raw.get("op") in ops.ALL_OPS and ops.get(raw["op"]).in_role:
             errs.append(case.error(("name",), "'input' is required with 'op'",
                                    "give per-rank values, an expression over i, or a generator"))
-        guard(check_fill, case, ("input",), raw.get("input", 0), False)
-        guard(check_fill, case, ("expected",), raw.get("expected", "auto"), True)
+        op_entry = ops.ALL_OPS.get(raw.get("op", ""))
+        in_obj = op_entry is not None and bool(opargs.object_form(op_entry, op_entry.in_role))
+        out_obj = op_entry is not None and bool(opargs.object_form(op_entry,
+                                                                   op_entry.out_role))
+        guard(opargs.check_object_fill if in_obj else check_fill, case, ("input",),
+              raw.get("input", 0), False)
+        guard(opargs.check_object_fill if out_obj else check_fill, case, ("expected",),
+              raw.get("expected", "auto"), True)
         if raw.get("op") in ops.ALL_OPS:
             op = ops.get(raw["op"])
             args = raw.get("args", {})
@@ -269,6 +287,8 @@ def check_case(case: Case) -> None:
             if isinstance(v, str):
                 guard(check_expr, case, ("args", key, j) if isinstance(
                     raw["args"][key], list) else ("args", key), v)
+    if "splits" in raw.get("args", {}):
+        guard(opargs.check_splits, case, ("args", "splits"), raw["args"]["splits"])
     if errs:
         raise CaseFileErrors(errs)
 
@@ -280,9 +300,11 @@ def check_steps(case: Case) -> None:
     raw = case.raw
     tensors = raw.get("tensors", {})
     errs: list[CaseFileError] = []
+    object_tensors = {n for n, spec in tensors.items() if spec.get("dtype") == "object"}
     for name, spec in tensors.items():
         try:
-            check_fill(case, ("tensors", name, "init"), spec["init"], False)
+            (opargs.check_object_fill if name in object_tensors else check_fill)(
+                case, ("tensors", name, "init"), spec["init"], False)
         except CaseFileErrors as exc:
             errs.extend(exc.errors)
         for i, dim in enumerate(spec.get("shape", [])):
@@ -321,6 +343,17 @@ def check_steps(case: Case) -> None:
         role_names = {r.name for r in op.roles}
         for role in op.roles:
             tname = step.get(role.name)
+            holds_objects = bool(opargs.object_form(op, role.name))
+            if tname is not None and tname in tensors and (
+                    holds_objects != (tname in object_tensors)):
+                errs.append(case.error(
+                    (*path, role.name),
+                    f"{op.name}'s {role.name!r} buffer "
+                    + ("holds Python objects" if holds_objects else "is a tensor")
+                    + f"; {tname!r} is "
+                    + ("an object buffer" if tname in object_tensors else "a tensor"),
+                    "declare object buffers with 'dtype: object'" if holds_objects
+                    else "drop 'dtype: object' from it"))
             if tname is None:
                 errs.append(case.error(path, f"{op.name} needs '{role.name}: TENSOR'",
                                        "name one of: " + ", ".join(tensors) if tensors else ""))
@@ -328,18 +361,38 @@ def check_steps(case: Case) -> None:
                 errs.append(case.error((*path, role.name), f"unknown tensor {tname!r}",
                                        suggest(tname, tuple(tensors)) if tensors else
                                        "declare it under 'tensors:'"))
-        for key in ("tensor", "input", "output"):
+        for key in ("tensor", "input", "output", "objects"):
             if key in step and key not in role_names:
                 errs.append(case.error((*path, key), f"{op.name} takes no {key!r} buffer",
                                        "its buffers: " + ", ".join(sorted(role_names))))
-        for key in ("src", "dst", "tag"):
-            if key in step and key not in op.args:
+        for key in ("src", "dst", "tag", *STEP_OP_ARGS, "p2p"):
+            if key in step and key not in (*op.args, *(("p2p",) if op.name ==
+                                                     "batch_isend_irecv" else ())):
                 errs.append(case.error((*path, key), f"{op.name} takes no argument {key!r}"))
-            if isinstance(step.get(key), str):
+            if key in ("src", "dst") and isinstance(step.get(key), str):
                 try:
                     check_expr(case, (*path, key), step[key])
                 except CaseFileErrors as exc:
                     errs.extend(exc.errors)
+        if op.name == "batch_isend_irecv" and "p2p" not in step:
+            errs.append(case.error(path, "batch_isend_irecv needs 'p2p:' (a list of "
+                                   "{op: isend|irecv, tensor: NAME, peer: RANK})"))
+        for k, entry in enumerate(step.get("p2p", [])):
+            if entry["tensor"] not in tensors:
+                errs.append(case.error((*path, "p2p", k, "tensor"),
+                                       f"unknown tensor {entry['tensor']!r}",
+                                       suggest(entry["tensor"], tuple(tensors)) if tensors else
+                                       "declare it under 'tensors:'"))
+            if isinstance(entry["peer"], str):
+                try:
+                    check_expr(case, (*path, "p2p", k, "peer"), entry["peer"])
+                except CaseFileErrors as exc:
+                    errs.extend(exc.errors)
+        if "splits" in step:
+            try:
+                opargs.check_splits(case, (*path, "splits"), step["splits"])
+            except CaseFileErrors as exc:
+                errs.extend(exc.errors)
         for req in op.required_args:
             if req not in step:
                 errs.append(case.error(path, f"{op.name} needs '{req}:'"))
@@ -356,7 +409,8 @@ def check_steps(case: Case) -> None:
                                        suggest(str(tname), tuple(tensors))))
                 continue
             try:
-                check_fill(case, ("expected", tname), fill, True)
+                (opargs.check_object_fill if tname in object_tensors else check_fill)(
+                    case, ("expected", tname), fill, True)
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
     if errs:

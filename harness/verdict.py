@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from . import ordering
+from . import ops, ordering
 from .model import Instance, InstanceResult, RankResult, RankState
 from .pool import PoolRun
 
@@ -64,6 +64,29 @@ def _value_failures(inst: Instance, results: dict[int, RankResult]) -> list[str]
                          f"{c.total} element(s) wrong{extra}" + (f"; first: {first}" if first
                                                                 else ""))
     return lines
+
+
+def disagreements(inst: Instance, results: dict[int, RankResult]) -> list[str]:
+    """For ops whose output must agree across the group (the op table's ``agree``): the ranks
+    whose bytes differ, as report lines (empty when all members hold the same digest)."""
+    if inst.shorthand is None or not ops.get(inst.op).agree:
+        return []
+    out_name = inst.shorthand[1]
+    group = dict(inst.steps[0].args).get("group")
+    members = sorted(group) if group else range(inst.world_size)
+    by_digest: dict[str, list[int]] = {}
+    for r in members:
+        res = results.get(r)
+        check = next((c for c in res.checks if c.tensor == out_name and c.digest), None) \
+            if res is not None else None
+        if check is not None:
+            by_digest.setdefault(check.digest, []).append(r)
+    if len(by_digest) <= 1:
+        return []
+    held = "; ".join(f"rank(s) {', '.join(map(str, rs))} hold {d}" for d, rs in
+                     sorted(by_digest.items(), key=lambda kv: kv[1]))
+    return [f"  ranks disagree on {out_name!r}, which {inst.op} must leave identical on every "
+            f"member: {held}"]
 
 
 def judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
@@ -128,10 +151,12 @@ def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
                               "completed" + ("; values:\n" + "\n".join(bad) if bad else
                                              " with correct values"), ranks, run.states)
     bad = _value_failures(inst, run.results)
-    if bad:
+    split = disagreements(inst, run.results)
+    if bad or split:
         wrong_ranks = sorted({r.rank for r in ranks if any(not c.ok for c in r.checks)})
-        return InstanceResult("failed", f"{where}: wrong values on rank(s) "
-                              f"{', '.join(map(str, wrong_ranks))}\n" + "\n".join(bad),
+        head = (f"wrong values on rank(s) {', '.join(map(str, wrong_ranks))}" if wrong_ranks
+                else "ranks disagree")
+        return InstanceResult("failed", f"{where}: {head}\n" + "\n".join(bad + split),
                               ranks, run.states)
     return InstanceResult("passed", f"{where}: passed", ranks, run.states)
 

@@ -5,10 +5,18 @@ the path) and run ``--backend faulty``. ``COLLECTIVE_FAULT`` (read in each rank 
 process group is created) picks the fault:
 
 - ``none``: a faithful wrapper (the whole suite must pass);
-- ``wrong_value``: rank 1 adds 1 to the first element of each collective's result;
-- ``missing_contribution``: the last rank's input to all_reduce/reduce is dropped (zeros);
-- ``misplaced_chunk``: all_gather/all_to_all outputs have their first two chunks swapped;
-- ``unwritten``: the last element of every all_gather/gather output is left as it was.
+- ``wrong_value``: rank 1 changes the first element of every output it receives (adds 1;
+  flips a bool);
+- ``missing_contribution``: the last rank's contribution to every reduction and gather is
+  replaced by zeros (on a copy: its own input stays intact);
+- ``misplaced_chunk``: outputs made of per-rank chunks get two chunks swapped (gathers,
+  all-to-alls), and reduce-scatters and scatters hand each rank another rank's chunk;
+- ``unwritten``: the last element of every output keeps the value it had before the op.
+
+Every op the harness's op table calls is wrapped: all_reduce, reduce, broadcast, all_gather
+(list and single-tensor forms), gather, scatter, reduce_scatter (list and single-tensor),
+all_to_all (list and single), the coalesced forms, barrier, send/recv (and from any source).
+The object collectives travel through these, so their faults show as corrupted objects.
 """
 
 # mypy: disable-error-code="override,call-arg,misc"
@@ -16,7 +24,7 @@ process group is created) picks the fault:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -28,15 +36,18 @@ FAULTS = ("none", "wrong_value", "missing_contribution", "misplaced_chunk", "unw
 
 
 class _AfterWork(dist.Work):
-    """A Work that runs ``after`` once the inner work completes (the fault is applied then)."""
+    """A Work that runs ``after`` once the inner works complete (the fault is applied then)."""
 
-    def __init__(self, inner: Any, after: Callable[[], None]) -> None:
+    def __init__(self, inner: Any, after: Callable[[], None], more: Sequence[Any] = ()) -> None:
         super().__init__()
         self.inner = inner
+        self.more = list(more)
         self.after = after
         self.done = False
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        for w in self.more:
+            w.wait()
         ok = bool(self.inner.wait()) if timeout is None else bool(self.inner.wait(timeout))
         if not self.done:
             self.done = True
@@ -56,6 +67,13 @@ class _AfterWork(dist.Work):
         return self.inner.get_future()
 
 
+def _chunks(t: torch.Tensor, n: int) -> list[torch.Tensor]:
+    """``t`` split along dim 0 into ``n`` equal views (empty list if it does not divide)."""
+    if n < 2 or t.dim() == 0 or t.shape[0] % n:
+        return []
+    return list(t.chunk(n)) if t.shape[0] else []
+
+
 class FaultyGloo(dist.ProcessGroup):
     """Delegates every op to a real ProcessGroupGloo, then applies ``fault``."""
 
@@ -69,67 +87,142 @@ class FaultyGloo(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return "faulty"
 
-    def _wrap(self, work: Any, outputs: list[torch.Tensor], chunked: bool = False,
-              touched: list[torch.Tensor] | None = None) -> Any:
+    # -- fault plumbing ------------------------------------------------------------------
+    def _wrap(self, work: Any, outputs: Sequence[torch.Tensor],
+              chunks: Sequence[torch.Tensor] = (), more: Sequence[Any] = ()) -> Any:
+        """Apply the output-side faults to ``outputs`` when ``work`` completes.
+
+        ``chunks`` are the per-rank pieces of the output (for ``misplaced_chunk``).
+        """
         fault, rank = self.fault, self.rank()
-        saved = [t.clone() for t in (touched or [])]
+        outputs = [t for t in outputs if t.numel()]
+        saved = [t.clone() for t in outputs] if fault == "unwritten" else []
 
         def after() -> None:
             if fault == "wrong_value" and rank == 1:
                 for t in outputs:
-                    if t.numel():
-                        t.view(-1)[0] += 1
-            elif fault == "misplaced_chunk" and chunked and len(outputs) >= 2:
-                a = outputs[0].clone()
-                outputs[0].copy_(outputs[1])
-                outputs[1].copy_(a)
-            elif fault == "unwritten" and touched:
-                last, before = touched[-1], saved[-1]
-                if last.numel():
-                    last.view(-1)[-1] = before.view(-1)[-1]
+                    first = (0,) * t.dim()
+                    if t.dtype == torch.bool:
+                        t[first] = not bool(t[first])
+                    else:
+                        t[first] += 1
+            elif fault == "misplaced_chunk" and len(chunks) >= 2 and chunks[0].numel():
+                a = chunks[0].clone()
+                chunks[0].copy_(chunks[1])
+                chunks[1].copy_(a)
+            elif fault == "unwritten" and outputs:
+                last, before = outputs[-1], saved[-1]
+                idx = tuple(s - 1 for s in last.shape)
+                last[idx] = before[idx]
 
-        return _AfterWork(work, after)
+        return _AfterWork(work, after, more)
 
-    def _drop(self, tensors: list[torch.Tensor]) -> None:
+    def _contribution(self, t: torch.Tensor) -> torch.Tensor:
+        """What this rank contributes: zeros on the last rank under ``missing_contribution``."""
+        if self.fault == "missing_contribution" and self.rank() == self.size() - 1:
+            return torch.zeros_like(t)
+        return t
+
+    def _drop_in_place(self, tensors: list[torch.Tensor]) -> None:
         if self.fault == "missing_contribution" and self.rank() == self.size() - 1:
             for t in tensors:
                 t.zero_()
 
+    def _rotate(self, items: list[Any]) -> list[Any]:
+        """``misplaced_chunk`` for scatters: every rank gets its neighbour's piece."""
+        if self.fault == "misplaced_chunk" and len(items) >= 2:
+            return items[1:] + items[:1]
+        return items
+
+    # -- reductions --------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        self._drop(tensors)
+        self._drop_in_place(tensors)
         return self._wrap(self.inner.allreduce(tensors, opts), tensors)
 
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        self._drop_in_place(tensors)
+        return self._wrap(self.inner.allreduce_coalesced(tensors, opts), tensors)
+
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        self._drop(tensors)
+        self._drop_in_place(tensors)
         return self._wrap(self.inner.reduce(tensors, opts), tensors)
 
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
+                       opts: Any) -> Any:
+        inputs = [self._rotate([self._contribution(t) for t in lst]) for lst in inputs]
+        return self._wrap(self.inner.reduce_scatter(outputs, inputs, opts), outputs)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any) -> Any:
+        src = self._contribution(input)
+        if self.fault == "misplaced_chunk":
+            src = torch.cat(self._rotate(list(src.chunk(self.size())))) if src.numel() else src
+        return self._wrap(self.inner._reduce_scatter_base(output, src, opts), [output])
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any) -> Any:
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs,
+                                                                        strict=True)]
+        return _AfterWork(works[-1], lambda: None, works[:-1])
+
+    # -- one to all / all to one -----------------------------------------------------------
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         return self._wrap(self.inner.broadcast(tensors, opts), tensors)
 
-    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
-                  opts: Any) -> Any:
-        flat = outputs[0]
-        return self._wrap(self.inner.allgather(outputs, inputs, opts), flat, chunked=True,
-                          touched=flat)
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
+                opts: Any) -> Any:
+        inputs = [self._rotate(list(lst)) for lst in inputs]
+        return self._wrap(self.inner.scatter(outputs, inputs, opts), outputs)
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                opts: Any) -> Any:
         flat = outputs[0] if outputs else []
-        return self._wrap(self.inner.gather(outputs, inputs, opts), flat, chunked=True,
-                          touched=flat)
+        inputs = [self._contribution(t) for t in inputs]
+        return self._wrap(self.inner.gather(outputs, inputs, opts), flat, chunks=flat)
 
-    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
-                opts: Any) -> Any:
-        return self._wrap(self.inner.scatter(outputs, inputs, opts), outputs)
+    # -- gathers and all-to-alls -----------------------------------------------------------
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                  opts: Any) -> Any:
+        flat = outputs[0]
+        inputs = [self._contribution(t) for t in inputs]
+        return self._wrap(self.inner.allgather(outputs, inputs, opts), flat, chunks=flat)
 
-    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
-                       opts: Any) -> Any:
-        return self._wrap(self.inner.reduce_scatter(outputs, inputs, opts), outputs)
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
+        work = self.inner._allgather_base(output, self._contribution(input), opts)
+        return self._wrap(work, [output], chunks=_chunks(output, self.size()))
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
+                                    inputs: list[torch.Tensor], opts: Any) -> Any:
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs,
+                                                                    strict=True)]
+        return _AfterWork(works[-1], lambda: None, works[:-1])
+
+    def allgather_coalesced(self, outputs: list[list[torch.Tensor]],
+                            inputs: list[torch.Tensor], opts: Any) -> Any:
+        inputs = [self._contribution(t) for t in inputs]
+        work = self.inner.allgather_coalesced(outputs, inputs, opts)
+        flat = [t for lst in outputs for t in lst]
+        # The per-rank pieces: swap the first entries that ranks 0 and 1 contributed.
+        firsts = [lst[0] for lst in outputs] if len(outputs) >= 2 else []
+        return self._wrap(work, flat, chunks=firsts)
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                  opts: Any) -> Any:
-        return self._wrap(self.inner.alltoall(outputs, inputs, opts), outputs, chunked=True)
+        return self._wrap(self.inner.alltoall(outputs, inputs, opts), outputs, chunks=outputs)
 
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_splits: list[int], input_splits: list[int], opts: Any) -> Any:
+        work = self.inner.alltoall_base(output, input, output_splits, input_splits, opts)
+        if output_splits:
+            chunks = list(torch.split(output, list(output_splits))) if output.numel() else []
+            chunks = [c for c in chunks if c.numel()]
+            if len(chunks) >= 2 and chunks[0].shape != chunks[1].shape:
+                chunks = []
+        else:
+            chunks = _chunks(output, self.size())
+        return self._wrap(work, [output], chunks=chunks)
+
+    # -- synchronisation and point to point --------------------------------------------------
     def barrier(self, opts: Any) -> Any:
         return self.inner.barrier(opts)
 

@@ -6,13 +6,14 @@ add it to that module's ``OPS``; nothing else in the harness has per-op branches
 
 from __future__ import annotations
 
-from . import collectives, p2p
-from .base import CallContext, Op, RefContext, Role, reduce_tensors
+from . import coalesced, collectives, objects, p2p, tensor_forms
+from .base import CallContext, Op, RefContext, Role, reduce_tensors, reference_tolerance
 
-ALL_OPS: dict[str, Op] = {op.name: op for op in (*collectives.OPS, *p2p.OPS)}
+ALL_OPS: dict[str, Op] = {op.name: op for op in (*collectives.OPS, *tensor_forms.OPS,
+                                                 *coalesced.OPS, *objects.OPS, *p2p.OPS)}
 
 # Ops that are always async (their name says so) ignore the case's ``async`` axis.
-ALWAYS_ASYNC = frozenset({"isend", "irecv"})
+ALWAYS_ASYNC = frozenset({"isend", "irecv", "batch_isend_irecv"})
 
 
 def get(name: str) -> Op:
@@ -21,4 +22,4 @@ def get(name: str) -> Op:
 
 
 __all__ = ["ALL_OPS", "ALWAYS_ASYNC", "CallContext", "Op", "RefContext", "Role", "get",
-           "reduce_tensors"]
+           "reduce_tensors", "reference_tolerance"]

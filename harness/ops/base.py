@@ -16,11 +16,12 @@ if TYPE_CHECKING:
     import torch
 
 Access = Literal["in", "out", "inout"]
-Form = Literal["tensor", "list"]
+Form = Literal["tensor", "list", "nested", "object", "objects"]
 Only = Literal["all", "src", "dst"]
 
 # A value of None in a per-rank expectation list means "the contract leaves it unspecified".
-PerRank = list["torch.Tensor | None"]
+# Object collectives put Python objects where tensors would be.
+PerRank = list[Any]
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,12 @@ class Role:
 
     ``form="list"`` means the op takes a Python list of tensors: the case declares one tensor
     whose dim 0 has one entry per list element, and the harness passes ``list(t.unbind(0))``
-    (views, so writes land in the case tensor). ``only`` restricts the buffer to the root rank
-    (``src``/``dst`` argument); other ranks pass None.
+    (views, so writes land in the case tensor). ``form="nested"`` is a list of such lists
+    (dims 0 and 1; ``all_gather_coalesced``'s output). ``form="object"`` is one picklable
+    Python object and ``form="objects"`` a Python list of them (the object collectives): their
+    buffers are built from plain YAML data, not tensors (see :mod:`harness.objects`).
+    ``only`` restricts the buffer to the root rank (``src``/``dst`` argument); other ranks pass
+    None.
     """
 
     name: str
@@ -68,14 +73,34 @@ class Op:
     # and which role ``expected`` describes. Equal for in-place ops.
     in_role: str = "tensor"
     out_role: str = "tensor"
+    # The out-role buffer must hold identical bytes on every member of the group after the op
+    # (all_reduce, broadcast, all_gather...): the verdict compares the ranks' digests, which
+    # catches a divergence even where the expectation is "unspecified" or has a tolerance.
+    agree: bool = False
+    # Backends that implement the op at all (empty: any). Elsewhere instances skip.
+    only_backends: tuple[str, ...] = ()
 
     def bus_factor(self, world_size: int) -> float:
         """nccl-tests' bus-bandwidth factor: busbw = algbw * factor."""
         return 1.0
 
-    def out_shape(self, in_shape: tuple[int, ...], world_size: int) -> tuple[int, ...]:
-        """Shape of the output buffer given the input buffer's shape (shorthand form)."""
+    def out_shape(self, in_shape: tuple[int, ...], world_size: int,
+                  args: dict[str, Any] | None = None) -> tuple[int, ...]:
+        """Shape of the output buffer given the input buffer's shape (shorthand form).
+
+        ``world_size`` is the size of the group the op runs on; ``args`` the resolved op
+        arguments (``form: stack`` changes the output shape of the single-tensor gathers).
+        """
         return in_shape
+
+    def rank_shapes(self, in_shape: tuple[int, ...], world_size: int, args: dict[str, Any]
+                    ) -> list[tuple[tuple[int, ...], tuple[int, ...]]] | None:
+        """Per-rank (input, output) shapes when they differ between ranks, else None.
+
+        Only ops whose buffers legitimately differ in size per rank (uneven
+        ``all_to_all_single``) override this; indexed by position in the group.
+        """
+        return None
 
     def role(self, name: str) -> Role:
         for r in self.roles:
@@ -91,7 +116,7 @@ class Op:
         """Invoke the op in a rank; return the Work for async calls (or None)."""
         raise NotImplementedError
 
-    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+    def reference(self, inputs: Sequence[Any], ctx: RefContext) -> PerRank:
         """Expected contents of the out-role buffer on every rank (shorthand form).
 
         ``inputs[r]`` is rank r's in-role buffer before the op (global rank index). Ranks
@@ -109,6 +134,25 @@ class RefContext:
     reduce_op: str | None
     args: dict[str, Any]
     out_shape: tuple[int, ...]
+
+
+def reference_tolerance(reduce_op: str | None, group_size: int, dtype: str
+                        ) -> tuple[float, float] | None:
+    """(atol, rtol) the contract allows between a result and the reference, or None (exact).
+
+    Only AVG over a group whose size is not a power of two has slack: the backend may divide
+    the sum, multiply it by the rounded reciprocal, or scale each contribution first, and
+    those differ by up to 2 ulp (the tolerance nccl-tests uses for avg). Everything else the
+    exact generators make bit-exact.
+    """
+    from .. import dtypes
+
+    if reduce_op != "avg" or group_size & (group_size - 1) == 0:
+        return None
+    info = dtypes.DTYPES.get(dtype)
+    if info is None or info.kind not in ("float", "float8", "complex"):
+        return None
+    return (0.0, 2.0 * 2.0 ** -(info.mantissa_bits - 1))
 
 
 def reduce_tensors(tensors: Sequence[torch.Tensor], op: str, args: dict[str, Any]) -> torch.Tensor:
@@ -155,10 +199,15 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], op: str, args: dict[str, Any
             acc = acc ^ x
         else:
             raise ValueError(f"unknown reduce op {op}")
+    # Scale and divide complex values part by part: torch's complex-by-complex arithmetic
+    # (what `z / n` becomes) is not correctly rounded, while every backend works on the pairs
+    # of reals (view_as_real).
+    parts = torch.view_as_real(acc) if acc.is_complex() else acc
     if op == "premul_sum":
-        acc = acc * float(args.get("premul_factor", 2.0))
+        parts = parts * float(args.get("premul_factor", 2.0))
     if op == "avg":
         n = len(tensors)
-        acc = acc / n if (dtype.is_floating_point or dtype.is_complex) else torch.div(
-            acc, n, rounding_mode="trunc")
+        parts = parts / n if (dtype.is_floating_point or dtype.is_complex) else torch.div(
+            parts, n, rounding_mode="trunc")
+    acc = torch.view_as_complex(parts.contiguous()) if acc.is_complex() else parts
     return acc.to(dtype)

@@ -25,6 +25,7 @@ class AllReduce(Op):
     family = "all_reduce"
     roles = (Role("tensor", "inout"),)
     reduces = True
+    agree = True
 
     def bus_factor(self, world_size: int) -> float:
         return 2 * (world_size - 1) / world_size
@@ -45,6 +46,7 @@ class Broadcast(Op):
     roles = (Role("tensor", "inout"),)
     args = ("src",)
     required_args = ("src",)
+    agree = True
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return ctx.dist.broadcast(bufs["tensor"], src=ctx.args["src"], group=ctx.group,
@@ -81,18 +83,25 @@ class AllGather(Op):
     name = "all_gather"
     family = "all_gather"
     roles = (Role("output", "out", form="list"), Role("input", "in"))
+    args = ("inplace",)
     in_role = "input"
     out_role = "output"
+    agree = True
 
     def bus_factor(self, world_size: int) -> float:
         return (world_size - 1) / world_size
 
-    def out_shape(self, in_shape: tuple[int, ...], world_size: int) -> tuple[int, ...]:
+    def out_shape(self, in_shape: tuple[int, ...], world_size: int,
+                  args: dict[str, Any] | None = None) -> tuple[int, ...]:
         return (world_size, *in_shape)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return ctx.dist.all_gather(bufs["output"], bufs["input"], group=ctx.group,
-                                   async_op=ctx.async_op)
+        out, inp = bufs["output"], bufs["input"]
+        if ctx.args.get("inplace"):  # the input is this rank's own entry of the output list
+            mine = out[ctx.group_ranks.index(ctx.rank)]
+            mine.copy_(inp)
+            inp = mine
+        return ctx.dist.all_gather(out, inp, group=ctx.group, async_op=ctx.async_op)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         import torch
@@ -110,7 +119,8 @@ class Gather(Op):
     in_role = "input"
     out_role = "output"
 
-    def out_shape(self, in_shape: tuple[int, ...], world_size: int) -> tuple[int, ...]:
+    def out_shape(self, in_shape: tuple[int, ...], world_size: int,
+                  args: dict[str, Any] | None = None) -> tuple[int, ...]:
         return (world_size, *in_shape)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
@@ -135,7 +145,8 @@ class Scatter(Op):
     in_role = "input"
     out_role = "output"
 
-    def out_shape(self, in_shape: tuple[int, ...], world_size: int) -> tuple[int, ...]:
+    def out_shape(self, in_shape: tuple[int, ...], world_size: int,
+                  args: dict[str, Any] | None = None) -> tuple[int, ...]:
         return in_shape[1:]
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
@@ -159,7 +170,8 @@ class ReduceScatter(Op):
     def bus_factor(self, world_size: int) -> float:
         return (world_size - 1) / world_size
 
-    def out_shape(self, in_shape: tuple[int, ...], world_size: int) -> tuple[int, ...]:
+    def out_shape(self, in_shape: tuple[int, ...], world_size: int,
+                  args: dict[str, Any] | None = None) -> tuple[int, ...]:
         return in_shape[1:]
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
@@ -201,6 +213,8 @@ class AllToAll(Op):
 
 
 class Barrier(Op):
+    """No buffers: passes when every rank returns (a missing rank shows up as a hang)."""
+
     name = "barrier"
     family = "barrier"
     roles = ()
@@ -214,5 +228,31 @@ class Barrier(Op):
         return [None] * ctx.world_size
 
 
+class MonitoredBarrier(Op):
+    """Gloo's barrier that names the ranks that did not arrive within ``timeout`` seconds."""
+
+    name = "monitored_barrier"
+    family = "barrier"
+    roles = ()
+    args = ("timeout", "wait_all_ranks")
+    supports_async = False
+    in_role = ""
+    out_role = ""
+    only_backends = ("gloo",)
+
+    def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        import datetime
+
+        timeout = ctx.args.get("timeout")
+        ctx.dist.monitored_barrier(
+            group=ctx.group,
+            timeout=None if timeout is None else datetime.timedelta(seconds=float(timeout)),
+            wait_all_ranks=bool(ctx.args.get("wait_all_ranks", False)))
+        return None
+
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        return [None] * ctx.world_size
+
+
 OPS: tuple[Op, ...] = (AllReduce(), Broadcast(), Reduce(), AllGather(), Gather(), Scatter(),
-                       ReduceScatter(), AllToAll(), Barrier())
+                       ReduceScatter(), AllToAll(), Barrier(), MonitoredBarrier())

@@ -1,4 +1,5 @@
-"""Point-to-point entries: send/recv (blocking, or isend/irecv when the step is async)."""
+"""Point-to-point entries: send/recv (blocking, or isend/irecv when the step is async), and
+``batch_isend_irecv``."""
 
 from __future__ import annotations
 
@@ -71,4 +72,54 @@ def _force_async(ctx: CallContext) -> CallContext:
     return replace(ctx, async_op=True)
 
 
-OPS: tuple[Op, ...] = (Send(), Recv(), ISend(), IRecv())
+
+
+class WorkList:
+    """Several Works seen as one (what ``batch_isend_irecv`` returns, waited together)."""
+
+    def __init__(self, works: list[Any]) -> None:
+        self.works = works
+
+    def wait(self) -> bool:
+        for w in self.works:
+            w.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(bool(w.is_completed()) for w in self.works)
+
+
+class BatchISendIRecv(Op):
+    """``batch_isend_irecv`` of the step's ``p2p`` entries, submitted as one batch.
+
+    A step lists its point-to-point ops under ``p2p:``; expansion turns entry ``k`` into the
+    buffer role ``p2p.k`` (the tensor) and the arguments ``p2p.k.op`` (isend/irecv),
+    ``p2p.k.peer`` (a global rank, possibly an expression) and ``p2p.k.tag``.
+    """
+
+    name = "batch_isend_irecv"
+    family = "p2p"
+    roles = ()
+    in_role = ""
+    out_role = ""
+
+    def role(self, name: str) -> Role:
+        if name.startswith("p2p."):
+            return Role(name, "inout")
+        raise KeyError(name)
+
+    def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        p2p_ops = []
+        for key in sorted(bufs, key=lambda k: int(k.split(".")[1])):
+            kind = ctx.args[f"{key}.op"]
+            fn = {"isend": ctx.dist.isend, "irecv": ctx.dist.irecv}[kind]
+            p2p_ops.append(ctx.dist.P2POp(fn, bufs[key], int(ctx.args[f"{key}.peer"]),
+                                          group=ctx.group, tag=int(ctx.args.get(f"{key}.tag", 0))))
+        return WorkList(ctx.dist.batch_isend_irecv(p2p_ops))
+
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        raise ValueError("batch_isend_irecv has no shorthand reference: write steps and "
+                         "expected values per tensor")
+
+
+OPS: tuple[Op, ...] = (Send(), Recv(), ISend(), IRecv(), BatchISendIRecv())

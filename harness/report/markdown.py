@@ -9,14 +9,25 @@ from . import ordering_table
 
 SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "hang": "⏳", "crash": "☠️",
            "xfail": "⚠️", "xpass": "❗", "skipped": "⏭️"}
+# Matrix cells also tell a documented limitation (the backend rejected, crashed or hung as
+# the case declares) apart from a plain pass, so the matrix shows what a backend cannot do.
+CELL_SYMBOLS = {**SYMBOLS, "limitation": "🚫"}
 BAD = ("failed", "error", "hang", "crash")
 MAX_FAILURES = 50
 
 
 def cell(outcomes: Counter[str]) -> str:
     """``✅ 12 ❌ 1``: one symbol and count per outcome present, worst first."""
-    order = ("failed", "error", "hang", "crash", "xpass", "xfail", "passed", "skipped")
-    return " ".join(f"{SYMBOLS[o]} {outcomes[o]}" for o in order if outcomes.get(o))
+    order = ("failed", "error", "hang", "crash", "xpass", "xfail", "limitation", "passed",
+             "skipped")
+    return " ".join(f"{CELL_SYMBOLS[o]} {outcomes[o]}" for o in order if outcomes.get(o))
+
+
+def cell_outcome(record: dict[str, Any]) -> str:
+    """The record's outcome, with passes of a declared failure mode counted as limitations."""
+    if record["outcome"] == "passed" and record.get("expected", "pass") != "pass":
+        return "limitation"
+    return str(record["outcome"])
 
 
 def verdict_line(summary: dict[str, Any]) -> str:
@@ -33,7 +44,7 @@ def matrix(records: list[dict[str, Any]]) -> list[str]:
     dtypes = sorted({r["dtype"] for r in records})
     by_cell: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     for r in records:
-        by_cell[(r["op"], r["dtype"])][r["outcome"]] += 1
+        by_cell[(r["op"], r["dtype"])][cell_outcome(r)] += 1
     ops = sorted({r["op"] for r in records})
     lines = ["| op | " + " | ".join(dtypes) + " |", "|---|" + "---|" * len(dtypes)]
     for op in ops:
@@ -58,7 +69,8 @@ def render(report: dict[str, Any]) -> str:
         out.append(f"World sizes: {', '.join(map(str, sorted({r['world_size'] for r in recs})))}"
                    f" · host {meta.get('hostname', '?')} · {meta.get('created', '')}")
         out.append("")
-        out.append("Legend: " + " ".join(f"{s} {o}" for o, s in SYMBOLS.items()))
+        out.append("Legend: " + " ".join(f"{s} {o}" for o, s in SYMBOLS.items())
+                   + " 🚫 limitation (rejected, crashed or hung as the case declares)")
         out.append("")
         out.extend(matrix(recs))
         out.append("")
