@@ -45,13 +45,8 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
                 entry["flight_recorder"] = st.flight_recorder
         if rr is not None:
             entry["duration_s"] = round(rr.duration, 6)
-            entry["checks"] = [
-                {"tensor": c.tensor, "ok": c.ok, "expectation": c.expectation, "wrong": c.wrong,
-                 "total": c.total, "digest": c.digest, "note": c.note,
-                 "first_wrong": [{"index": i, "expected": e, "got": g}
-                                 for i, e, g in c.first_wrong]}
-                for c in rr.checks]
-            entry["events"] = [dataclasses.asdict(e) for e in rr.events]
+            entry["checks"] = [_check_entry(c) for c in rr.checks]
+            entry["events"] = [_compact(dataclasses.asdict(e)) for e in rr.events]
             if rr.ordering:
                 entry["ordering"] = rr.ordering
             if rr.status == "raised":
@@ -90,6 +85,24 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
     if result.ordering:
         record["ordering"] = result.ordering
     return record
+
+
+def _compact(values: dict[str, Any]) -> dict[str, Any]:
+    """Drop unset fields and round times to microseconds: reports of thousands of instances
+    stay small enough to commit and to upload as CI artifacts."""
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in values.items()
+            if v is not None}
+
+
+def _check_entry(c: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {"tensor": c.tensor, "ok": c.ok, "expectation": c.expectation,
+                             "wrong": c.wrong, "total": c.total, "digest": c.digest}
+    if c.note:
+        entry["note"] = c.note
+    if c.first_wrong:
+        entry["first_wrong"] = [{"index": i, "expected": e, "got": g}
+                                for i, e, g in c.first_wrong]
+    return entry
 
 
 def skipped_record(inst: Instance, reason: str, nodeid: str) -> dict[str, Any]:
@@ -133,12 +146,19 @@ def write_atomic(path: str, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is meant to be shared
     os.replace(tmp, path)
 
 
 def write_json(path: str, report: dict[str, Any]) -> None:
     validate_report(report)
-    write_atomic(path, json.dumps(report, indent=1, sort_keys=False) + "\n")
+    # One record per line: compact, yet diffs and grep stay readable (jq pretty-prints).
+    head = {k: v for k, v in report.items() if k != "records"}
+    lines = [json.dumps(r, separators=(",", ":")) for r in report["records"]]
+    text = json.dumps(head, indent=1)[:-2] + ',\n "records": [\n' + ",\n".join(lines) + "\n ]\n}\n"
+    write_atomic(path, text)
 
 
 def load_report(path: str) -> dict[str, Any]:
