@@ -131,7 +131,7 @@ def test_overrides_say_why_and_link_real_issues() -> None:
             assert len(o.reason) > 20, f"{inst.key}: override without a real reason"
             assert not o.issue or o.issue.startswith("https://github.com/"), o.issue
             patch = dict(o.patch)
-            assert {"raises", "xfail", "skip", "hangs", "crashes", "tolerance",
+            assert {"raises", "xfail", "skip", "hangs", "crashes", "tolerance", "ordering",
                     "expected"} & set(patch), f"{inst.key}: override changes nothing"
     assert seen
 
