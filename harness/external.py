@@ -67,6 +67,9 @@ def load_instances(paths: list[str], backend: str) -> list[Instance]:
     return instances
 
 
+EXIT_GRACE_S = 3.0
+
+
 class _Watchdog:
     """Ends this rank if one instance outlives its deadline (no pool to recover it)."""
 
@@ -90,6 +93,9 @@ class _Watchdog:
                 print(f"collective-harness: rank {self.rank}: HANG in {self.current}: "
                       "deadline passed; this rank's stack follows", file=sys.stderr, flush=True)
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                # The first rank to exit makes the launcher kill the rest: give the other
+                # ranks stuck in this instance time to reach their deadline and print too.
+                time.sleep(EXIT_GRACE_S)
                 os._exit(124)
 
 
