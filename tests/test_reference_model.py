@@ -253,3 +253,12 @@ def test_every_op_in_the_table_declares_its_buffers() -> None:
         if op.in_role:
             assert op.role(op.in_role) and op.role(op.out_role)
         assert op.bus_factor(4) > 0
+
+
+def test_bus_bandwidth_factors_follow_nccl_tests() -> None:
+    # busbw = algbw * F(n): all_reduce 2(n-1)/n; gathers, reduce-scatters, all-to-all (n-1)/n;
+    # broadcast, reduce, point-to-point 1.
+    expected = {"all_reduce": 1.5, "all_gather": 0.75, "all_gather_into_tensor": 0.75,
+                "reduce_scatter": 0.75, "reduce_scatter_tensor": 0.75, "all_to_all": 0.75,
+                "all_to_all_single": 0.75, "broadcast": 1.0, "reduce": 1.0, "send": 1.0}
+    assert {name: ops.get(name).bus_factor(4) for name in expected} == expected

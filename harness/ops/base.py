@@ -80,9 +80,15 @@ class Op:
     # Backends that implement the op at all (empty: any). Elsewhere instances skip.
     only_backends: tuple[str, ...] = ()
 
+    # nccl-tests' bus-bandwidth factor F(n), busbw = algbw * F(n): "all_reduce" is 2(n-1)/n,
+    # "ring" (n-1)/n (gathers, reduce-scatters, all-to-all: bytes of the full buffer),
+    # "one" 1 (broadcast, reduce, point-to-point).
+    bus: Literal["one", "ring", "all_reduce"] = "one"
+
     def bus_factor(self, world_size: int) -> float:
         """nccl-tests' bus-bandwidth factor: busbw = algbw * factor."""
-        return 1.0
+        n = world_size
+        return {"one": 1.0, "ring": (n - 1) / n, "all_reduce": 2 * (n - 1) / n}[self.bus]
 
     def out_shape(self, in_shape: tuple[int, ...], world_size: int,
                   args: dict[str, Any] | None = None) -> tuple[int, ...]:

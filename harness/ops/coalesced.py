@@ -57,9 +57,7 @@ class AllReduceCoalesced(Op):
     in_role = out_role = "tensors"
     reduces = True
     agree = True
-
-    def bus_factor(self, world_size: int) -> float:
-        return 2 * (world_size - 1) / world_size
+    bus = "all_reduce"
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return _as_work(ctx.dist.all_reduce_coalesced(bufs["tensors"], op=ctx.reduce_op,
@@ -76,9 +74,7 @@ class AllGatherCoalesced(Op):
     in_role = "input"
     out_role = "output"
     agree = True
-
-    def bus_factor(self, world_size: int) -> float:
-        return (world_size - 1) / world_size
+    bus = "ring"
 
     def out_shape(self, in_shape: tuple[int, ...], world_size: int,
                   args: dict[str, Any] | None = None) -> tuple[int, ...]:

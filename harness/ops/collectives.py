@@ -26,9 +26,7 @@ class AllReduce(Op):
     roles = (Role("tensor", "inout"),)
     reduces = True
     agree = True
-
-    def bus_factor(self, world_size: int) -> float:
-        return 2 * (world_size - 1) / world_size
+    bus = "all_reduce"
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return ctx.dist.all_reduce(bufs["tensor"], op=ctx.reduce_op, group=ctx.group,
@@ -87,9 +85,7 @@ class AllGather(Op):
     in_role = "input"
     out_role = "output"
     agree = True
-
-    def bus_factor(self, world_size: int) -> float:
-        return (world_size - 1) / world_size
+    bus = "ring"
 
     def out_shape(self, in_shape: tuple[int, ...], world_size: int,
                   args: dict[str, Any] | None = None) -> tuple[int, ...]:
@@ -166,9 +162,7 @@ class ReduceScatter(Op):
     reduces = True
     in_role = "input"
     out_role = "output"
-
-    def bus_factor(self, world_size: int) -> float:
-        return (world_size - 1) / world_size
+    bus = "ring"
 
     def out_shape(self, in_shape: tuple[int, ...], world_size: int,
                   args: dict[str, Any] | None = None) -> tuple[int, ...]:
@@ -191,9 +185,7 @@ class AllToAll(Op):
     roles = (Role("output", "out", form="list"), Role("input", "in", form="list"))
     in_role = "input"
     out_role = "output"
-
-    def bus_factor(self, world_size: int) -> float:
-        return (world_size - 1) / world_size
+    bus = "ring"
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return ctx.dist.all_to_all(bufs["output"], bufs["input"], group=ctx.group,

@@ -65,9 +65,7 @@ class _GatherSingle(Op):
     in_role = "input"
     out_role = "output"
     agree = True
-
-    def bus_factor(self, world_size: int) -> float:
-        return (world_size - 1) / world_size
+    bus = "ring"
 
     def out_shape(self, in_shape: tuple[int, ...], world_size: int,
                   args: dict[str, Any] | None = None) -> tuple[int, ...]:
@@ -107,9 +105,7 @@ class _ReduceScatterSingle(Op):
     reduces = True
     in_role = "input"
     out_role = "output"
-
-    def bus_factor(self, world_size: int) -> float:
-        return (world_size - 1) / world_size
+    bus = "ring"
 
     def out_shape(self, in_shape: tuple[int, ...], world_size: int,
                   args: dict[str, Any] | None = None) -> tuple[int, ...]:
@@ -170,9 +166,7 @@ class AllToAllSingle(Op):
     args = ("splits",)
     in_role = "input"
     out_role = "output"
-
-    def bus_factor(self, world_size: int) -> float:
-        return (world_size - 1) / world_size
+    bus = "ring"
 
     def rank_shapes(self, in_shape: tuple[int, ...], world_size: int, args: dict[str, Any]
                     ) -> list[tuple[tuple[int, ...], tuple[int, ...]]] | None:
