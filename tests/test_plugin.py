@@ -218,7 +218,8 @@ def test_xdist_two_workers_one_report(tmp_path: Path) -> None:
 def test_bundled_seed_cases_end_to_end(tmp_path: Path) -> None:
     """The shipped seed cases pass on Gloo at world sizes 1 to 4."""
     res = run_child([str(REPO / "cases" / "seeds.yaml"), "-q", "--report-json",
-                     str(tmp_path / "r.json"), "--report-md", str(tmp_path / "r.md")], REPO)
+                     str(tmp_path / "r.json"), "--report-md", str(tmp_path / "r.md"),
+                     "--report-html", str(tmp_path / "r.html")], REPO)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     report = load_report(tmp_path / "r.json")
     assert report["metadata"]["world_sizes"] == [1, 2, 3, 4]
