@@ -19,9 +19,20 @@ from .markdown import BAD
 from .oneline import one_line
 
 # Worst first: a cell or chip takes the color of its worst outcome.
-SEVERITY = ("crash", "hang", "error", "failed", "xpass", "xfail", "passed", "skipped")
+# "limitation" is not an outcome: a passed instance whose case expects the backend to reject,
+# crash or hang (a documented limitation), shown apart so such a cell does not look green.
+SEVERITY = ("crash", "hang", "error", "failed", "xpass", "xfail", "limitation", "passed",
+            "skipped")
 COLORS = {"passed": "#2da44e", "failed": "#cf222e", "error": "#8250df", "hang": "#fb8500",
-          "crash": "#24292f", "xfail": "#d4a72c", "xpass": "#e85aad", "skipped": "#8c959f"}
+          "crash": "#24292f", "xfail": "#d4a72c", "xpass": "#e85aad", "skipped": "#8c959f",
+          "limitation": "#0969da"}
+
+
+def shown(r: dict[str, Any]) -> str:
+    """What the matrix shows for a record: its outcome, or "limitation" (see SEVERITY)."""
+    if r["outcome"] == "passed" and r.get("expected", "pass") != "pass":
+        return "limitation"
+    return str(r["outcome"])
 ASYNC_LABEL = {True: "a", False: "s", None: ""}
 
 CSS = """
@@ -136,14 +147,14 @@ def _matrix(backend: str, recs: list[dict[str, Any]]) -> list[str]:
             if not group:
                 out.append(f'<td class="empty" data-op="{_e(op)}" data-dtype="{_e(d)}"></td>')
                 continue
-            counts = Counter(r["outcome"] for r in group)
+            counts = Counter(shown(r) for r in group)
             w = worst(counts)
             out.append(f'<td class="cell w-{w}" data-op="{_e(op)}" data-dtype="{_e(d)}" '
                        f'data-outcome="{w}" data-count="{len(group)}" '
                        f'title="{_e(_counts_text(counts))}"><div class="chips">')
             combos: dict[tuple[int, bool | None], Counter[str]] = defaultdict(Counter)
             for r in group:
-                combos[_combo(r)][r["outcome"]] += 1
+                combos[_combo(r)][shown(r)] += 1
             for (ws, asy), cc in sorted(combos.items(), key=lambda kv: (kv[0][0],
                                                                        str(kv[0][1]))):
                 cw = worst(cc)
@@ -275,7 +286,9 @@ def render(report: dict[str, Any], title: str = "collective-harness conformance"
                        f'{_e(meta.get("created", ""))}</p>',
                        '<p class="legend">' + "".join(
                            f'<span><span class="chip o-{o}">&nbsp;</span> {o}</span>'
-                           for o in SEVERITY) + "</p>",
+                           for o in SEVERITY) + "</p>"
+                       '<p class="meta">limitation: the case expects this backend to reject the '
+                       "call, crash or hang (an override with its reason), and it did.</p>",
                        '<p class="meta">Each cell: one chip per world size, s = sync, a = async;'
                        " click a chip for its first failure or the cell's instances.</p>"]
     for backend in backends:
