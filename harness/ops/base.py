@@ -84,6 +84,8 @@ class Op:
     # "ring" (n-1)/n (gathers, reduce-scatters, all-to-all: bytes of the full buffer),
     # "one" 1 (broadcast, reduce, point-to-point).
     bus: Literal["one", "ring", "all_reduce"] = "one"
+    # The output holds one chunk per group member: its shape is (group size, *input shape).
+    gathers: bool = False
 
     def bus_factor(self, world_size: int) -> float:
         """nccl-tests' bus-bandwidth factor: busbw = algbw * factor."""
@@ -97,7 +99,7 @@ class Op:
         ``world_size`` is the size of the group the op runs on; ``args`` the resolved op
         arguments (``form: stack`` changes the output shape of the single-tensor gathers).
         """
-        return in_shape
+        return (world_size, *in_shape) if self.gathers else in_shape
 
     def rank_shapes(self, in_shape: tuple[int, ...], world_size: int, args: dict[str, Any]
                     ) -> list[tuple[tuple[int, ...], tuple[int, ...]]] | None:
@@ -159,6 +161,11 @@ def reference_tolerance(reduce_op: str | None, group_size: int, dtype: str
     if info is None or info.kind not in ("float", "float8", "complex"):
         return None
     return (0.0, 2.0 * 2.0 ** -(info.mantissa_bits - 1))
+
+
+def for_members(value: Any, ctx: RefContext) -> PerRank:
+    """``value`` on every member of the op's group, None (unspecified) on the other ranks."""
+    return [value if r in ctx.group_ranks else None for r in range(ctx.world_size)]
 
 
 def reduce_tensors(tensors: Sequence[torch.Tensor], op: str, args: dict[str, Any]) -> torch.Tensor:

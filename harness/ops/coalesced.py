@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .base import CallContext, Op, PerRank, RefContext, Role, reduce_tensors
+from .base import CallContext, Op, PerRank, RefContext, Role, for_members, reduce_tensors
 from .p2p import WorkList
 
 if TYPE_CHECKING:
@@ -75,10 +75,7 @@ class AllGatherCoalesced(Op):
     out_role = "output"
     agree = True
     bus = "ring"
-
-    def out_shape(self, in_shape: tuple[int, ...], world_size: int,
-                  args: dict[str, Any] | None = None) -> tuple[int, ...]:
-        return (world_size, *in_shape)
+    gathers = True
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return _as_work(ctx.dist.all_gather_coalesced(bufs["output"], bufs["input"],
@@ -88,7 +85,7 @@ class AllGatherCoalesced(Op):
         import torch
 
         out = torch.stack([inputs[g] for g in ctx.group_ranks])
-        return [out if r in ctx.group_ranks else None for r in range(ctx.world_size)]
+        return for_members(out, ctx)
 
 
 class _Managed(Op):
@@ -145,7 +142,7 @@ class CoalescingManagerAllGather(_Managed):
         import torch
 
         out = torch.cat([inputs[g] for g in ctx.group_ranks], dim=1)
-        return [out if r in ctx.group_ranks else None for r in range(ctx.world_size)]
+        return for_members(out, ctx)
 
 
 class CoalescingManagerReduceScatter(_Managed):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .base import CallContext, Op, PerRank, RefContext, Role, reduce_tensors
+from .base import CallContext, Op, PerRank, RefContext, Role, for_members, reduce_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -86,10 +86,7 @@ class AllGather(Op):
     out_role = "output"
     agree = True
     bus = "ring"
-
-    def out_shape(self, in_shape: tuple[int, ...], world_size: int,
-                  args: dict[str, Any] | None = None) -> tuple[int, ...]:
-        return (world_size, *in_shape)
+    gathers = True
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         out, inp = bufs["output"], bufs["input"]
@@ -103,7 +100,7 @@ class AllGather(Op):
         import torch
 
         out = torch.stack(_members(inputs, ctx))
-        return [out if r in ctx.group_ranks else None for r in range(ctx.world_size)]
+        return for_members(out, ctx)
 
 
 class Gather(Op):
@@ -114,10 +111,7 @@ class Gather(Op):
     required_args = ("dst",)
     in_role = "input"
     out_role = "output"
-
-    def out_shape(self, in_shape: tuple[int, ...], world_size: int,
-                  args: dict[str, Any] | None = None) -> tuple[int, ...]:
-        return (world_size, *in_shape)
+    gathers = True
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return ctx.dist.gather(bufs["input"], gather_list=bufs["output"], dst=ctx.args["dst"],

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .base import CallContext, Op, PerRank, RefContext, Role
+from .base import CallContext, Op, PerRank, RefContext, Role, for_members
 
 
 def _pos(ctx: RefContext) -> dict[int, int]:
@@ -53,7 +53,7 @@ class AllGatherObject(_ObjectOp):
 
     def reference(self, inputs: Sequence[Any], ctx: RefContext) -> PerRank:
         out = [inputs[g] for g in ctx.group_ranks]
-        return [out if r in ctx.group_ranks else None for r in range(ctx.world_size)]
+        return for_members(out, ctx)
 
 
 class GatherObject(_ObjectOp):

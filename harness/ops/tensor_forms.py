@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .base import CallContext, Op, PerRank, RefContext, Role, reduce_tensors
+from .base import CallContext, Op, PerRank, RefContext, Role, for_members, reduce_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -87,7 +87,7 @@ class _GatherSingle(Op):
         import torch
 
         out = torch.stack([inputs[g] for g in ctx.group_ranks]).reshape(ctx.out_shape)
-        return [out if r in ctx.group_ranks else None for r in range(ctx.world_size)]
+        return for_members(out, ctx)
 
 
 class AllGatherIntoTensor(_GatherSingle):
