@@ -1,9 +1,21 @@
 """collective-harness: a declarative conformance harness for torch.distributed collectives.
 
-The package is split into one module per pipeline stage (see DESIGN.md):
-``yamlload`` -> ``validate`` -> ``expand`` -> ``pool``/``rank``/``program`` -> ``verdict`` ->
-``report``. Nothing imported at package import time touches torch; only code that runs inside
-rank processes (and the parent at run time, lazily) does.
+The tree is the pipeline (README "Architecture"; data flows one way, down this list):
+
+- ``model``, ``errors``, ``expr``, ``dtypes``: the records and vocabulary every stage shares;
+  they import nothing above them;
+- ``casefile/``: YAML case files -> validated cases -> instances (collection, no torch);
+- ``ops/``: the op table, one entry per op (call, reference, bus factor, arguments);
+- ``ordering/``: the async-contract checks: plan (parent), probes (rank), verdicts (parent);
+- ``program/``: the rank-side step interpreter (buffers, steps, checks);
+- ``run/``: rank pools and capability checks (parent), the rank process, external ranks;
+- ``verdict``: what the ranks did -> outcome and message;
+- ``report/``: JSON, Markdown, HTML, step summary writers;
+- ``gate/``: baselines, comparison, the ``collective-gate`` command;
+- ``plugin``: the pytest integration; ``bench``: the ``collective-bench`` command.
+
+Nothing imported at package import time touches torch; only code that runs inside rank
+processes does.
 """
 
 __version__ = "0.1.0"

@@ -32,8 +32,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from . import expand, validate, yamlload
-from .pool import PoolKey, PoolManager, _context
+from .casefile import expand, load, validate
+from .run.pool import PoolKey, PoolManager, forkserver_context
 
 
 @dataclass
@@ -66,7 +66,7 @@ def _case_text(world_size: int, n: int) -> str:
 
 
 def _instances(world_size: int, n: int) -> list[Any]:
-    doc = yamlload.load_text(_case_text(world_size, n), "bench.yaml")
+    doc = load.load_text(_case_text(world_size, n), "bench.yaml")
     return [i for c in validate.load_cases(doc) for i in expand.expand(c, "gloo")]
 
 
@@ -76,7 +76,7 @@ def _noop() -> None:
 
 def warm_forkserver() -> float:
     """Start the forkserver (torch preloaded): once per pytest session, not per pool."""
-    ctx = _context()
+    ctx = forkserver_context()
     t0 = time.perf_counter()
     proc = ctx.Process(target=_noop)
     proc.start()
@@ -168,7 +168,7 @@ def _bare_rank(rank: int, world_size: int, store_path: str, n: int, conn: Any) -
 
 def bench_bare(world_size: int, n: int) -> float:
     """Seconds per collective in a plain loop inside one process group."""
-    ctx = _context()
+    ctx = forkserver_context()
     with tempfile.TemporaryDirectory() as tmp:
         pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
         procs = [ctx.Process(target=_bare_rank, args=(r, world_size, os.path.join(tmp, "store"),
@@ -184,7 +184,7 @@ def bench_bare(world_size: int, n: int) -> float:
 
 def bench_hang(deadline_s: float) -> float:
     """Seconds from the deadline to the hang report, for a receive that never completes."""
-    doc = yamlload.load_text(textwrap.dedent("""
+    doc = load.load_text(textwrap.dedent("""
     cases:
       - name: hang
         world_size: 2

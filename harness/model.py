@@ -9,13 +9,12 @@ Rank side: :class:`Instance` in, :class:`RankResult` out. Parent again:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from .errors import CaseFileError
 from .expr import Expr
 
-if TYPE_CHECKING:
-    from .ordering import OrderingPlan
+DEFAULT_ORDERING_DELAY_S = 0.02  # delay the ordering probes inject (--ordering-delay)
 
 FillKind = Literal["list", "expr", "generator", "poison", "zeros", "per_rank", "unspecified",
                    "unchanged", "auto", "stale", "final"]
@@ -144,7 +143,7 @@ class Case:
     description: str
     raw: dict[str, Any]
     origin: dict[str, tuple[str | int, ...]]
-    doc: Any  # the harness.yamlload.Document, for positions
+    doc: Any  # the harness.casefile.load.Document, for positions
 
     def error(self, path: tuple[str | int, ...], message: str, hint: str = "") -> CaseFileError:
         """A CaseFileError pointing at ``path`` (a path inside this case's mapping)."""
@@ -152,6 +151,22 @@ class Case:
         full = (*base, *path[1:]) if path else base
         err: CaseFileError = self.doc.error(full, message, hint)
         return err
+
+
+@dataclass(frozen=True)
+class OrderingPlan:
+    """What the ranks do and the parent judges for one instance's async contract."""
+
+    mode: str  # the case's probe mode: sample / all / none
+    sampled: bool  # the representative of its case at this world size and device
+    shorthand_async: bool  # an async instance of the ``op:`` form (probes possible)
+    async_steps: bool  # the program issues async ops (completion from the timeline)
+    declared: bool  # the program has read/future snapshots with expectations
+    members: tuple[int, ...]  # ranks that take part in the op
+    delayed_rank: int  # the rank made slow in the post-wait and host-blocking probes
+    probes: bool = False  # decided at setup from the mode, the option and the expectation
+    delay_s: float = DEFAULT_ORDERING_DELAY_S
+    known: tuple[tuple[str, str], ...] = ()  # (check, reason): documented divergences
 
 
 @dataclass(frozen=True)
@@ -184,7 +199,7 @@ class Instance:
     isolate: bool
     marks: tuple[str, ...]
     premul_factor: float = 2.0
-    ordering: OrderingPlan | None = None  # async-contract checks (harness.ordering)
+    ordering: OrderingPlan | None = None  # async-contract checks (harness.ordering.plan)
 
     @property
     def case_id(self) -> str:
@@ -281,3 +296,13 @@ class InstanceResult:
     expected_kind: str = "pass"
     reason: str = ""
     ordering: dict[str, Any] = field(default_factory=dict)  # async-contract verdicts
+
+
+@dataclass
+class PoolRun:
+    """Raw outcome of running one instance on a pool (the verdict stage interprets it)."""
+
+    kind: Literal["done", "hang", "crash", "failfast"]
+    results: dict[int, RankResult] = field(default_factory=dict)
+    states: list[RankState] = field(default_factory=list)
+    elapsed: float = 0.0

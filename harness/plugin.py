@@ -16,9 +16,24 @@ from typing import Any
 
 import pytest
 
-from . import ops, ordering
+from . import ops
+from .casefile import expand, load, overrides, validate
 from .errors import CaseFileError, CaseFileErrors
+from .gate import baseline, compare
 from .model import Instance, InstanceResult
+from .ordering import plan as ordering
+from .report import html, markdown
+from .report.oneline import one_line
+from .report.records import (
+    build_report,
+    instance_record,
+    skipped_record,
+    write_atomic,
+    write_json,
+)
+from .run.capabilities import probe
+from .run.pool import PoolKey, PoolManager, PoolStartError
+from .verdict import judge
 
 CASES_RE = re.compile(r"^cases\s*:", re.MULTILINE)
 BAD_OUTCOMES = ("failed", "error", "hang", "crash")
@@ -110,8 +125,6 @@ class HarnessSession:
     @property
     def manager(self) -> Any:
         if self._manager is None:
-            from .pool import PoolManager
-
             self._manager = PoolManager(max_pools=self.max_pools,
                                         pg_timeout_s=max(600.0, self.deadline * 4))
         return self._manager
@@ -179,7 +192,6 @@ class CaseFile(pytest.File):
     """A YAML case file: validated at collection, one item per instance."""
 
     def collect(self) -> list[pytest.Item]:
-        from . import expand, validate, yamlload
 
         hs = _hs(self.config)
         try:
@@ -187,7 +199,7 @@ class CaseFile(pytest.File):
         except ValueError:
             display = str(self.path)
         try:
-            doc = yamlload.load_file(str(self.path), display)
+            doc = load.load_file(str(self.path), display)
             cases = validate.load_cases(doc)
             instances = [inst for case in cases for inst in expand.expand(case, hs.backend)]
         except (CaseFileError, CaseFileErrors) as exc:
@@ -222,14 +234,11 @@ class CaseItem(pytest.Item):
         return (inst.backend, inst.device, inst.world_size, inst.isolate)
 
     def setup(self) -> None:
-        from . import expand
-        from .capabilities import probe
-        from .report.records import skipped_record
 
         hs = _hs(self.config)
         caps = probe(hs.backend_modules)
-        self.instance = ordering.configure(expand.resolve(self.instance, caps.torch_version),
-                                           self.config, caps.torch_version)
+        self.instance = ordering.configure(overrides.resolve(self.instance, caps.torch_version),
+                                           self.config)
         reason = self.instance.expectation.skip or caps.skip_reason(self.instance)
         if reason:
             self.record = skipped_record(self.instance, reason, self.nodeid)
@@ -237,9 +246,6 @@ class CaseItem(pytest.Item):
             raise pytest.skip.Exception(reason, _use_item_location=True)
 
     def runtest(self) -> None:
-        from .pool import PoolKey, PoolStartError
-        from .report.records import instance_record
-        from .verdict import judge
 
         hs = _hs(self.config)
         inst = self.instance
@@ -323,7 +329,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
         outcome = item.record["outcome"]
         item.user_properties.append(("outcome", outcome))
         if outcome != "passed":  # JUnit consumers show properties beside the test
-            from .report.oneline import one_line
 
             item.user_properties.append(("detail", one_line(item.record)))
             if item.record["reason"]:
@@ -364,8 +369,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _report(hs: HarnessSession) -> dict[str, Any]:
-    from .capabilities import probe
-    from .report.records import build_report
 
     meta: dict[str, Any] = (probe(hs.backend_modules).metadata() if hs.records
                             else {"torch": "", "hostname": ""})
@@ -375,8 +378,6 @@ def _report(hs: HarnessSession) -> dict[str, Any]:
 
 def write_reports(config: pytest.Config, hs: HarnessSession) -> None:
     """Write the JSON, Markdown and HTML reports (controller only)."""
-    from .report import html, markdown
-    from .report.records import write_atomic, write_json
 
     report = _report(hs)
     root = config.rootpath
@@ -405,8 +406,6 @@ def _load_baseline(config: pytest.Config) -> None:
     path = config.getoption("collective_baseline") or str(config.getini("collective_baseline"))
     if not path or hasattr(config, "workerinput"):
         return
-    from . import baseline
-
     try:
         base = baseline.load(str(config.rootpath / path))
         base.path = path  # shown as the user wrote it
@@ -420,10 +419,8 @@ def _gate_session(session: pytest.Session, hs: HarnessSession, base: Any) -> Non
     the verdict: regressions fail the session even when every test "passed" (a skip, a
     missing instance under a strict policy), and failures the baseline records as known do
     not, as long as nothing else failed."""
-    from . import baseline, gate
-
     config = session.config
-    res = gate.compare(baseline.entries_from_report(_report(hs)), base,
+    res = compare.compare(baseline.entries_from_report(_report(hs)), base,
                        config.getoption("collective_baseline_match"))
     res.report_label = f"of this session ({', '.join(res.report_backends) or 'no instances'})"
     res.baseline_label = f"{base.path} ({', '.join(base.backends)}, torch {base.torch or '?'})"
@@ -441,9 +438,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
     res = config.stash.get(_GATE, None)
     if res is None:
         return
-    from . import gate
-
     terminalreporter.section("collective-harness gate", sep="=", bold=True,
                              red=not res.ok, green=res.ok)
-    for line in gate.render_text(res, max_list=50).rstrip().splitlines():
+    for line in compare.render_text(res, max_list=50).rstrip().splitlines():
         terminalreporter.write_line(line)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from . import ops, ordering
-from .model import Instance, InstanceResult, RankResult, RankState
-from .pool import PoolRun
+from . import ops
+from .model import Instance, InstanceResult, PoolRun, RankResult, RankState
+from .ordering import verdicts as ordering
 
 MAX_TB_LINES = 25
 

@@ -18,11 +18,11 @@ import pytest
 import torch
 import torch.distributed  # noqa: F401
 
-import harness.capabilities
-import harness.expand
-import harness.pool
+import harness.casefile.expand
 import harness.report.markdown
 import harness.report.records
+import harness.run.capabilities
+import harness.run.pool
 import harness.verdict  # noqa: F401
 from tests.runs import Run, make_project, run_pytest
 
@@ -45,7 +45,7 @@ def gloo_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 @pytest.fixture(scope="session")
 def gloo_baseline(gloo_run: Run, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A baseline written by ``collective-gate --update`` from :func:`gloo_run`."""
-    from harness import gate
+    from harness.gate import cli as gate
 
     path = tmp_path_factory.mktemp("baseline") / "gloo.json"
     assert gate.main([str(gloo_run.json), str(path), "--update"]) == 0

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from harness import expand, validate, yamlload
+from harness.casefile import expand, validate
+from harness.casefile import load as yamlload
 from harness.model import Instance, RankResult, TensorCheck
 from harness.verdict import disagreements
 
@@ -66,7 +67,7 @@ def test_agreement_is_checked_even_without_an_expected_value() -> None:
     """A rank run with ``expected: unspecified`` still records its digest for the check."""
     import torch.distributed as dist
 
-    from harness.program import RankEnv, run_instance
+    from harness.program.interpreter import RankEnv, run_instance
 
     single = expand.expand(validate.load_cases(yamlload.load_text(
         CASES.replace("world_size: 3", "world_size: 1"), "agree.yaml"))[0], "gloo")[0]

@@ -6,7 +6,8 @@ import textwrap
 
 import pytest
 
-from harness import expand, validate, yamlload
+from harness.casefile import expand, validate
+from harness.casefile import load as yamlload
 from harness.errors import CaseFileError, CaseFileErrors
 
 GOOD = """

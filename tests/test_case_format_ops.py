@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import expand, validate, yamlload
+from harness.casefile import expand, validate
+from harness.casefile import load as yamlload
 from harness.errors import CaseFileError, CaseFileErrors
 from harness.model import Instance
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from harness import expand, validate, yamlload
+from harness.casefile import expand, overrides, validate
+from harness.casefile import load as yamlload
 from harness.model import Instance
 
 
@@ -97,16 +98,16 @@ cases:
 
 def test_overrides_apply_by_axis_and_torch_version() -> None:
     by_id = {i.id: i for i in instances(OVERRIDES)}
-    avg = expand.resolve(by_id["gloo-ws2-int64-avg-sync"], "2.13.0+cpu")
+    avg = overrides.resolve(by_id["gloo-ws2-int64-avg-sync"], "2.13.0+cpu")
     assert (avg.expectation.kind, avg.expectation.match) == ("raises", "AVG")
     assert avg.expectation.reason == "Gloo has no AVG"
-    old = expand.resolve(by_id["gloo-ws2-int64-sum-sync"], "1.13.1")
+    old = overrides.resolve(by_id["gloo-ws2-int64-sum-sync"], "1.13.1")
     assert old.expectation.xfail == "old torch (https://example.invalid/1)"
-    new = expand.resolve(by_id["gloo-ws2-int64-sum-sync"], "2.13.0")
+    new = overrides.resolve(by_id["gloo-ws2-int64-sum-sync"], "2.13.0")
     assert new.expectation.xfail == "" and new.expectation.kind == "pass"
-    assert expand.resolve(by_id["gloo-ws2-float32-sum-sync"], "2.13.0").expectation.skip
+    assert overrides.resolve(by_id["gloo-ws2-float32-sum-sync"], "2.13.0").expectation.skip
     nccl = {i.id: i for i in instances(OVERRIDES, "nccl")}
-    assert expand.resolve(nccl["nccl-ws2-int64-avg-sync"], "2.13.0").expectation.kind == "pass"
+    assert overrides.resolve(nccl["nccl-ws2-int64-avg-sync"], "2.13.0").expectation.kind == "pass"
 
 
 def test_steps_form_builds_a_program() -> None:

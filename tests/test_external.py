@@ -57,7 +57,7 @@ def torchrun(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "c.yaml").write_text(textwrap.dedent(text))
     return subprocess.run(
         [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "harness.external", "c.yaml", "--report-json", "r.json", "--report-md", "r.md"],
+         "-m", "harness.run.external", "c.yaml", "--report-json", "r.json", "--report-md", "r.md"],
         cwd=tmp_path, capture_output=True, text=True, timeout=180, env=subprocess_env())
 
 

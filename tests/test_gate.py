@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from harness import baseline as bl
-from harness import gate
-from harness.baseline import Baseline, BaselineError, Entry
+from harness.gate import baseline as bl
+from harness.gate import cli
+from harness.gate import compare as gate
+from harness.gate.baseline import Baseline, BaselineError, Entry
 from harness.report.oneline import one_line
 from tests.runs import REPO, Run
 
@@ -69,10 +70,10 @@ def test_default_policy_missing_warns_and_can_be_made_fatal() -> None:
     res = gate.compare([entry("a", "passed")], base)
     assert res.ok and res.verdict().startswith("PASS with warnings: 1 missing")
     strict = gate.compare([entry("a", "passed")], base,
-                          policy=gate.cli_policy(["missing=fail"], strict=False))
+                          policy=cli.cli_policy(["missing=fail"], strict=False))
     assert not strict.ok and strict.verdict().startswith("FAIL: 1 missing")
     assert not gate.compare([entry("a", "passed")], base,
-                            policy=gate.cli_policy([], strict=True)).ok
+                            policy=cli.cli_policy([], strict=True)).ok
 
 
 def test_baseline_policy_and_allow_are_honoured() -> None:
@@ -92,7 +93,7 @@ def test_baseline_policy_and_allow_are_honoured() -> None:
 ])
 def test_bad_policy_is_a_clear_error(items: list[str], message: str) -> None:
     with pytest.raises(BaselineError, match=message):
-        gate.cli_policy(items, strict=False)
+        cli.cli_policy(items, strict=False)
 
 
 def test_backend_matching_modes() -> None:
@@ -239,7 +240,7 @@ def test_pytest_baseline_allows_known_failures(faulty_run: Run, tmp_path: Path) 
     from tests.runs import make_project, run_pytest
 
     known = tmp_path / "faulty.json"
-    assert gate.main([str(faulty_run.json), str(known), "--update"]) == 0
+    assert cli.main([str(faulty_run.json), str(known), "--update"]) == 0
     again = run_pytest(make_project(tmp_path / "again"), "faulty", "--baseline", str(known))
     assert again.returncode == 0, again.output
     assert "5 failed" in again.output
@@ -257,7 +258,7 @@ def test_pytest_baseline_bad_path_is_a_usage_error(tmp_path: Path) -> None:
 
 def test_console_script_is_declared() -> None:
     text = (REPO / "pyproject.toml").read_text()
-    assert 'collective-gate = "harness.gate:main"' in text
+    assert 'collective-gate = "harness.gate.cli:main"' in text
     proc = gate_cli("--help")
     assert proc.returncode == 0 and "--update" in proc.stdout and "--match" in proc.stdout
 

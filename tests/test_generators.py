@@ -15,9 +15,10 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from harness import dtypes, tensors
+from harness import dtypes
 from harness.model import Fill
 from harness.ops import reduce_tensors
+from harness.program import tensors
 
 FLOATS = ["float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2",
           "float8_e4m3fnuz", "float8_e5m2fnuz"]

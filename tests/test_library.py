@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import dtypes, expand, ops, validate, yamlload
+from harness import dtypes, ops
+from harness.casefile import expand, overrides, validate
+from harness.casefile import load as yamlload
 from harness.model import Instance
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,7 +143,7 @@ def test_gloo_findings_are_recorded_as_limitations_or_failures() -> None:
     as `raises`, silent divergences as `xfail` (never by weakening the expectation)."""
     kinds: dict[str, set[str]] = defaultdict(set)
     for inst in instances():
-        resolved = expand.resolve(inst, "2.13.0")
+        resolved = overrides.resolve(inst, "2.13.0")
         exp = resolved.expectation
         if exp.xfail:
             kinds["xfail"].add(inst.op)

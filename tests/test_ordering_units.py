@@ -7,9 +7,12 @@ from typing import Any
 
 import pytest
 
-from harness import expand, ordering, validate, yamlload
+from harness.casefile import expand, overrides, validate
+from harness.casefile import load as yamlload
 from harness.errors import CaseFileError, CaseFileErrors
 from harness.model import Instance, InstanceResult, RankResult, StepEvent
+from harness.ordering import plan as ordering
+from harness.ordering import verdicts
 from harness.report import ordering_table
 
 
@@ -132,7 +135,7 @@ def test_probe_mode_from_case_and_option(case_mode: str, option: str | None,
                                          probed: int) -> None:
     insts = _instances(SHORTHAND % ("all_reduce", case_mode))
     config: Any = _Config(option, 0.05)
-    done = [ordering.configure(i, config, "2.13.0") for i in insts]
+    done = [ordering.configure(i, config) for i in insts]
     assert sum(1 for i in done if i.ordering and i.ordering.probes) == probed
     assert all(i.ordering.delay_s == 0.05 for i in done if i.ordering)
 
@@ -141,8 +144,7 @@ def test_raising_instances_get_no_probes() -> None:
     inst = next(i for i in _instances(SHORTHAND % ("all_reduce", "    ordering: all"))
                 if i.async_op)
     raising = replace(inst, expectation=replace(inst.expectation, kind="raises"))
-    configured = ordering.configure(raising, _Config(None, None),  # type: ignore[arg-type]
-                                    "2.13.0")
+    configured = ordering.configure(raising, _Config(None, None))  # type: ignore[arg-type]
     assert configured.ordering is not None and not configured.ordering.probes
 
 
@@ -161,7 +163,7 @@ def test_delayed_rank_is_one_every_other_member_depends_on(op: str, args: str, w
 def _probed() -> Instance:
     inst = next(i for i in _instances(SHORTHAND % ("all_reduce", "    ordering: all"))
                 if i.async_op and i.world_size == 2)
-    return ordering.configure(inst, _Config(None, 0.1), "2.13.0")  # type: ignore[arg-type]
+    return ordering.configure(inst, _Config(None, 0.1))  # type: ignore[arg-type]
 
 
 def _obs(**over: Any) -> dict[str, Any]:
@@ -188,25 +190,25 @@ def _results(rank0: dict[str, Any], events: list[StepEvent] | None = None
 
 
 def _status(v: dict[str, Any]) -> dict[str, str]:
-    return {c: v[c]["status"] for c in ordering.CHECKS}
+    return {c: v[c]["status"] for c in verdicts.CHECKS}
 
 
 def test_faithful_observations_are_all_ok() -> None:
-    v = ordering.judge(_probed(), _results(_obs()))
+    v = verdicts.judge(_probed(), _results(_obs()))
     assert _status(v) == {"pre_op": "ok", "post_wait": "ok", "completion": "ok",
                           "host_blocking": "ok", "declared": "n/a"}
     assert v["host_blocking"]["observed"] == "blocks" and v["delayed_rank"] == 1
 
 
 def test_stale_read_after_wait_violates_post_wait_only() -> None:
-    v = ordering.judge(_probed(), _results(_obs(post__immediate_ok=False,
+    v = verdicts.judge(_probed(), _results(_obs(post__immediate_ok=False,
                                                 post__immediate_wrong="4 of 4 wrong")))
     assert _status(v)["post_wait"] == "violated" and "4 of 4 wrong" in v["post_wait"]["detail"]
     assert _status(v)["pre_op"] == "ok" and _status(v)["completion"] == "ok"
 
 
 def test_wrong_values_without_delays_make_probes_inconclusive() -> None:
-    v = ordering.judge(_probed(), _results(_obs(post__settled_ok=False, pre__ok=False,
+    v = verdicts.judge(_probed(), _results(_obs(post__settled_ok=False, pre__ok=False,
                                                 post__immediate_ok=False,
                                                 post__settled_wrong="off by one")))
     assert _status(v)["pre_op"] == "inconclusive" and _status(v)["post_wait"] == "inconclusive"
@@ -214,12 +216,12 @@ def test_wrong_values_without_delays_make_probes_inconclusive() -> None:
 
 
 def test_completion_true_at_return_without_the_result_is_violated() -> None:
-    v = ordering.judge(_probed(), _results(_obs(post__completed_at_return=True,
+    v = verdicts.judge(_probed(), _results(_obs(post__completed_at_return=True,
                                                 post__at_return_ok=False,
                                                 post__at_return_wrong="nan")))
     assert _status(v)["completion"] == "violated" and "True when the call returned" in (
         v["completion"]["detail"])
-    honest = ordering.judge(_probed(), _results(_obs(post__completed_at_return=True,
+    honest = verdicts.judge(_probed(), _results(_obs(post__completed_at_return=True,
                                                      post__at_return_ok=True)))
     assert _status(honest)["completion"] == "ok"
 
@@ -227,12 +229,12 @@ def test_completion_true_at_return_without_the_result_is_violated() -> None:
 def test_completion_false_after_wait_in_the_timeline_is_violated() -> None:
     ev = StepEvent(0, "all_reduce(tensor=input)", 0.0, 0.001, completed_at_return=False,
                    t_wait_return=0.002, completed_after_wait=False)
-    v = ordering.judge(_probed(), _results(_obs(), [ev]))
+    v = verdicts.judge(_probed(), _results(_obs(), [ev]))
     assert _status(v)["completion"] == "violated" and "step 0" in v["completion"]["detail"]
 
 
 def test_pre_op_violation_and_blocking_property() -> None:
-    v = ordering.judge(_probed(), _results(_obs(pre__ok=False, pre__wrong="nan",
+    v = verdicts.judge(_probed(), _results(_obs(pre__ok=False, pre__wrong="nan",
                                                 hb__return_s=0.001)))
     assert _status(v)["pre_op"] == "violated"
     assert v["host_blocking"]["observed"] == "returns_early"
@@ -242,12 +244,12 @@ def test_pre_op_violation_and_blocking_property() -> None:
 def test_violation_fails_a_passing_instance_with_a_clear_message() -> None:
     inst = _probed()
     res = InstanceResult("passed", "passed")
-    ordering.apply(inst, _results(_obs(pre__ok=False, pre__wrong="nan")), res, completed=True)
+    verdicts.apply(inst, _results(_obs(pre__ok=False, pre__wrong="nan")), res, completed=True)
     assert res.outcome == "failed"
     assert "case.yaml:3: ar[gloo-ws2-float32-sum-async]: async contract violated (pre_op); " \
            "the values were right" in res.message
     wrong = InstanceResult("failed", "wrong values")
-    ordering.apply(inst, _results(_obs(post__immediate_ok=False)), wrong, completed=True)
+    verdicts.apply(inst, _results(_obs(post__immediate_ok=False)), wrong, completed=True)
     assert wrong.outcome == "failed" and "async contract violated too" in wrong.message
 
 
@@ -258,19 +260,19 @@ def test_override_documents_a_known_ordering_divergence() -> None:
                          "        reason: Work never reports completion"))
     insts = [i for i in _instances(text) if i.async_op]
     config: Any = _Config(None, 0.1)
-    ws2, ws4 = (ordering.configure(i, config, "2.13.0") for i in
+    ws2, ws4 = (ordering.configure(overrides.resolve(i, "2.13.0"), config) for i in
                 sorted(insts, key=lambda i: i.world_size)[::2])
     assert ws2.ordering is not None and ws2.ordering.known == (
         ("completion", "Work never reports completion"),)
     assert ws4.ordering is not None and ws4.ordering.known == ()
     res = InstanceResult("passed", "passed")
     never = _results(_obs(post__completed_after_wait=False))
-    ordering.apply(ws2, never, res, completed=True)
+    verdicts.apply(ws2, never, res, completed=True)
     assert res.outcome == "passed"
     assert res.ordering["completion"]["status"] == "violated"
     assert res.ordering["completion"]["known"] == "Work never reports completion"
     res4 = InstanceResult("passed", "passed")
-    ordering.apply(ws4, never, res4, completed=True)
+    verdicts.apply(ws4, never, res4, completed=True)
     assert res4.outcome == "failed" and "known" not in res4.ordering["completion"]
 
 
@@ -280,7 +282,7 @@ def test_declared_snapshot_mismatch_is_violated() -> None:
     reads = [{"name": "early", "tensor": "t", "step": 1, "kind": "read", "expect": "stale",
               "digest": "", "ok": False, "wrong": 3, "total": 3, "wrong_text": "3 of 3 wrong"}]
     results = {0: RankResult(0, "ok", ordering={"reads": reads}), 1: RankResult(1, "ok")}
-    v = ordering.judge(inst, results)
+    v = verdicts.judge(inst, results)
     assert _status(v)["declared"] == "violated" and "rank 0: early" in v["declared"]["detail"]
 
 

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from harness import expand, validate, yamlload
+from harness.casefile import expand, validate
+from harness.casefile import load as yamlload
 from harness.model import Instance
-from harness.pool import PoolKey, PoolManager
+from harness.run.pool import PoolKey, PoolManager
 
 from .helpers import PYTHON, load_report, rank_pids, subprocess_env, wait_for
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from harness.casefile.load import load_text
 from harness.errors import CaseFileError
-from harness.yamlload import load_text
 
 
 def test_numbers_and_strings_as_written() -> None:

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from .. import dtypes
+
 if TYPE_CHECKING:
     import torch
 
@@ -33,7 +35,7 @@ class Role:
     (views, so writes land in the case tensor). ``form="nested"`` is a list of such lists
     (dims 0 and 1; ``all_gather_coalesced``'s output). ``form="object"`` is one picklable
     Python object and ``form="objects"`` a Python list of them (the object collectives): their
-    buffers are built from plain YAML data, not tensors (see :mod:`harness.objects`).
+    buffers are built from plain YAML data, not tensors (see :mod:`harness.program.objects`).
     ``only`` restricts the buffer to the root rank (``src``/``dst`` argument); other ranks pass
     None.
     """
@@ -153,8 +155,6 @@ def reference_tolerance(reduce_op: str | None, group_size: int, dtype: str
     those differ by up to 2 ulp (the tolerance nccl-tests uses for avg). Everything else the
     exact generators make bit-exact.
     """
-    from .. import dtypes
-
     if reduce_op != "avg" or group_size & (group_size - 1) == 0:
         return None
     info = dtypes.DTYPES.get(dtype)

@@ -1,7 +1,7 @@
 """Entries for the object collectives: picklable Python objects instead of tensors.
 
 Their buffers have ``form="object"`` (one object) or ``form="objects"`` (a Python list); the
-case gives plain YAML data for them (see :mod:`harness.objects`). None of them is async.
+case gives plain YAML data for them (see :mod:`harness.program.objects`). None of them is async.
 """
 
 from __future__ import annotations

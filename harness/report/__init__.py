@@ -1,1 +1,8 @@
-"""Report writers: JSON (with a shipped schema), Markdown and HTML conformance matrices."""
+"""Stage 5, reports: instance records in, files for people and machines out.
+
+``records`` builds and validates the JSON report (schema shipped in ``harness/schemas``) and
+writes files atomically; ``markdown``, ``html``, ``step_summary``, ``ordering_table`` and
+``oneline`` render it. Works on records (plain dicts) only.
+
+Must not: import torch, run anything, or say more than the records say.
+"""

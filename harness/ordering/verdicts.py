@@ -1,4 +1,4 @@
-"""The async contract: which ordering checks apply to an instance, and their verdicts.
+"""Verdicts of the async-contract checks (parent side; no torch).
 
 The seeds' contract for an async collective, checked per instance (parent side; no torch):
 
@@ -14,7 +14,7 @@ The seeds' contract for an async collective, checked per instance (parent side; 
 - ``declared``: the expectations a case states on ``read``/``future`` snapshots.
 
 The first four come from *probes*: extra runs of a shorthand async instance with delays
-injected (see :mod:`harness.ordering_rank`). They cost a few tens of milliseconds each, so by
+injected (see :mod:`harness.ordering.probes`). They cost a few tens of milliseconds each, so by
 default they run on a representative sample: per case, the first async instance of each
 world size and device (the other axes at their first value). ``ordering: all`` on a case or
 ``--ordering all`` runs them on every async instance; ``none`` on none. ``completion`` from the
@@ -26,135 +26,15 @@ An override's ``ordering: [check, ...]`` documents a known divergence: the verdi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .model import Instance, InstanceResult, RankResult
-
-if TYPE_CHECKING:
-    import pytest
+from ..model import Instance, InstanceResult, OrderingPlan, RankResult
 
 CHECKS = ("pre_op", "post_wait", "completion", "host_blocking", "declared")
 STATUSES = ("ok", "violated", "inconclusive", "n/a")
-MODES = ("sample", "all", "none")
-DEFAULT_DELAY_S = 0.02
 BLOCKING_FRACTION = 0.5  # a blocking call shorter than this share of the delay returned early
 MAX_DETAIL_LINES = 6
 
-
-@dataclass(frozen=True)
-class OrderingPlan:
-    """What the ranks do and the parent judges for one instance's async contract."""
-
-    mode: str  # the case's probe mode: sample / all / none
-    sampled: bool  # the representative of its case at this world size and device
-    shorthand_async: bool  # an async instance of the ``op:`` form (probes possible)
-    async_steps: bool  # the program issues async ops (completion from the timeline)
-    declared: bool  # the program has read/future snapshots with expectations
-    members: tuple[int, ...]  # ranks that take part in the op
-    delayed_rank: int  # the rank made slow in the post-wait and host-blocking probes
-    probes: bool = False  # decided at setup from the mode, the option and the expectation
-    delay_s: float = DEFAULT_DELAY_S
-    known: tuple[tuple[str, str], ...] = ()  # (check, reason): documented divergences
-
-
-# -- planning (collection and setup) --------------------------------------------------------
-
-def _members(inst: Instance) -> tuple[int, ...]:
-    group = dict(inst.steps[0].args).get("group") if inst.steps else None
-    return tuple(group) if group else tuple(range(inst.world_size))
-
-
-def delayed_rank(inst: Instance) -> int:
-    """The rank to delay so that every other member's result depends on it.
-
-    A rooted op's source (broadcast, scatter) feeds everyone; otherwise any member but the
-    destination (reduce, gather), whose result needs every contribution.
-    """
-    members = _members(inst)
-    args = dict(inst.steps[0].args) if inst.steps else {}
-    src = args.get("src")
-    if isinstance(src, int) and src in members:
-        return src
-    dst = args.get("dst")
-    others = [m for m in members if m != dst]
-    return (others or list(members))[-1]
-
-
-def plan_instances(mode: str, instances: list[Instance]) -> list[Instance]:
-    """Attach an :class:`OrderingPlan` to every instance of one case that has async work."""
-    out: list[Instance] = []
-    sampled_points: set[tuple[int, str]] = set()
-    for inst in instances:
-        async_steps = any(s.kind == "op" and s.async_op for s in inst.steps)
-        declared = any(s.kind in ("read", "future") and s.value is not None
-                       for s in inst.steps)
-        if not (async_steps or declared):
-            out.append(inst)
-            continue
-        shorthand_async = inst.shorthand is not None and inst.async_op
-        point = (inst.world_size, inst.device)
-        sampled = shorthand_async and point not in sampled_points
-        if sampled:
-            sampled_points.add(point)
-        plan = OrderingPlan(mode=mode, sampled=sampled, shorthand_async=shorthand_async,
-                            async_steps=async_steps, declared=declared,
-                            members=_members(inst), delayed_rank=delayed_rank(inst))
-        out.append(replace(inst, ordering=plan))
-    return out
-
-
-def add_options(group: Any, parser: pytest.Parser) -> None:
-    """Register ``--ordering`` and ``--ordering-delay`` (with ini fallbacks)."""
-    names = ("--ordering", "--collective-ordering")
-    kwargs: dict[str, Any] = dict(
-        dest="collective_ordering", default=None, choices=("auto", *MODES),
-        help="async-contract probes: auto (each case's 'ordering:', default sample), sample, "
-             "all, none")
-    try:
-        group.addoption(*names, **kwargs)
-    except ValueError:  # another plugin owns --ordering: keep the long form only
-        group.addoption(names[1], **kwargs)
-    group.addoption("--ordering-delay", dest="collective_ordering_delay", type=float,
-                    default=None, metavar="SECONDS",
-                    help=f"delay injected by the ordering probes (default {DEFAULT_DELAY_S})")
-    parser.addini("collective_ordering", "async-contract probe mode", default="auto")
-    parser.addini("collective_ordering_delay", "ordering probe delay in seconds",
-                  default=str(DEFAULT_DELAY_S))
-
-
-def options(config: pytest.Config) -> dict[str, Any]:
-    """The effective ordering options (echoed in the report metadata)."""
-    mode = config.getoption("collective_ordering") or str(config.getini("collective_ordering"))
-    delay = config.getoption("collective_ordering_delay")
-    if delay is None:
-        delay = float(str(config.getini("collective_ordering_delay")))
-    return {"ordering": mode, "ordering_delay_s": float(delay)}
-
-
-def configure(inst: Instance, config: pytest.Config, torch_version: str) -> Instance:
-    """Decide, after overrides are applied, whether this instance runs the delayed probes,
-    and which ordering checks a matching override documents as known divergences."""
-    from .expand import override_applies
-
-    plan = inst.ordering
-    if plan is None:
-        return inst
-    opts = options(config)
-    mode = plan.mode if opts["ordering"] == "auto" else opts["ordering"]
-    probes = (plan.shorthand_async and inst.expectation.kind == "pass"
-              and (mode == "all" or (mode == "sample" and plan.sampled)))
-    known: dict[str, str] = {}
-    for o in inst.overrides:
-        checks = dict(o.patch).get("ordering")
-        if checks and override_applies(o, inst, torch_version):
-            reason = o.reason + (f" ({o.issue})" if o.issue else "")
-            known.update(dict.fromkeys(checks, reason))
-    return replace(inst, ordering=replace(plan, probes=probes, delay_s=opts["ordering_delay_s"],
-                                          known=tuple(sorted(known.items()))))
-
-
-# -- verdicts (parent, after the run) ------------------------------------------------------
 
 def _verdict(status: str, detail: str, **extra: Any) -> dict[str, Any]:
     return {"status": status, "detail": detail, **extra}

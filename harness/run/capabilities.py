@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ops
-from .model import Instance
+from .. import ops
+from ..model import Instance
 
 BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 

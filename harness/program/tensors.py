@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from . import dtypes
-from .model import Fill, TensorCheck, Tolerance
+from .. import dtypes
+from ..model import Fill, TensorCheck, Tolerance
 
 FIRST_WRONG = 5
 _EXACT_FLOATS = {torch.float16, torch.bfloat16, torch.float32, torch.float64}

@@ -1,7 +1,10 @@
-"""Run one :class:`Instance` inside a rank: build buffers, execute steps, check results.
+"""The step interpreter: run one :class:`Instance` inside a rank.
 
 This is the per-rank code shared by the harness's own pools and by the "external ranks" mode
-(ranks started by torchrun/srun): it needs only an initialized default process group.
+(ranks started by torchrun/srun): it needs only an initialized default process group. Its
+public pieces are what the ordering probes reuse: :func:`build_buffers` (an instance's
+buffers, fresh), :func:`call_op` (one op step), :func:`check_results` (every expectation that
+concerns this rank); :func:`run_instance` runs the whole program with them.
 """
 
 from __future__ import annotations
@@ -9,15 +12,16 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from . import objects, ops, ordering_rank, tensors
-from .expr import Expr
-from .model import (
+from .. import ops
+from ..expr import Expr
+from ..model import (
     Fill,
     Instance,
     RankResult,
@@ -27,6 +31,8 @@ from .model import (
     TensorSpec,
     Tolerance,
 )
+from . import objects, tensors
+from .timeline import STEP_KINDS, ProgramState
 
 REDUCE_OPS = {
     "sum": "SUM", "product": "PRODUCT", "min": "MIN", "max": "MAX", "band": "BAND",
@@ -121,7 +127,8 @@ def _materialize(inst: Instance, spec: TensorSpec, rank: int, world_size: int,
                                env, inst.reduce_op)
 
 
-def _build(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> dict[str, Any]:
+def build_buffers(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> dict[str, Any]:
+    """Every buffer of ``inst`` for this rank, freshly filled, on the rank's device."""
     bufs: dict[str, Any] = {}
     dev = _device(renv)
     for spec in inst.tensors:
@@ -146,19 +153,27 @@ def _args(step: Step, rank: int, world_size: int, env: dict[str, Any]) -> dict[s
     return out
 
 
-def run_instance(inst: Instance, renv: RankEnv) -> RankResult:
-    """Execute ``inst`` on this rank and check every expectation that concerns it."""
+# Extra observations after a successful run (the ordering probes): (inst, renv, env) -> dict.
+Probes = Callable[[Instance, RankEnv, dict[str, Any]], dict[str, Any]]
+
+
+def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None) -> RankResult:
+    """Execute ``inst`` on this rank and check every expectation that concerns it.
+
+    ``probes``, when given, runs after the checks and its observations join the result's
+    ordering facts; an exception there is reported like one in the program.
+    """
     t0 = time.perf_counter()
     res = RankResult(rank=renv.rank, status="ok")
     env: dict[str, Any] = dict(inst.params)
     step_idx = -1
     try:
         prepare_groups(inst, renv)
-        bufs = _build(inst, renv, env)
+        bufs = build_buffers(inst, renv, env)
         before = {n: _snapshot(t) for n, t in bufs.items()}
         written: set[str] = set()
         handles: dict[str, tuple[Any, StepEvent]] = {}
-        state = ordering_rank.ProgramState(inst, renv.rank, renv.world_size, renv.device, t0,
+        state = ProgramState(inst, renv.rank, renv.world_size, renv.device, t0,
                                            env, bufs, before, written)
         for step_idx, step in enumerate(inst.steps):
             if renv.progress is not None:
@@ -168,7 +183,7 @@ def run_instance(inst: Instance, renv: RankEnv) -> RankResult:
             ev = StepEvent(step_idx, step.describe(), time.perf_counter() - t0, 0.0)
             if step.kind == "op":
                 with state.stream(step):
-                    work = _call(inst, step, renv, env, bufs, written)
+                    work = call_op(inst, step, renv, env, bufs, written)
                     ev.t_return = time.perf_counter() - t0
                     state.issued(step, work, ev)
                 if work is not None:
@@ -183,7 +198,7 @@ def run_instance(inst: Instance, renv: RankEnv) -> RankResult:
                         work, wev = handles.pop(h)
                         state.wait(work, wev, thread=bool(dict(step.args).get("thread")))
                 ev.t_return = time.perf_counter() - t0
-            elif step.kind in ordering_rank.STEP_KINDS:
+            elif step.kind in STEP_KINDS:
                 state.run(step, step_idx)
                 ev.t_return = time.perf_counter() - t0
             else:
@@ -198,8 +213,8 @@ def run_instance(inst: Instance, renv: RankEnv) -> RankResult:
         if renv.device == "cuda":
             torch.cuda.synchronize()
             state.synchronized()
-        res.checks = _check(inst, renv, env, bufs, before, written)
-        res.ordering = {**state.results(), **ordering_rank.run_probes(inst, renv, env)}
+        res.checks = check_results(inst, renv, env, bufs, before, written)
+        res.ordering = {**state.results(), **(probes(inst, renv, env) if probes else {})}
     except Exception as exc:  # reported to the parent, which decides the outcome
         res.status = "raised"
         res.exc_type = type(exc).__name__
@@ -210,8 +225,13 @@ def run_instance(inst: Instance, renv: RankEnv) -> RankResult:
     return res
 
 
-def _call(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
-          bufs: dict[str, torch.Tensor], written: set[str]) -> Any:
+def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
+            bufs: dict[str, torch.Tensor], written: set[str]) -> Any:
+    """Call the op of ``step`` on this rank's buffers; returns its Work (or None).
+
+    Buffers the op may write are added to ``written`` (what must come back unchanged is
+    decided from it).
+    """
     assert step.op is not None
     op = ops.get(step.op)
     args = _args(step, renv.rank, renv.world_size, env)
@@ -277,8 +297,9 @@ def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> Any:
     return op.reference(inputs, ctx)[renv.rank]
 
 
-def _check(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, Any],
-           before: dict[str, Any], written: set[str]) -> list[TensorCheck]:
+def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, Any],
+                  before: dict[str, Any], written: set[str]) -> list[TensorCheck]:
+    """Compare every buffer of this rank with its expectation (``before``: initial contents)."""
     checks: list[TensorCheck] = []
     declared = dict(inst.expected)
     for spec in inst.tensors:

@@ -1,8 +1,8 @@
 """Collection-time handling of the case-format pieces specific to some ops.
 
 Object buffers (the object collectives), ``splits`` matrices (uneven ``all_to_all_single``)
-and per-rank shapes are parsed and checked here, so that :mod:`harness.validate` and
-:mod:`harness.expand` only call in. Runs in the pytest process: no torch.
+and per-rank shapes are parsed and checked here, so that :mod:`harness.casefile.validate` and
+:mod:`harness.casefile.expand` only call in. Runs in the pytest process: no torch.
 """
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .errors import CaseFileErrors, ExprError
-from .expr import parse
-from .model import Case, Fill
+from ..errors import CaseFileErrors, ExprError
+from ..expr import parse
+from ..model import Case, Fill
+from .fields import KEYWORDS
 
-# The fill keywords (the same as harness.validate.KEYWORDS).
-FILL_KEYWORDS = ("poison", "zeros", "unspecified", "unchanged", "auto")
 SPLIT_NAMES = ("src", "dst")
 Path = tuple[Any, ...]
 
@@ -47,7 +46,7 @@ def parse_object_fill(raw: Any, top: bool = True) -> Fill:
         return Fill("generator", (raw["generator"], tuple(sorted(params.items()))))
     if top and _is_rank_map(raw):
         return Fill("per_rank", {k: parse_object_fill(v, top=False) for k, v in raw.items()})
-    if isinstance(raw, str) and raw in FILL_KEYWORDS:
+    if isinstance(raw, str) and raw in KEYWORDS:
         return Fill(raw)  # type: ignore[arg-type]
     return Fill("list", raw)
 
@@ -58,7 +57,7 @@ def check_object_fill(case: Case, path: Path, value: Any, expected: bool) -> Non
     entries = value.items() if _is_rank_map(value) else [((), value)]
     for key, v in entries:
         where = (*path, key) if key != () else path
-        if isinstance(v, str) and v in FILL_KEYWORDS and v not in keywords:
+        if isinstance(v, str) and v in KEYWORDS and v not in keywords:
             raise CaseFileErrors([case.error(where, f"{v!r} cannot be used here",
                                              "allowed: " + ", ".join(keywords))])
         if isinstance(v, dict) and v.get("generator") not in (None, "objects"):

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from .errors import CaseFileError, Pos, json_path
+from ..errors import CaseFileError, Pos, json_path
 
 Path = tuple[str | int, ...]
 

@@ -25,10 +25,10 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
-from .model import Instance, RankResult, RankState
+from ..model import Instance, PoolRun, RankState
 from .rank import STACK_SIGNAL, RankConfig, rank_main
 
 FAIL_FAST_GRACE_S = 2.0
@@ -45,7 +45,7 @@ def _without_main_module() -> Iterator[None]:
     """Start children without re-importing ``__main__`` in them.
 
     Spawn-style start methods re-run the parent's main script in each child; under pytest that
-    is pytest's own entry script (slow, and pointless: ranks need only harness.rank), and for a
+    is pytest's own entry script (slow, and pointless: ranks need only harness.run.rank), and for a
     user's script without a ``__main__`` guard it would recurse.
     """
     original = multiprocessing.spawn.get_preparation_data
@@ -64,12 +64,14 @@ def _without_main_module() -> Iterator[None]:
             multiprocessing.spawn.get_preparation_data = original
 
 
-def _context() -> Any:
+def forkserver_context() -> Any:
+    """The forkserver context every pool starts its ranks from (torch preloaded once)."""
     global _ctx
     with _ctx_lock:
         if _ctx is None:
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["torch", "torch.distributed", "harness.program"])
+            ctx.set_forkserver_preload(["torch", "torch.distributed", "harness.program.interpreter",
+                                          "harness.ordering.probes"])
             _ctx = ctx
         return _ctx
 
@@ -83,16 +85,6 @@ class PoolKey:
     world_size: int
     backend_modules: tuple[str, ...] = ()
     isolated: int = 0  # non-zero: a private pool for one instance
-
-
-@dataclass
-class PoolRun:
-    """Raw outcome of running one instance on a pool (the verdict stage interprets it)."""
-
-    kind: Literal["done", "hang", "crash", "failfast"]
-    results: dict[int, RankResult] = field(default_factory=dict)
-    states: list[RankState] = field(default_factory=list)
-    elapsed: float = 0.0
 
 
 class PoolStartError(RuntimeError):
@@ -118,7 +110,7 @@ class RankPool:
         self.procs: list[Any] = []
         self.conns: list[Any] = []
         self.progress: list[Any] = []
-        ctx = _context()
+        ctx = forkserver_context()
         env = _backend_env(key.backend, pg_timeout_s)
         self.fr_requests: list[Any] = []
         for r in range(key.world_size):

@@ -11,21 +11,20 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from . import dtypes, opargs, ops, ordering, ordering_steps
-from .errors import CaseFileError, ExprError
-from .expr import Expr, parse
-from .model import Case, Expectation, Fill, Instance, Override, Step, TensorSpec, Tolerance
-from .validate import KEYWORDS, expr_names
+from .. import dtypes, ops
+from ..errors import CaseFileError, ExprError
+from ..expr import Expr, parse
+from ..model import Case, Expectation, Fill, Instance, Override, Step, TensorSpec, Tolerance
+from ..ordering.plan import plan_instances
+from . import opargs
+from .fields import as_list, expr_names, parse_fill
+from .steps import is_ordering_step, make_step
 
 DEFAULT_DEVICE = {"nccl": "cuda", "gloo": "cpu", "mpi": "cpu", "ucc": "cpu"}
 # Op arguments whose list value is a matrix axis (each value its own instance).
 AXIS_ARGS = ("src", "dst", "group", "form", "inplace")
 # Op arguments passed through unchanged (``splits`` is evaluated per world size).
 PLAIN_ARGS = ("tag", "timeout", "wait_all_ranks")
-
-
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [value]
 
 
 def _is_shape_axis(shape: Any) -> bool:
@@ -40,24 +39,9 @@ def _fmt(value: Any) -> str:
     return str(value).replace(" ", "")
 
 
-def parse_fill(case: Case, raw: Any, objects: bool = False) -> Fill:
-    """Turn a raw YAML fill into a :class:`Fill` (expressions parsed, not evaluated).
-
-    With ``objects`` (buffers of the object collectives) values are plain data: strings stay
-    strings, and only a top-level map keyed by ranks/``others`` is a per-rank map.
-    """
-    if objects:
-        return opargs.parse_object_fill(raw)
-    if isinstance(raw, dict) and "generator" in raw:
-        params = {k: v for k, v in raw.items() if k != "generator"}
-        return Fill("generator", (raw["generator"], tuple(sorted(params.items()))))
-    if isinstance(raw, dict):
-        return Fill("per_rank", {k: parse_fill(case, v) for k, v in raw.items()})
-    if isinstance(raw, str):
-        if raw in KEYWORDS:
-            return Fill(raw)  # type: ignore[arg-type]
-        return Fill("expr", parse(raw, (*expr_names(case), "i")))
-    return Fill("list", raw)
+def _fill(case: Case, raw: Any, objects: bool) -> Fill:
+    """A buffer's fill; object buffers hold plain data (strings stay strings)."""
+    return opargs.parse_object_fill(raw) if objects else parse_fill(case, raw)
 
 
 def _list_shape(value: Any) -> tuple[int, ...] | None:
@@ -88,17 +72,17 @@ class _Expander:
             op.roles and all(opargs.object_form(op, r.name) for r in op.roles)
             for op in self.all_ops)
         dtype_values = (["object"] if objects_only else
-                        [dtypes.canonical(d) for d in _as_list(raw.get("dtype", "float32"))])
+                        [dtypes.canonical(d) for d in as_list(raw.get("dtype", "float32"))])
         out: list[tuple[str, str, list[Any]]] = [
-            ("world_size", "ws", _as_list(raw.get("world_size", 2))),
+            ("world_size", "ws", as_list(raw.get("world_size", 2))),
             ("dtype", "", dtype_values),
         ]
         if any(o.reduces for o in self.all_ops):
-            out.append(("reduce_op", "", _as_list(raw.get("reduce_op", "sum"))))
+            out.append(("reduce_op", "", as_list(raw.get("reduce_op", "sum"))))
         if any(o.supports_async and o.name not in ops.ALWAYS_ASYNC for o in self.all_ops):
-            out.append(("async", "", _as_list(raw.get("async", False))))
-        out.append(("device", "", _as_list(raw.get("device", "default"))))
-        out.append(("layout", "", _as_list(raw.get("layout", "contiguous"))))
+            out.append(("async", "", as_list(raw.get("async", False))))
+        out.append(("device", "", as_list(raw.get("device", "default"))))
+        out.append(("layout", "", as_list(raw.get("layout", "contiguous"))))
         shape = raw.get("shape")
         if shape is not None and _is_shape_axis(shape):
             out.append(("shape", "shape", list(shape)))
@@ -110,7 +94,7 @@ class _Expander:
                 value[0], list))) else [value]
             out.append((f"args.{key}", "" if key == "form" else key, axis))
         for key, value in raw.get("params", {}).items():
-            out.append((f"params.{key}", key, _as_list(value)))
+            out.append((f"params.{key}", key, as_list(value)))
         return out
 
     def id_for(self, point: dict[str, Any], axes: list[tuple[str, str, list[Any]]]) -> str:
@@ -243,7 +227,7 @@ class _Expander:
         if op.in_role:
             in_obj = opargs.object_form(op, op.in_role)
             out_obj = opargs.object_form(op, op.out_role)
-            init = parse_fill(self.case, raw["input"], objects=bool(in_obj))
+            init = _fill(self.case, raw["input"], bool(in_obj))
             self._check_ranks(init, ws, ("input",), "input")
             in_shape = (self._object_shape(point, env, init, in_obj) if in_obj else
                         self._input_shape(point, env, init))
@@ -274,7 +258,7 @@ class _Expander:
                                           rank_shapes=out_shapes))
                 bufs.append((op.out_role, out_name))
                 expected.append((in_name, Fill("unchanged")))
-            exp = parse_fill(self.case, raw.get("expected", "auto"), objects=bool(out_obj))
+            exp = _fill(self.case, raw.get("expected", "auto"), bool(out_obj))
             self._check_ranks(exp, ws, ("expected",), "expected")
             expected.insert(0, (out_name, exp))
             shorthand = (in_name, out_name)
@@ -326,7 +310,7 @@ class _Expander:
         tensors: list[TensorSpec] = []
         for name, spec in raw.get("tensors", {}).items():
             is_obj = spec.get("dtype") == "object"
-            init = parse_fill(self.case, spec["init"], objects=is_obj)
+            init = _fill(self.case, spec["init"], bool(is_obj))
             self._check_ranks(init, ws, ("tensors", name, "init"), f"tensors.{name}.init")
             shape, rank_shapes = None, None
             if "shape" in spec:
@@ -350,7 +334,7 @@ class _Expander:
             ranks: tuple[int, ...] | Expr | None = None
             if "ranks" in s:
                 r = s["ranks"]
-                ranks = parse(r, names) if isinstance(r, str) else tuple(_as_list(r))
+                ranks = parse(r, names) if isinstance(r, str) else tuple(as_list(r))
                 if isinstance(ranks, tuple) and any(x >= ws for x in ranks):
                     raise self.case.error(("steps", idx, "ranks"), f"ranks {list(ranks)} "
                                           f"outside world_size {ws}")
@@ -384,10 +368,10 @@ class _Expander:
                                   ranks=ranks, async_op=asy, handle=s.get("handle"),
                                   stream=s.get("stream", "current")))
             elif "wait" in s:
-                steps.append(Step("wait", line, ranks=ranks, waits=tuple(_as_list(s["wait"])),
+                steps.append(Step("wait", line, ranks=ranks, waits=tuple(as_list(s["wait"])),
                                   args=(("thread", True),) if s.get("thread") else ()))
-            elif ordering_steps.is_ordering_step(s):
-                steps.append(ordering_steps.make_step(self.case, s, idx, line, ranks, env))
+            elif is_ordering_step(s):
+                steps.append(make_step(self.case, s, idx, line, ranks, env))
             else:
                 kind = next(k for k in ("sleep", "sync", "raise", "abort", "exit", "segfault")
                             if k in s)
@@ -403,11 +387,11 @@ class _Expander:
         out: list[Override] = []
         for i, o in enumerate(self.raw.get("overrides", [])):
             when = o.get("when", {})
-            conds = tuple(sorted((k, tuple(_as_list(v))) for k, v in when.items()
+            conds = tuple(sorted((k, tuple(as_list(v))) for k, v in when.items()
                                  if k not in ("torch", "params", "args")))
-            conds += tuple((f"params.{k}", tuple(_as_list(v)))
+            conds += tuple((f"params.{k}", tuple(as_list(v)))
                            for k, v in when.get("params", {}).items())
-            conds += tuple((f"args.{k}", tuple(_as_list(v)))
+            conds += tuple((f"args.{k}", tuple(as_list(v)))
                            for k, v in when.get("args", {}).items())
             patch = tuple((k, v) for k, v in o.items() if k not in ("when", "reason", "issue"))
             line = self.case.doc.pos((*self.case.origin["overrides"], i)).line
@@ -439,70 +423,7 @@ def expand(case: Case, backend: str) -> list[Instance]:
             out.append(ex.instance(point, inst_id))
         except ExprError as exc:
             raise case.error(("name",), f"at {inst_id}: {exc}") from None
-    return ordering.plan_instances(case.raw.get("ordering", "sample"), out)
+    return plan_instances(case.raw.get("ordering", "sample"), out)
 
 
-def override_applies(o: Override, inst: Instance, torch_version: str) -> bool:
-    """Whether override ``o`` matches ``inst`` on this torch version."""
-    axes = dict(inst.axes)
-    axes["backend"] = inst.backend
-    axes["device"] = inst.device
-    for key, allowed in o.when:
-        have = axes.get(key)
-        if key == "dtype":
-            allowed = tuple(dtypes.canonical(a) or a for a in allowed)
-        if have not in allowed and not (isinstance(have, list) and tuple(have) in allowed):
-            return False
-    if o.torch:
-        from packaging.specifiers import SpecifierSet
-        from packaging.version import Version
-
-        base = Version(torch_version.split("+")[0])
-        if base not in SpecifierSet(o.torch, prereleases=True):
-            return False
-    return True
-
-
-def resolve(inst: Instance, torch_version: str) -> Instance:
-    """Apply the instance's matching overrides (later ones win) to its expectation."""
-    from dataclasses import replace
-
-    exp, tol, expected = inst.expectation, inst.tolerance, inst.expected
-    for o in inst.overrides:
-        if not override_applies(o, inst, torch_version):
-            continue
-        patch = dict(o.patch)
-        reason = o.reason + (f" ({o.issue})" if o.issue else "")
-        if patch.get("skip"):
-            exp = replace(exp, skip=reason)
-        if patch.get("xfail"):
-            exp = replace(exp, xfail=reason)
-        if "raises" in patch:
-            r = patch["raises"]
-            exp = replace(exp, kind="raises", match=r if isinstance(r, str) else r["match"],
-                          ranks=None if isinstance(r, str) else tuple(r.get("ranks", [])) or None,
-                          reason=reason)
-        if patch.get("hangs"):
-            exp = replace(exp, kind="hangs", reason=reason)
-        if patch.get("crashes"):
-            exp = replace(exp, kind="crashes", reason=reason)
-        if "tolerance" in patch:
-            tol = Tolerance(**patch["tolerance"])
-        if "expected" in patch and inst.shorthand:
-            out_name = inst.shorthand[1]
-            expected = tuple((n, _override_fill(patch["expected"]) if n == out_name else f)
-                             for n, f in expected)
-    return replace(inst, expectation=exp, tolerance=tol, expected=expected)
-
-
-def _override_fill(raw: Any) -> Fill:
-    if isinstance(raw, str) and raw in KEYWORDS:
-        return Fill(raw)  # type: ignore[arg-type]
-    if isinstance(raw, dict):
-        return Fill("per_rank", {k: _override_fill(v) for k, v in raw.items()})
-    if isinstance(raw, str):
-        return Fill("expr", parse(raw, ("rank", "world_size", "i")))
-    return Fill("list", raw)
-
-
-__all__ = ["CaseFileError", "expand", "parse_fill", "resolve"]
+__all__ = ["CaseFileError", "expand"]

@@ -6,7 +6,6 @@ key path, and what is allowed; all problems of a file are reported together.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 from importlib import resources
@@ -14,14 +13,14 @@ from typing import Any
 
 import jsonschema
 
-from . import dtypes, opargs, ops
-from .errors import CaseFileError, CaseFileErrors, ExprError
-from .expr import parse
-from .model import Case
-from .yamlload import Document, Path
+from .. import dtypes, ops
+from ..errors import CaseFileError, CaseFileErrors
+from ..model import Case
+from . import opargs
+from .fields import as_list, check_expr, check_fill, suggest
+from .load import Document, Path
+from .steps import check_step
 
-KEYWORDS = ("poison", "zeros", "unspecified", "unchanged", "auto")
-BASE_NAMES = ("rank", "world_size")
 STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future", "raise",
                 "abort", "exit", "segfault")
 # Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
@@ -58,14 +57,6 @@ def _doc_path(doc: Document, parts: tuple[Any, ...]) -> Path:
         else:
             out.append(p)
     return tuple(out)
-
-
-def suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    """A "did you mean" hint, or the list of what is allowed."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    if close:
-        return f"did you mean {close[0]!r}?"
-    return "allowed: " + ", ".join(sorted(choices))
 
 
 def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
@@ -174,50 +165,6 @@ def load_cases(doc: Document) -> list[Case]:
     return cases
 
 
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [value]
-
-
-def expr_names(case: Case) -> tuple[str, ...]:
-    """Names an expression in this case may use."""
-    return (*BASE_NAMES, *case.raw.get("params", {}).keys())
-
-
-def check_expr(case: Case, path: Path, source: str, extra: tuple[str, ...] = ()) -> None:
-    """Parse an expression now, so a bad one fails collection at its line."""
-    try:
-        parse(source, (*expr_names(case), *extra))
-    except ExprError as exc:
-        raise CaseFileErrors([case.error(path, f"bad expression {source!r}: {exc}")]) from None
-
-
-def check_fill(case: Case, path: Path, value: Any, expected: bool, depth: int = 0) -> None:
-    """Check a fill (input or expectation) and every expression in it."""
-    if value is None:
-        raise CaseFileErrors([case.error(path, "null is not a tensor value",
-                                         "give a number, a list, an expression or a keyword")])
-    if isinstance(value, dict) and "generator" not in value:
-        if depth > 0:
-            raise CaseFileErrors([case.error(path, "a per-rank value cannot be another map",
-                                             "give a list, a number, an expression, a keyword "
-                                             "or {generator: ...}")])
-        for k, v in value.items():
-            check_fill(case, (*path, k), v, expected, depth + 1)
-        return
-    if isinstance(value, dict) and value.get("generator") == "objects":
-        raise CaseFileErrors([case.error(path, "the 'objects' generator is for object buffers",
-                                         "tensors take exact, ranks, random, constant, nan_inf")])
-    if isinstance(value, str):
-        if value in KEYWORDS:
-            allowed_here = ("unspecified", "unchanged", "auto") if expected else ("poison", "zeros")
-            if value not in allowed_here:
-                raise CaseFileErrors([case.error(
-                    path, f"{value!r} cannot be used here",
-                    "allowed: " + ", ".join(allowed_here) + ", a list, or an expression")])
-            return
-        check_expr(case, path, value, ("i",))
-
-
 def check_case(case: Case) -> None:
     """Schema-independent checks on one case (names, ops, dtypes, expressions, steps)."""
     raw = case.raw
@@ -237,12 +184,12 @@ def check_case(case: Case) -> None:
     if has_op and raw["op"] not in ops.ALL_OPS:
         errs.append(case.error(("op",), f"unknown op {raw['op']!r}",
                                suggest(raw["op"], tuple(ops.ALL_OPS))))
-    for i, name in enumerate(_as_list(raw.get("dtype", "float32"))):
+    for i, name in enumerate(as_list(raw.get("dtype", "float32"))):
         if dtypes.canonical(name) is None:
             path: Path = ("dtype", i) if isinstance(raw.get("dtype"), list) else ("dtype",)
             errs.append(case.error(path, f"unknown dtype {name!r}",
                                    suggest(name, (*dtypes.DTYPES, *dtypes.ALIASES))))
-    for i, name in enumerate(_as_list(raw.get("reduce_op", "sum"))):
+    for i, name in enumerate(as_list(raw.get("reduce_op", "sum"))):
         if name not in dtypes.REDUCE_OPS:
             path = ("reduce_op", i) if isinstance(raw.get("reduce_op"), list) else ("reduce_op",)
             errs.append(case.error(path, f"unknown reduce op {name!r}",
@@ -283,7 +230,7 @@ def check_case(case: Case) -> None:
         if isinstance(dim, str):
             guard(check_expr, case, ("shape", i), dim)
     for key in ("src", "dst"):
-        for j, v in enumerate(_as_list(raw.get("args", {}).get(key, []))):
+        for j, v in enumerate(as_list(raw.get("args", {}).get(key, []))):
             if isinstance(v, str):
                 guard(check_expr, case, ("args", key, j) if isinstance(
                     raw["args"][key], list) else ("args", key), v)
@@ -295,8 +242,6 @@ def check_case(case: Case) -> None:
 
 def check_steps(case: Case) -> None:
     """Check the steps form: tensors referenced exist, roles fit the op, handles are waited."""
-    from .ordering_steps import check_step
-
     raw = case.raw
     tensors = raw.get("tensors", {})
     errs: list[CaseFileError] = []
@@ -328,7 +273,7 @@ def check_steps(case: Case) -> None:
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
         if action == "wait":
-            for h in _as_list(step["wait"]):
+            for h in as_list(step["wait"]):
                 if h not in handles:
                     errs.append(case.error((*path, "wait"), f"no earlier step has handle {h!r}",
                                            "give the async step 'handle: NAME' first"))

@@ -19,7 +19,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from .model import Fill, TensorCheck
+from ..model import Fill, TensorCheck
 
 # What an unwritten slot of an output list holds: no op ever produces it.
 POISON = "<collective-harness: unwritten>"

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import CaseFileError, CaseFileErrors
-from .expr import Expr
-from .model import Case, Fill, Step
-from .validate import KEYWORDS, check_expr, check_fill, suggest
+from ..errors import CaseFileError, CaseFileErrors
+from ..expr import Expr
+from ..model import Case, Fill, Step
+from .fields import KEYWORDS, check_expr, check_fill, parse_fill, suggest
 
 STEP_KINDS = ("delay_stream", "write", "read", "future")
 SNAPSHOT_KEYWORDS = ("stale", "final", "unspecified")
@@ -115,8 +115,6 @@ def check_step(case: Case, path: tuple[Any, ...], step: dict[str, Any], action: 
 
 def parse_expect(case: Case, raw: Any) -> Fill | None:
     """A snapshot expectation as a :class:`Fill` (``stale``/``final`` are keyword kinds)."""
-    from .expand import parse_fill
-
     if raw is None:
         return None
     if isinstance(raw, str) and raw in SNAPSHOT_KEYWORDS:
@@ -152,8 +150,6 @@ def make_step(case: Case, raw: dict[str, Any], idx: int, line: int,
     if "delay_stream" in raw:
         return Step("delay_stream", line, ranks=ranks, value=float(raw["delay_stream"]))
     if "write" in raw:
-        from .expand import parse_fill
-
         fill = parse_fill(case, raw["value"])
         _cover(case, (*path, "value"), fill, needed)
         return Step("write", line, ranks=ranks, bufs=(("tensor", raw["write"]),), value=fill,

@@ -17,8 +17,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .report.oneline import one_line
-from .report.records import OUTCOMES, write_atomic
+from ..report.oneline import one_line
+from ..report.records import OUTCOMES, write_atomic
 
 BASELINE_VERSION = 1
 Level = Literal["fail", "warn", "ok"]

@@ -1,6 +1,6 @@
 """The rank process: join the process group once, then run instances until told to stop.
 
-Started by :mod:`harness.pool` through a forkserver that has torch preloaded. A rank must
+Started by :mod:`harness.run.pool` through a forkserver that has torch preloaded. A rank must
 never outlive the pytest process that owns it: it dies with its parent (PDEATHSIG), polls the
 owner's pid from a watchdog thread, and ignores Ctrl-C (the owner handles it and kills us).
 """
@@ -131,7 +131,8 @@ def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None
         import torch
         import torch.distributed as dist
 
-        from .program import RankEnv, run_instance
+        from ..ordering.probes import run_probes
+        from ..program.interpreter import RankEnv, run_instance
 
         for mod in cfg.backend_modules:
             importlib.import_module(mod)
@@ -157,7 +158,7 @@ def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None
             renv.seq += 1
             progress[0] = renv.seq
             progress[1] = -1
-            result = run_instance(payload, renv)
+            result = run_instance(payload, renv, run_probes)
             progress[1] = -2
             conn.send_bytes(pickle.dumps(("result", result)))
         elif kind == "ping":

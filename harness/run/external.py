@@ -1,12 +1,12 @@
 """External-ranks mode: run the case files under a launcher the cluster already uses.
 
-    torchrun --nnodes 2 --nproc-per-node 8 -m harness.external cases/ --backend nccl
+    torchrun --nnodes 2 --nproc-per-node 8 -m harness.run.external cases/ --backend nccl
 
 Every rank (started by torchrun, srun, mpirun...) joins the default process group from the
 launcher's environment, loads and expands the same case files in the same order, and runs the
 instances whose world size equals the launched one in lockstep, with the same per-rank code as
-the harness's own pools (:func:`harness.program.run_instance`). Rank 0 gathers every rank's
-result, judges it with the same verdict code, and writes the one report.
+the harness's own pools (:func:`harness.program.interpreter.run_instance`). Rank 0 gathers
+every rank's result, judges it with the same verdict code, and writes the one report.
 
 Without a pool around the ranks there is nobody to kill and restart them, so cases that must
 hang, crash or poison the group (``hangs``, ``crashes``, ``isolate``) are skipped here, and an
@@ -27,10 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import expand, validate, yamlload
-from .errors import CaseFileError, CaseFileErrors
-from .model import Instance, InstanceResult, RankResult
-from .pool import PoolRun
+from ..casefile import expand, load, overrides, validate
+from ..errors import CaseFileError, CaseFileErrors
+from ..model import Instance, InstanceResult, PoolRun, RankResult
+from ..report import markdown
+from ..report.records import build_report, instance_record, skipped_record, write_atomic
+from ..report.records import write_json as write_report
+from ..verdict import judge
+from .capabilities import probe
 
 
 def _env_int(*names: str, default: int | None = None) -> int:
@@ -59,7 +63,7 @@ def load_instances(paths: list[str], backend: str) -> list[Instance]:
     instances: list[Instance] = []
     for f in case_files(paths):
         try:
-            doc = yamlload.load_file(str(f), str(f))
+            doc = load.load_file(str(f), str(f))
             for case in validate.load_cases(doc):
                 instances += expand.expand(case, backend)
         except (CaseFileError, CaseFileErrors) as exc:
@@ -100,8 +104,8 @@ class _Watchdog:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``python -m harness.external`` on every rank."""
-    ap = argparse.ArgumentParser(prog="python -m harness.external", description=__doc__)
+    """Entry point for ``python -m harness.run.external`` on every rank."""
+    ap = argparse.ArgumentParser(prog="python -m harness.run.external", description=__doc__)
     ap.add_argument("paths", nargs="+", help="case files or folders")
     ap.add_argument("--backend", default="gloo")
     ap.add_argument("--backend-module", action="append", default=[])
@@ -116,11 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from .capabilities import probe
-    from .program import RankEnv, run_instance
-    from .report import markdown
-    from .report.records import build_report, instance_record, skipped_record, write_atomic
-    from .report.records import write_json as write_report
+    from ..ordering.probes import run_probes
+    from ..program.interpreter import RankEnv, run_instance
 
     rank = _env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
     world = _env_int("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         write_atomic(args.report_md, markdown.render(report))
 
     for inst in instances:
-        inst = expand.resolve(inst, caps.torch_version)
+        inst = overrides.resolve(inst, caps.torch_version)
         nodeid = inst.key
         reason = inst.expectation.skip or caps.skip_reason(inst)
         if not reason and inst.world_size != world:
@@ -164,15 +165,13 @@ def main(argv: list[str] | None = None) -> int:
             flush_report()
         watchdog.arm(inst, deadline)
         t0 = time.monotonic()
-        result = run_instance(inst, renv)
+        result = run_instance(inst, renv, run_probes)
         gathered: list[RankResult | None] = [None] * world if rank == 0 else []
         dist.gather_object(result, gathered if rank == 0 else None, dst=0)
         watchdog.disarm()
         if rank == 0:
             run = PoolRun(kind="done", results={r.rank: r for r in gathered if r is not None},
                           elapsed=time.monotonic() - t0)
-            from .verdict import judge
-
             verdict: InstanceResult = judge(inst, run, deadline)
             verdict.duration = run.elapsed
             records.append(instance_record(inst, verdict, nodeid))

@@ -1,0 +1,86 @@
+"""Overrides: per-backend / per-torch-version patches of a case's expectation.
+
+Resolved at run time (setup), when the installed torch version is known; expansion keeps
+every override on the instance so that one case documents how backends and versions differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from .. import dtypes
+from ..expr import parse
+from ..model import Fill, Instance, Override, Tolerance
+from .fields import KEYWORDS
+
+
+def override_applies(o: Override, inst: Instance, torch_version: str) -> bool:
+    """Whether override ``o`` matches ``inst`` on this torch version."""
+    axes = dict(inst.axes)
+    axes["backend"] = inst.backend
+    axes["device"] = inst.device
+    for key, allowed in o.when:
+        have = axes.get(key)
+        if key == "dtype":
+            allowed = tuple(dtypes.canonical(a) or a for a in allowed)
+        if have not in allowed and not (isinstance(have, list) and tuple(have) in allowed):
+            return False
+    if o.torch:
+        base = Version(torch_version.split("+")[0])
+        if base not in SpecifierSet(o.torch, prereleases=True):
+            return False
+    return True
+
+
+def resolve(inst: Instance, torch_version: str) -> Instance:
+    """Apply the instance's matching overrides (later ones win) to its expectation.
+
+    An override's ``ordering: [check, ...]`` is recorded on the ordering plan as a known
+    divergence (reported, not failed); the other keys patch the expectation.
+    """
+    exp, tol, expected = inst.expectation, inst.tolerance, inst.expected
+    known: dict[str, str] = {}
+    for o in inst.overrides:
+        if not override_applies(o, inst, torch_version):
+            continue
+        patch = dict(o.patch)
+        reason = o.reason + (f" ({o.issue})" if o.issue else "")
+        if patch.get("ordering"):
+            known.update(dict.fromkeys(patch["ordering"], reason))
+        if patch.get("skip"):
+            exp = replace(exp, skip=reason)
+        if patch.get("xfail"):
+            exp = replace(exp, xfail=reason)
+        if "raises" in patch:
+            r = patch["raises"]
+            exp = replace(exp, kind="raises", match=r if isinstance(r, str) else r["match"],
+                          ranks=None if isinstance(r, str) else tuple(r.get("ranks", [])) or None,
+                          reason=reason)
+        if patch.get("hangs"):
+            exp = replace(exp, kind="hangs", reason=reason)
+        if patch.get("crashes"):
+            exp = replace(exp, kind="crashes", reason=reason)
+        if "tolerance" in patch:
+            tol = Tolerance(**patch["tolerance"])
+        if "expected" in patch and inst.shorthand:
+            out_name = inst.shorthand[1]
+            expected = tuple((n, _override_fill(patch["expected"]) if n == out_name else f)
+                             for n, f in expected)
+    plan = inst.ordering
+    if plan is not None:
+        plan = replace(plan, known=tuple(sorted(known.items())))
+    return replace(inst, expectation=exp, tolerance=tol, expected=expected, ordering=plan)
+
+
+def _override_fill(raw: Any) -> Fill:
+    if isinstance(raw, str) and raw in KEYWORDS:
+        return Fill(raw)  # type: ignore[arg-type]
+    if isinstance(raw, dict):
+        return Fill("per_rank", {k: _override_fill(v) for k, v in raw.items()})
+    if isinstance(raw, str):
+        return Fill("expr", parse(raw, ("rank", "world_size", "i")))
+    return Fill("list", raw)

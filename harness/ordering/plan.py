@@ -1,0 +1,111 @@
+"""Planning of the async-contract checks (parent side; no torch).
+
+Which instances get an :class:`~harness.model.OrderingPlan` (every instance with async work or
+declared reads), which of them run the delayed probes (a representative sample by default),
+which rank is delayed, and the ``--ordering`` options. The contract itself and the verdicts
+are described in :mod:`harness.ordering.verdicts`.
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ..model import DEFAULT_ORDERING_DELAY_S, Instance, OrderingPlan
+
+if TYPE_CHECKING:
+    import pytest
+
+MODES = ("sample", "all", "none")
+
+
+def _members(inst: Instance) -> tuple[int, ...]:
+    group = dict(inst.steps[0].args).get("group") if inst.steps else None
+    return tuple(group) if group else tuple(range(inst.world_size))
+
+
+def delayed_rank(inst: Instance) -> int:
+    """The rank to delay so that every other member's result depends on it.
+
+    A rooted op's source (broadcast, scatter) feeds everyone; otherwise any member but the
+    destination (reduce, gather), whose result needs every contribution.
+    """
+    members = _members(inst)
+    args = dict(inst.steps[0].args) if inst.steps else {}
+    src = args.get("src")
+    if isinstance(src, int) and src in members:
+        return src
+    dst = args.get("dst")
+    others = [m for m in members if m != dst]
+    return (others or list(members))[-1]
+
+
+def plan_instances(mode: str, instances: list[Instance]) -> list[Instance]:
+    """Attach an :class:`OrderingPlan` to every instance of one case that has async work."""
+    out: list[Instance] = []
+    sampled_points: set[tuple[int, str]] = set()
+    for inst in instances:
+        async_steps = any(s.kind == "op" and s.async_op for s in inst.steps)
+        declared = any(s.kind in ("read", "future") and s.value is not None
+                       for s in inst.steps)
+        if not (async_steps or declared):
+            out.append(inst)
+            continue
+        shorthand_async = inst.shorthand is not None and inst.async_op
+        point = (inst.world_size, inst.device)
+        sampled = shorthand_async and point not in sampled_points
+        if sampled:
+            sampled_points.add(point)
+        plan = OrderingPlan(mode=mode, sampled=sampled, shorthand_async=shorthand_async,
+                            async_steps=async_steps, declared=declared,
+                            members=_members(inst), delayed_rank=delayed_rank(inst))
+        out.append(replace(inst, ordering=plan))
+    return out
+
+
+def add_options(group: Any, parser: pytest.Parser) -> None:
+    """Register ``--ordering`` and ``--ordering-delay`` (with ini fallbacks)."""
+    names = ("--ordering", "--collective-ordering")
+    kwargs: dict[str, Any] = dict(
+        dest="collective_ordering", default=None, choices=("auto", *MODES),
+        help="async-contract probes: auto (each case's 'ordering:', default sample), sample, "
+             "all, none")
+    try:
+        group.addoption(*names, **kwargs)
+    except ValueError:  # another plugin owns --ordering: keep the long form only
+        group.addoption(names[1], **kwargs)
+    group.addoption("--ordering-delay", dest="collective_ordering_delay", type=float,
+                    default=None, metavar="SECONDS",
+                    help="delay injected by the ordering probes "
+                         f"(default {DEFAULT_ORDERING_DELAY_S})")
+    parser.addini("collective_ordering", "async-contract probe mode", default="auto")
+    parser.addini("collective_ordering_delay", "ordering probe delay in seconds",
+                  default=str(DEFAULT_ORDERING_DELAY_S))
+
+
+def options(config: pytest.Config) -> dict[str, Any]:
+    """The effective ordering options (echoed in the report metadata)."""
+    mode = config.getoption("collective_ordering") or str(config.getini("collective_ordering"))
+    delay = config.getoption("collective_ordering_delay")
+    if delay is None:
+        delay = float(str(config.getini("collective_ordering_delay")))
+    return {"ordering": mode, "ordering_delay_s": float(delay)}
+
+
+def configure(inst: Instance, config: pytest.Config) -> Instance:
+    """Decide, after overrides are applied, whether this instance runs the delayed probes.
+
+    (Which checks an override documents as known divergences is recorded by
+    :func:`harness.casefile.overrides.resolve`.)
+    """
+    plan = inst.ordering
+    if plan is None:
+        return inst
+    opts = options(config)
+    mode = plan.mode if opts["ordering"] == "auto" else opts["ordering"]
+    probes = (plan.shorthand_async and inst.expectation.kind == "pass"
+              and (mode == "all" or (mode == "sample" and plan.sampled)))
+    return replace(inst, ordering=replace(plan, probes=probes, delay_s=opts["ordering_delay_s"]))
+
+
