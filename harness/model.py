@@ -170,6 +170,25 @@ class OrderingPlan:
 
 
 @dataclass(frozen=True)
+class PerfPlan:
+    """How to time an instance after its correctness check (``--perf``, harness.perf.plan).
+
+    Each rank runs ``warmup`` iterations, then ``repeats`` timed blocks of the same number of
+    iterations: at least ``iters`` and enough for ``min_time_s`` per block, estimated from the
+    warm-up and agreed between ranks (the maximum), so every rank issues the same collectives.
+    ``bare``: time a plain ``torch.distributed`` call instead of the step interpreter (the
+    reference loop of ``collective-bench --busbw``).
+    """
+
+    warmup: int = 5
+    iters: int = 20
+    min_time_s: float = 0.02
+    repeats: int = 5
+    max_iters: int = 100_000
+    bare: bool = False
+
+
+@dataclass(frozen=True)
 class Instance:
     """One concrete test: a case at one point of its matrix."""
 
@@ -200,6 +219,7 @@ class Instance:
     marks: tuple[str, ...]
     premul_factor: float = 2.0
     ordering: OrderingPlan | None = None  # async-contract checks (harness.ordering.plan)
+    perf: PerfPlan | None = None  # time it after the checks (--perf; harness.perf.plan)
 
     @property
     def case_id(self) -> str:
@@ -266,6 +286,7 @@ class RankResult:
     step: int = -1  # index of the step that raised
     duration: float = 0.0
     ordering: dict[str, Any] = field(default_factory=dict)  # probe observations, reads
+    perf: dict[str, Any] = field(default_factory=dict)  # raw timings (harness.program.perf)
 
 
 @dataclass
@@ -296,6 +317,7 @@ class InstanceResult:
     expected_kind: str = "pass"
     reason: str = ""
     ordering: dict[str, Any] = field(default_factory=dict)  # async-contract verdicts
+    perf: dict[str, Any] = field(default_factory=dict)  # bandwidth of a passed instance
 
 
 @dataclass

@@ -22,6 +22,8 @@ from .errors import CaseFileError, CaseFileErrors
 from .gate import baseline, compare
 from .model import Instance, InstanceResult
 from .ordering import plan as ordering
+from .perf import plan as perfplan
+from .perf import stats as perfstats
 from .report import html, markdown
 from .report.oneline import one_line
 from .report.records import (
@@ -88,6 +90,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--max-pools", dest="collective_max_pools", type=int, default=None,
                     metavar="N", help="rank pools kept alive at once (default 2)")
     ordering.add_options(group, parser)
+    perfplan.add_options(group, parser)
     parser.addini("collective_backend", "default backend", default="gloo")
     parser.addini("collective_backend_modules", "modules to import before init",
                   type="linelist", default=[])
@@ -133,7 +136,7 @@ class HarnessSession:
         return {"backend": self.backend, "backend_modules": list(self.backend_modules),
                 "deadline_s": self.deadline, "full": self.full,
                 "world_sizes": sorted(self.world_sizes) if self.world_sizes else None,
-                **ordering.options(self.config)}
+                **ordering.options(self.config), **perfplan.options(self.config)}
 
     def close(self) -> None:
         if self._manager is not None:
@@ -155,6 +158,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "full: part of the long matrix (run with --full)")
     for name in sorted({*ops.ALL_OPS, *(op.family for op in ops.ALL_OPS.values())}):
         config.addinivalue_line("markers", f"{name}: instances of the {name} op/family")
+    config.addinivalue_line("markers", "perf: a bandwidth sweep (run only with --perf)")
     for extra in ("seeds", "errors", "ordering", "subgroups", "isolated", "slow"):
         config.addinivalue_line("markers", f"{extra}: collective-harness case tag")
     if (signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
@@ -237,8 +241,8 @@ class CaseItem(pytest.Item):
 
         hs = _hs(self.config)
         caps = probe(hs.backend_modules)
-        self.instance = ordering.configure(overrides.resolve(self.instance, caps.torch_version),
-                                           self.config)
+        self.instance = perfplan.configure(ordering.configure(
+            overrides.resolve(self.instance, caps.torch_version), self.config), self.config)
         reason = self.instance.expectation.skip or caps.skip_reason(self.instance)
         if reason:
             self.record = skipped_record(self.instance, reason, self.nodeid)
@@ -261,6 +265,10 @@ class CaseItem(pytest.Item):
                                     f" {exc}", expected_kind=inst.expectation.kind)
         else:
             result = judge(inst, run, deadline)
+            if result.outcome == "passed" and perfplan.enabled(self.config):
+                # Only a passed instance gets numbers: a bandwidth never hides a failure.
+                result.perf = (perfstats.aggregate(inst, run.results) if inst.perf
+                               else {"not_timed": perfplan.not_timed(inst)})
             replace = run.kind != "done" or any(r.status == "raised"
                                                 for r in run.results.values())
             if inst.isolate:
@@ -306,6 +314,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 dropped.append(item)
                 continue
             if "full" in inst.marks and not hs.full:
+                dropped.append(item)
+                continue
+            if "perf" in inst.marks and not perfplan.enabled(config):
                 dropped.append(item)
                 continue
         keep.append(item)

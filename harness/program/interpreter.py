@@ -64,7 +64,8 @@ def _reduce_op(name: str | None, factor: float) -> Any:
     return getattr(dist.ReduceOp, REDUCE_OPS[name])
 
 
-def _in_ranks(step: Step, rank: int, world_size: int, env: dict[str, Any]) -> bool:
+def in_ranks(step: Step, rank: int, world_size: int, env: dict[str, Any]) -> bool:
+    """Whether ``step`` runs on ``rank`` (its ``ranks:`` list or expression)."""
     if step.ranks is None:
         return True
     if isinstance(step.ranks, Expr):
@@ -144,7 +145,8 @@ def _snapshot(value: Any) -> Any:
     return objects.snapshot(value)
 
 
-def _args(step: Step, rank: int, world_size: int, env: dict[str, Any]) -> dict[str, Any]:
+def step_args(step: Step, rank: int, world_size: int, env: dict[str, Any]) -> dict[str, Any]:
+    """The op arguments of ``step`` on ``rank``, expressions evaluated."""
     out: dict[str, Any] = {}
     for k, v in step.args:
         if isinstance(v, Expr):
@@ -155,13 +157,18 @@ def _args(step: Step, rank: int, world_size: int, env: dict[str, Any]) -> dict[s
 
 # Extra observations after a successful run (the ordering probes): (inst, renv, env) -> dict.
 Probes = Callable[[Instance, RankEnv, dict[str, Any]], dict[str, Any]]
+# Timing after the checks, on the same buffers (--perf): (inst, renv, env, bufs, checks_ok).
+Timer = Callable[[Instance, RankEnv, dict[str, Any], dict[str, Any], bool], dict[str, Any]]
 
 
-def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None) -> RankResult:
+def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
+                 timer: Timer | None = None) -> RankResult:
     """Execute ``inst`` on this rank and check every expectation that concerns it.
 
     ``probes``, when given, runs after the checks and its observations join the result's
-    ordering facts; an exception there is reported like one in the program.
+    ordering facts; an exception there is reported like one in the program. ``timer``, when
+    given and the instance has a perf plan, times the op on the same buffers right after the
+    checks (before the probes, which build their own buffers).
     """
     t0 = time.perf_counter()
     res = RankResult(rank=renv.rank, status="ok")
@@ -178,7 +185,7 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None) ->
         for step_idx, step in enumerate(inst.steps):
             if renv.progress is not None:
                 renv.progress[1] = step_idx
-            if not _in_ranks(step, renv.rank, renv.world_size, env):
+            if not in_ranks(step, renv.rank, renv.world_size, env):
                 continue
             ev = StepEvent(step_idx, step.describe(), time.perf_counter() - t0, 0.0)
             if step.kind == "op":
@@ -214,6 +221,8 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None) ->
             torch.cuda.synchronize()
             state.synchronized()
         res.checks = check_results(inst, renv, env, bufs, before, written)
+        if timer is not None and inst.perf is not None:
+            res.perf = timer(inst, renv, env, bufs, all(c.ok for c in res.checks))
         res.ordering = {**state.results(), **(probes(inst, renv, env) if probes else {})}
     except Exception as exc:  # reported to the parent, which decides the outcome
         res.status = "raised"
@@ -234,7 +243,7 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
     """
     assert step.op is not None
     op = ops.get(step.op)
-    args = _args(step, renv.rank, renv.world_size, env)
+    args = step_args(step, renv.rank, renv.world_size, env)
     group, group_ranks = _group(renv, args.pop("group", None))
     passed: dict[str, Any] = {}
     for role_name, tname in step.bufs:
@@ -286,7 +295,7 @@ def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> Any:
     inputs = [_materialize(inst, in_spec, r, renv.world_size, env)
               for r in range(renv.world_size)]
     step = inst.steps[0]
-    args = _args(step, renv.rank, renv.world_size, env)
+    args = step_args(step, renv.rank, renv.world_size, env)
     group = args.pop("group", None)
     ctx = ops.RefContext(world_size=renv.world_size,
                          group_ranks=tuple(sorted(group)) if group

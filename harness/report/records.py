@@ -15,6 +15,7 @@ from typing import Any
 import jsonschema
 
 from ..model import Instance, InstanceResult
+from ..perf import stats as perfstats
 
 SCHEMA_VERSION = 1
 OUTCOMES = ("passed", "failed", "error", "hang", "crash", "skipped", "xfail", "xpass")
@@ -49,6 +50,9 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
             entry["events"] = [_compact(dataclasses.asdict(e)) for e in rr.events]
             if rr.ordering:
                 entry["ordering"] = rr.ordering
+            if rr.perf and result.perf:
+                entry["perf"] = {k: [round(t, 9) for t in v] if k == "times_s" else v
+                                 for k, v in rr.perf.items()}
             if rr.status == "raised":
                 # An error the case expected (outcome "passed") needs no traceback: the type and
                 # message say what was raised, and a library of expected rejections would
@@ -84,6 +88,8 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
     }
     if result.ordering:
         record["ordering"] = result.ordering
+    if result.perf:
+        record["perf"] = result.perf
     return record
 
 
@@ -130,8 +136,12 @@ def build_report(records: list[dict[str, Any]], metadata: dict[str, Any]) -> dic
     meta["world_sizes"] = sorted({r["world_size"] for r in records})
     meta["backends"] = sorted({r["backend"] for r in records})
     meta["devices"] = sorted({r["device"] for r in records})
-    return {"schema_version": SCHEMA_VERSION, "metadata": meta, "summary": summary,
-            "records": records}
+    report = {"schema_version": SCHEMA_VERSION, "metadata": meta, "summary": summary,
+              "records": records}
+    perf = perfstats.section(records, meta)
+    if perf is not None:
+        report["perf"] = perf
+    return report
 
 
 def validate_report(report: dict[str, Any]) -> None:

@@ -133,6 +133,7 @@ def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None
 
         from ..ordering.probes import run_probes
         from ..program.interpreter import RankEnv, run_instance
+        from ..program.perf import time_instance
 
         for mod in cfg.backend_modules:
             importlib.import_module(mod)
@@ -158,7 +159,7 @@ def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None
             renv.seq += 1
             progress[0] = renv.seq
             progress[1] = -1
-            result = run_instance(payload, renv, run_probes)
+            result = run_instance(payload, renv, run_probes, time_instance)
             progress[1] = -2
             conn.send_bytes(pickle.dumps(("result", result)))
         elif kind == "ping":

@@ -1,0 +1,188 @@
+"""Rank-side timing of an instance (``--perf``): nccl-tests' loop on the checked buffers.
+
+Called by :func:`harness.program.interpreter.run_instance` right after the correctness check,
+with the very buffers that were checked. It only measures: the parent takes the maximum over
+ranks, the median over repeats, and computes bandwidths (:mod:`harness.perf.stats`).
+
+The loop, as nccl-tests runs it: ``warmup`` iterations; then ``repeats`` timed blocks, each
+started after a small all_reduce that lines the ranks up, and stopped after the last iteration
+has completed (``wait()`` on every Work, and a device synchronize for CUDA tensors, since on
+CUDA a finished ``wait()`` only means the work is queued on the stream). Every rank must issue
+the same collectives, so the iteration count is agreed (the maximum of each rank's estimate)
+before the first timed block; so is the decision to time at all: when any rank's check
+failed, no rank times and the instance gets no bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..model import Instance, PerfPlan, Step
+from .interpreter import RankEnv, call_op, in_ranks, step_args
+
+Iteration = Callable[[], None]
+
+
+def _device(renv: RankEnv) -> torch.device:
+    if renv.device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _sync(renv: RankEnv) -> None:
+    if renv.device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _agree(value: float, renv: RankEnv, op: Any) -> float:
+    """``value`` reduced with ``op`` over the default group (also lines the ranks up)."""
+    t = torch.tensor([value], dtype=torch.float64 if renv.device == "cpu" else torch.float32,
+                     device=_device(renv))
+    dist.all_reduce(t, op=op)
+    return float(t.item())
+
+
+def _op_steps(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> list[Step]:
+    return [s for s in inst.steps if in_ranks(s, renv.rank, renv.world_size, env)]
+
+
+def _message_bytes(inst: Instance, renv: RankEnv, env: dict[str, Any],
+                   bufs: dict[str, Any]) -> int:
+    """nccl-tests' "size": the largest buffer an op of this rank touches (the full buffer of
+    a gather, reduce-scatter or all-to-all; the one buffer of all_reduce, broadcast, p2p)."""
+    sizes = [int(bufs[t].numel() * bufs[t].element_size())
+             for s in _op_steps(inst, renv, env) if s.kind == "op" for _, t in s.bufs
+             if isinstance(bufs.get(t), torch.Tensor)]
+    return max(sizes, default=0)
+
+
+def harness_iteration(inst: Instance, renv: RankEnv, env: dict[str, Any],
+                      bufs: dict[str, Any]) -> Iteration:
+    """One run of the program's op and wait steps through the interpreter's ``call_op``."""
+    steps = _op_steps(inst, renv, env)
+    written: set[str] = set()
+
+    def run() -> None:
+        handles: dict[str, Any] = {}
+        for step in steps:
+            if step.kind == "op":
+                work = call_op(inst, step, renv, env, bufs, written)
+                if work is not None:
+                    if step.handle:
+                        handles[step.handle] = work
+                    else:
+                        work.wait()
+            elif step.kind == "wait":
+                for h in step.waits:
+                    work = handles.pop(h, None)
+                    if work is not None:
+                        work.wait()
+            elif step.kind == "sync":
+                _sync(renv)
+        for work in handles.values():
+            work.wait()
+
+    return run
+
+
+def _reduce_op(name: str | None) -> Any:
+    return getattr(dist.ReduceOp, (name or "sum").upper())
+
+
+def bare_iteration(inst: Instance, renv: RankEnv, env: dict[str, Any],
+                   bufs: dict[str, Any]) -> Iteration | str:
+    """The same op as a plain ``torch.distributed`` call, written without the op table: the
+    reference ``collective-bench --busbw`` compares the harness with. A string says why
+    there is none for this instance (only the ops of ``cases/perf.yaml`` have one)."""
+    steps = [s for s in _op_steps(inst, renv, env) if s.kind == "op"]
+    if not steps:
+        return run_nothing
+    if any(s.async_op and s.op not in ("isend", "irecv") for s in steps):
+        return "the bare loop times blocking calls only"
+    b = [{role: bufs[t] for role, t in s.bufs} for s in steps]
+    a = [step_args(s, renv.rank, renv.world_size, env) for s in steps]
+    if any("group" in x for x in a):
+        return "the bare loop runs on the default group only"
+    name = steps[0].op
+    red = _reduce_op(inst.reduce_op)
+    if name in ("isend", "irecv"):
+        p2p = [(dist.isend, x["tensor"], y["dst"]) if s.op == "isend"
+               else (dist.irecv, x["tensor"], y["src"]) for s, x, y in zip(steps, b, a,
+                                                                          strict=True)]
+
+        def ring() -> None:
+            works = [fn(t, peer) for fn, t, peer in p2p]
+            for w in works:
+                if w is not None:
+                    w.wait()
+
+        return ring
+    if len(steps) != 1:
+        return f"no bare loop for a program of {len(steps)} ops"
+    x, y = b[0], a[0]
+    calls: dict[str, Iteration] = {
+        "all_reduce": lambda: dist.all_reduce(x.get("tensor"), op=red),
+        "broadcast": lambda: dist.broadcast(x.get("tensor"), src=y.get("src", 0)),
+        "reduce": lambda: dist.reduce(x.get("tensor"), dst=y.get("dst", 0), op=red),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
+            x.get("output"), x.get("input")),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(
+            x.get("output"), x.get("input"), op=red),
+        "all_to_all_single": lambda: dist.all_to_all_single(x.get("output"), x.get("input")),
+    }
+    if name not in calls or y.get("inplace") or y.get("form", "concat") != "concat":
+        return f"no bare loop for {name} with these arguments"
+    return calls[name]
+
+
+def run_nothing() -> None:
+    """The iteration of a rank with no op to run (outside every step's ``ranks``)."""
+
+
+def iteration_count(plan: PerfPlan, per_iter_s: float) -> int:
+    """Iterations per timed block: at least ``plan.iters``, enough for ``plan.min_time_s``."""
+    want = plan.iters
+    if per_iter_s > 0 and plan.min_time_s > 0:
+        want = max(want, math.ceil(plan.min_time_s / per_iter_s))
+    return max(1, min(want, plan.max_iters))
+
+
+def time_instance(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, Any],
+                  checks_ok: bool) -> dict[str, Any]:
+    """Time ``inst``'s op on ``bufs``; raw per-repeat seconds per iteration of this rank."""
+    plan = inst.perf
+    assert plan is not None
+    if _agree(1.0 if checks_ok else 0.0, renv, dist.ReduceOp.MIN) < 1.0:
+        return {"not_timed": "the correctness check failed on some rank"}
+    made = (bare_iteration if plan.bare else harness_iteration)(inst, renv, env, bufs)
+    # Every rank must agree on whether the loop runs, or the ones that run it block.
+    ok = not isinstance(made, str)
+    if _agree(1.0 if ok else 0.0, renv, dist.ReduceOp.MIN) < 1.0:
+        return {"not_timed": made if isinstance(made, str) else "another rank could not time"}
+    assert not isinstance(made, str)
+    one = made
+    _sync(renv)
+    t0 = time.perf_counter()
+    for _ in range(plan.warmup):
+        one()
+    _sync(renv)
+    warm = time.perf_counter() - t0
+    mine = iteration_count(plan, warm / plan.warmup) if plan.warmup else plan.iters
+    n = int(_agree(float(mine), renv, dist.ReduceOp.MAX))
+    times: list[float] = []
+    for _ in range(plan.repeats):
+        _agree(0.0, renv, dist.ReduceOp.SUM)  # line the ranks up, as nccl-tests' barrier
+        _sync(renv)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            one()
+        _sync(renv)
+        times.append((time.perf_counter() - t0) / n)
+    return {"times_s": times, "iters": n, "warmup": plan.warmup,
+            "bytes": _message_bytes(inst, renv, env, bufs), "bare": plan.bare}
