@@ -24,6 +24,12 @@ ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_", 
 ENV_NAMES = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR")
 
 
+def sig(value: float, digits: int = 5) -> float:
+    """``value`` rounded to ``digits`` significant digits (bandwidths span 1e-6 to 1e3 GB/s:
+    a fixed number of decimals would round small ones to zero)."""
+    return float(f"{value:.{digits}g}")
+
+
 def bandwidth(nbytes: int, seconds: float, factor: float) -> tuple[float, float]:
     """(algbw, busbw) in GB/s for ``nbytes`` moved in ``seconds``."""
     if seconds <= 0:
@@ -99,16 +105,16 @@ def aggregate(inst: Instance, results: dict[int, RankResult]) -> dict[str, Any]:
         "warmup": int(raw[0]["warmup"]),
         "iters": iters.pop(),
         "repeats": len(per_repeat),
-        "time_us": round(med * 1e6, 3),
-        "time_us_min": round(lo * 1e6, 3),
-        "time_us_max": round(hi * 1e6, 3),
-        "spread": round((hi - lo) / med, 4),
-        "algbw_gbs": round(algbw, 4),
-        "busbw_gbs": round(busbw, 4),
+        "time_us": sig(med * 1e6),
+        "time_us_min": sig(lo * 1e6),
+        "time_us_max": sig(hi * 1e6),
+        "spread": sig((hi - lo) / med),
+        "algbw_gbs": sig(algbw),
+        "busbw_gbs": sig(busbw),
         # busbw at the slowest and fastest repeat: the range the gate treats as noise.
-        "busbw_gbs_min": round(bandwidth(nbytes, hi, factor)[1], 4),
-        "busbw_gbs_max": round(bandwidth(nbytes, lo, factor)[1], 4),
-        "repeat_times_us": [round(t * 1e6, 3) for t in per_repeat],
+        "busbw_gbs_min": sig(bandwidth(nbytes, hi, factor)[1]),
+        "busbw_gbs_max": sig(bandwidth(nbytes, lo, factor)[1]),
+        "repeat_times_us": [sig(t * 1e6) for t in per_repeat],
     }
 
 

@@ -127,14 +127,14 @@ def bare_iteration(inst: Instance, renv: RankEnv, env: dict[str, Any],
         return f"no bare loop for a program of {len(steps)} ops"
     x, y = b[0], a[0]
     calls: dict[str, Iteration] = {
-        "all_reduce": lambda: dist.all_reduce(x.get("tensor"), op=red),
-        "broadcast": lambda: dist.broadcast(x.get("tensor"), src=y.get("src", 0)),
-        "reduce": lambda: dist.reduce(x.get("tensor"), dst=y.get("dst", 0), op=red),
+        "all_reduce": lambda: dist.all_reduce(x["tensor"], op=red),
+        "broadcast": lambda: dist.broadcast(x["tensor"], src=y.get("src", 0)),
+        "reduce": lambda: dist.reduce(x["tensor"], dst=y.get("dst", 0), op=red),
         "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
-            x.get("output"), x.get("input")),
+            x["output"], x["input"]),
         "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(
-            x.get("output"), x.get("input"), op=red),
-        "all_to_all_single": lambda: dist.all_to_all_single(x.get("output"), x.get("input")),
+            x["output"], x["input"], op=red),
+        "all_to_all_single": lambda: dist.all_to_all_single(x["output"], x["input"]),
     }
     if name not in calls or y.get("inplace") or y.get("form", "concat") != "concat":
         return f"no bare loop for {name} with these arguments"
