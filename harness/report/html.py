@@ -17,6 +17,7 @@ from typing import Any
 
 from .markdown import BAD
 from .oneline import one_line
+from .perf_html import render as perf_section
 
 # Worst first: a cell or chip takes the color of its worst outcome.
 # "limitation" is not an outcome: a passed instance whose case expects the backend to reject,
@@ -313,6 +314,7 @@ def render(report: dict[str, Any], title: str = "collective-harness conformance"
                 + "</ul>")
         body += _drilldown(backend, recs)
         body.append("</section>")
+    body += perf_section(report)
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{_e(title)}</title><meta name=\"viewport\" content=\"width=device-width\">"
             f"<style>{CSS}</style></head><body>\n" + "\n".join(body)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from . import ordering_table
+from . import ordering_table, perf_md
 
 SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "hang": "⏳", "crash": "☠️",
            "xfail": "⚠️", "xpass": "❗", "skipped": "⏭️"}
@@ -101,4 +101,4 @@ def render(report: dict[str, Any]) -> str:
             for reason, n in skipped.most_common():
                 out.append(f"- {n} x {reason}")
             out.append("")
-    return "\n".join(out).rstrip() + "\n"
+    return ("\n".join(out) + perf_md.render(report)).rstrip() + "\n"
