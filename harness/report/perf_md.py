@@ -81,12 +81,13 @@ def tables(points: list[dict[str, Any]]) -> list[str]:
                      "-" if root is None else str(root)]
             spreads = []
             for form in FORMS:
-                p = forms.get(form)
-                if p is None:
+                got = forms.get(form)
+                if got is None:
                     cells += ["-"] * 4
                     continue
-                cells += [num(p["time_us"]), num(p["algbw_gbs"]), num(p["busbw_gbs"]), "0"]
-                spreads.append(f"{p['spread'] * 100:.0f}%")
+                cells += [num(got["time_us"]), num(got["algbw_gbs"]), num(got["busbw_gbs"]),
+                          "0"]
+                spreads.append(f"{got['spread'] * 100:.0f}%")
             out.append("| " + " | ".join([*cells, " / ".join(spreads)]) + " |")
         avg = statistics.mean(p["busbw_gbs"] for p in pts)
         out += ["", f"Avg bus bandwidth: {num(avg)} GB/s (mean busbw of the {len(pts)} "
