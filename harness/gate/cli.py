@@ -2,6 +2,7 @@
 
     collective-gate reports/conformance.json ci/baselines/gloo-cpu.json
     collective-gate reports/conformance.json ci/baselines/gloo-cpu.json --update
+    collective-gate --perf reports/conformance.json ci/baselines/gloo-cpu-perf.json
 
 Exit status: 0 when the gate passes, 1 when it fails, 2 for unusable input (with a message).
 """
@@ -18,6 +19,7 @@ import jsonschema
 
 from ..report.records import load_report, write_atomic
 from . import baseline as bl
+from . import perf
 from .baseline import Baseline, BaselineError, Entry, Level
 from .compare import GateResult, Match, compare, render_markdown, render_text, to_json
 
@@ -49,6 +51,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="also write the result as JSON")
     p.add_argument("--max-list", type=int, default=200, metavar="N",
                    help="list at most N instances per category (default 200)")
+    p.add_argument("--perf", action="store_true",
+                   help="gate bandwidth instead: REPORT from a --perf run, BASELINE a perf "
+                        "baseline; fails when busbw drops beyond the repeats' spread by more "
+                        "than the baseline's threshold")
+    p.add_argument("--threshold", type=float, default=None, metavar="FRACTION",
+                   help="with --perf: relative drop that fails (default: the baseline's, "
+                        "0.1 for a new one); with --update it is stored in the baseline")
     return p
 
 
@@ -126,6 +135,8 @@ def update(report_path: str, baseline_path: str, keep_missing: bool = False) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``collective-gate`` and ``python -m harness.gate``."""
     args = _parser().parse_args(argv)
+    if args.perf:
+        return perf_main(args)
     try:
         if args.update:
             sys.stdout.write(update(args.report, args.baseline, args.keep_missing))
@@ -140,6 +151,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_atomic(args.markdown, render_markdown(res))
     if args.json_path:
         write_atomic(args.json_path, json.dumps(to_json(res), indent=1) + "\n")
+    return 0 if res.ok else 1
+
+
+def perf_main(args: argparse.Namespace) -> int:
+    """``collective-gate --perf``: gate (or with --update write) a perf baseline."""
+    try:
+        report = _load_report(args.report)
+        if args.update:
+            sys.stdout.write(perf.update(report, args.baseline, args.threshold))
+            return 0
+        res = perf.compare(report, perf.load(args.baseline), args.threshold)
+    except BaselineError as exc:
+        sys.stderr.write(f"collective-gate: error: {exc}\n")
+        return 2
+    text = perf.render_text(res, args.max_list)
+    sys.stdout.write(text)
+    if args.markdown:
+        write_atomic(args.markdown, "```\n" + text + "```\n")
+    if args.json_path:
+        write_atomic(args.json_path, json.dumps(perf.to_json(res), indent=1) + "\n")
     return 0 if res.ok else 1
 
 
