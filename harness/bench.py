@@ -32,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from . import busbw_bench
 from .casefile import expand, load, validate
 from .run.pool import PoolKey, PoolManager, forkserver_context
 
@@ -209,6 +210,9 @@ def bench_hang(deadline_s: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print a Markdown table (and JSON with --json)."""
+    rest = sys.argv[1:] if argv is None else argv
+    if "--busbw" in rest:  # the perf mode against a bare loop: its own options
+        return busbw_bench.main([a for a in rest if a != "--busbw"])
     ap = argparse.ArgumentParser(prog="collective-bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--world-sizes", default="2,4,8")
     ap.add_argument("--instances", type=int, default=300, help="instances per world size")

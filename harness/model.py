@@ -176,8 +176,9 @@ class PerfPlan:
     Each rank runs ``warmup`` iterations, then ``repeats`` timed blocks of the same number of
     iterations: at least ``iters`` and enough for ``min_time_s`` per block, estimated from the
     warm-up and agreed between ranks (the maximum), so every rank issues the same collectives.
-    ``bare``: time a plain ``torch.distributed`` call instead of the step interpreter (the
-    reference loop of ``collective-bench --busbw``).
+    ``paired_bare``: also time a plain ``torch.distributed`` loop of the same op on the same
+    buffers, block by block interleaved with the harness's (the reference of
+    ``collective-bench --busbw``).
     """
 
     warmup: int = 5
@@ -185,7 +186,7 @@ class PerfPlan:
     min_time_s: float = 0.02
     repeats: int = 5
     max_iters: int = 100_000
-    bare: bool = False
+    paired_bare: bool = False
 
 
 @dataclass(frozen=True)

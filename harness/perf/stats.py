@@ -101,7 +101,6 @@ def aggregate(inst: Instance, results: dict[int, RankResult]) -> dict[str, Any]:
         "count": nbytes // itemsize,
         "group_size": n,
         "bus_factor": round(factor, 6),
-        "mode": "bare" if raw[0].get("bare") else "harness",
         "warmup": int(raw[0]["warmup"]),
         "iters": iters.pop(),
         "repeats": len(per_repeat),
@@ -144,7 +143,7 @@ def point(record: dict[str, Any]) -> dict[str, Any]:
             "backend": record["backend"], "device": record["device"],
             "world_size": record["world_size"], "dtype": record["dtype"],
             "reduce_op": record["reduce_op"], "root": _root(record),
-            **{k: p[k] for k in ("op", "form", "bytes", "count", "mode", "time_us",
+            **{k: p[k] for k in ("op", "form", "bytes", "count", "time_us",
                                   "spread", "algbw_gbs", "busbw_gbs", "busbw_gbs_min",
                                   "busbw_gbs_max")}}
 

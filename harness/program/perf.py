@@ -160,13 +160,14 @@ def time_instance(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
     assert plan is not None
     if _agree(1.0 if checks_ok else 0.0, renv, dist.ReduceOp.MIN) < 1.0:
         return {"not_timed": "the correctness check failed on some rank"}
-    made = (bare_iteration if plan.bare else harness_iteration)(inst, renv, env, bufs)
-    # Every rank must agree on whether the loop runs, or the ones that run it block.
-    ok = not isinstance(made, str)
-    if _agree(1.0 if ok else 0.0, renv, dist.ReduceOp.MIN) < 1.0:
-        return {"not_timed": made if isinstance(made, str) else "another rank could not time"}
-    assert not isinstance(made, str)
-    one = made
+    # (A bare loop that cannot be built is agreed on below, before any rank starts timing.)
+    one = harness_iteration(inst, renv, env, bufs)
+    bare: Iteration | str | None = (bare_iteration(inst, renv, env, bufs) if plan.paired_bare
+                                    else None)
+    # Every rank must agree on whether the bare loop runs, or the ones that run it block.
+    if bare is not None and _agree(0.0 if isinstance(bare, str) else 1.0, renv,
+                                   dist.ReduceOp.MIN) < 1.0:
+        return {"not_timed": bare if isinstance(bare, str) else "another rank has no bare loop"}
     _sync(renv)
     t0 = time.perf_counter()
     for _ in range(plan.warmup):
@@ -176,13 +177,27 @@ def time_instance(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
     mine = iteration_count(plan, warm / plan.warmup) if plan.warmup else plan.iters
     n = int(_agree(float(mine), renv, dist.ReduceOp.MAX))
     times: list[float] = []
-    for _ in range(plan.repeats):
-        _agree(0.0, renv, dist.ReduceOp.SUM)  # line the ranks up, as nccl-tests' barrier
-        _sync(renv)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            one()
-        _sync(renv)
-        times.append((time.perf_counter() - t0) / n)
-    return {"times_s": times, "iters": n, "warmup": plan.warmup,
-            "bytes": _message_bytes(inst, renv, env, bufs), "bare": plan.bare}
+    bare_times: list[float] = []
+    for r in range(plan.repeats):
+        loops = [(one, times)]
+        if callable(bare):
+            # Alternate which goes first, so a drift in the machine's load hits both.
+            loops = [(one, times), (bare, bare_times)][:: 1 if r % 2 == 0 else -1]
+        for fn, into in loops:
+            into.append(timed_block(fn, n, renv))
+    out: dict[str, Any] = {"times_s": times, "iters": n, "warmup": plan.warmup,
+                           "bytes": _message_bytes(inst, renv, env, bufs)}
+    if bare_times:
+        out["bare_times_s"] = bare_times
+    return out
+
+
+def timed_block(fn: Iteration, n: int, renv: RankEnv) -> float:
+    """Seconds per iteration of ``n`` calls of ``fn``, the ranks lined up first."""
+    _agree(0.0, renv, dist.ReduceOp.SUM)  # line the ranks up, as nccl-tests' barrier
+    _sync(renv)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    _sync(renv)
+    return (time.perf_counter() - t0) / n

@@ -52,7 +52,7 @@ def plot(op: str, points: list[dict[str, Any]]) -> str:
     """One SVG: busbw against size for every series of ``op``."""
     series: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for p in points:
-        series[(p["backend"], p["world_size"], p["dtype"], p["form"], p["mode"])].append(p)
+        series[(p["backend"], p["world_size"], p["dtype"], p["form"])].append(p)
     x_lo = math.log2(min(p["bytes"] for p in points))
     x_hi = max(math.log2(max(p["bytes"] for p in points)), x_lo + 1)
     y_hi = nice_max(max(max(p["busbw_gbs_max"], p["busbw_gbs"]) for p in points))
@@ -88,7 +88,7 @@ def plot(op: str, points: list[dict[str, Any]]) -> str:
                f'text-anchor="middle">busbw (GB/s)</text>')
     for n, (key, pts) in enumerate(sorted(series.items())):
         color = COLORS[n % len(COLORS)]
-        backend, ws, dtype, form, mode = key
+        backend, ws, dtype, form = key
         pts.sort(key=lambda p: p["bytes"])
         dash = ' stroke-dasharray="5 3"' if form == "in-place" else ""
         coords = " ".join(f"{x(p['bytes']):.1f},{y(p['busbw_gbs']):.1f}" for p in pts)
@@ -104,7 +104,7 @@ def plot(op: str, points: list[dict[str, Any]]) -> str:
                        f'<circle cx="{px:.1f}" cy="{y(p["busbw_gbs"]):.1f}" r="2.5" '
                        f'fill="{color}"><title>{_e(tip)}</title></circle>')
         ly = TOP + 4 + n * 14
-        name = f"{backend} ws{ws} {dtype} {form}" + ("" if mode == "harness" else f" {mode}")
+        name = f"{backend} ws{ws} {dtype} {form}"
         out.append(f'<line x1="{LEFT + pw + 8}" x2="{LEFT + pw + 26}" y1="{ly + 4}" '
                    f'y2="{ly + 4}" stroke="{color}" stroke-width="2"{dash}/>'
                    f'<text x="{LEFT + pw + 30}" y="{ly + 8}">{_e(name)}</text>')

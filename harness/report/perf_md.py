@@ -62,9 +62,9 @@ def tables(points: list[dict[str, Any]]) -> list[str]:
     """One nccl-tests-style table per (backend, device, op, world size)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for p in points:
-        groups[(p["backend"], p["device"], p["op"], p["world_size"], p["mode"])].append(p)
+        groups[(p["backend"], p["device"], p["op"], p["world_size"])].append(p)
     out: list[str] = []
-    for (backend, device, op, ws, mode), pts in sorted(groups.items()):
+    for (backend, device, op, ws), pts in sorted(groups.items()):
         rows: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
         for p in sorted(pts, key=lambda p: (p["dtype"], p["bytes"], p["key"])):
             base = (p["dtype"], p["bytes"], p["reduce_op"] or "", p["root"])
@@ -72,8 +72,7 @@ def tables(points: list[dict[str, Any]]) -> list[str]:
             while p["form"] in rows.get((*base, n), {}):
                 n += 1  # two instances of one size and form: one row each
             rows.setdefault((*base, n), {})[p["form"]] = p
-        label = f" ({mode} loop)" if mode != "harness" else ""
-        out += [f"### {op} · {backend} on {device} · world size {ws}{label}", "",
+        out += [f"### {op} · {backend} on {device} · world size {ws}", "",
                 HEADER, "|" + "---|" * 14]
         for (dtype, nbytes, redop, root, _), forms in rows.items():
             first = next(iter(forms.values()))

@@ -1,0 +1,146 @@
+"""``collective-bench --busbw``: the perf mode against a bare ``torch.distributed`` loop.
+
+For each op/size point of a case file (default ``cases/perf.yaml``, float32, sizes from
+``--min-bytes`` up), on one Gloo/CPU rank pool per world size, it times the point twice per
+pair: through the perf mode (the step interpreter's ``call_op``, as ``pytest --perf`` does)
+and as a bare loop of the plain ``torch.distributed`` call on the same process group and the
+same buffers (:func:`harness.program.perf.bare_iteration`), block by block inside the ranks:
+each timed block of the harness is followed (or preceded, alternately) by a block of the bare
+loop with the same iteration count, so a change in the machine's load hits both sides of a
+pair. Both take the slowest rank's time per block, so the ratio harness/bare per pair
+isolates what the harness adds per call; the table gives its median over all pairs, the
+interquartile range and the extremes (how noisy the machine was).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import statistics
+import sys
+from typing import Any
+
+from .casefile import expand, load, validate
+from .model import Instance, PerfPlan
+from .perf import stats
+from .run.pool import PoolKey, PoolManager
+
+
+def points(path: str, world_sizes: set[int], dtype: str, min_bytes: int, max_bytes: int,
+           ops: set[str] | None) -> list[Instance]:
+    """The instances of ``path`` to compare (one per op, form, world size and size)."""
+    doc = load.load_file(path, path)
+    out: list[Instance] = []
+    for case in validate.load_cases(doc):
+        for inst in expand.expand(case, "gloo"):
+            nbytes = dict(inst.params).get("bytes")
+            if (inst.world_size in world_sizes and inst.dtype == dtype
+                    and isinstance(nbytes, int) and min_bytes <= nbytes <= max_bytes
+                    and (ops is None or inst.op in ops or inst.case.split("_")[0] in ops)):
+                out.append(inst)
+    return out
+
+
+def measure(pool: Any, inst: Instance) -> tuple[dict[str, Any], list[float]]:
+    """Run ``inst`` (checks, then timing) once: its perf section, and per timed block the
+    ratio harness busbw / bare busbw (= bare time / harness time, each the slowest rank's)."""
+    run = pool.run(inst, deadline_s=300)
+    ok = run.kind == "done" and all(r.status == "ok" and all(c.ok for c in r.checks)
+                                    for r in run.results.values())
+    if not ok:
+        raise RuntimeError(f"{inst.key}: the instance failed its check ({run.kind})")
+    perf = stats.aggregate(inst, run.results)
+    if "busbw_gbs" not in perf:
+        raise RuntimeError(f"{inst.key}: not timed: {perf.get('not_timed')}")
+    raw = [r.perf for r in run.results.values()]
+    blocks = len(raw[0]["times_s"])
+    ratios = [max(p["bare_times_s"][i] for p in raw) / max(p["times_s"][i] for p in raw)
+              for i in range(blocks)]
+    return perf, ratios
+
+
+def compare_point(pool: Any, inst: Instance, plan: PerfPlan, runs: int) -> dict[str, Any]:
+    """``runs`` runs of one point, each timing harness and bare blocks interleaved."""
+    paired = dataclasses.replace(inst, perf=dataclasses.replace(plan, paired_bare=True))
+    ratios: list[float] = []
+    h_bw: list[float] = []
+    info: dict[str, Any] = {}
+    for _ in range(runs):
+        info, got = measure(pool, paired)
+        ratios += got
+        h_bw.append(info["busbw_gbs"])
+    ratio = statistics.median(ratios)
+    harness_bw = statistics.median(h_bw)
+    q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratio, ratio, ratio]
+    return {"key": inst.key, "op": info["op"], "form": info["form"],
+            "world_size": inst.world_size, "bytes": info["bytes"],
+            "harness_busbw_gbs": harness_bw, "bare_busbw_gbs": harness_bw / ratio,
+            "ratio": ratio, "ratio_q1": q[0], "ratio_q3": q[2], "ratio_min": min(ratios),
+            "ratio_max": max(ratios), "pairs": len(ratios)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``collective-bench --busbw``."""
+    ap = argparse.ArgumentParser(prog="collective-bench --busbw",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default="cases/perf.yaml")
+    ap.add_argument("--world-sizes", default="2,4")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--min-bytes", type=int, default=1 << 20)
+    ap.add_argument("--max-bytes", type=int, default=1 << 62)
+    ap.add_argument("--ops", default="", help="comma-separated op or case-prefix names")
+    ap.add_argument("--runs", type=int, default=3,
+                    help="runs per point; each gives --repeats harness/bare block pairs")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--min-time", type=float, default=0.05)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = ap.parse_args(argv)
+    plan = PerfPlan(warmup=args.warmup, iters=args.iters, min_time_s=args.min_time,
+                    repeats=args.repeats)
+    sizes = {int(x) for x in args.world_sizes.split(",")}
+    insts = points(args.cases, sizes, args.dtype, args.min_bytes, args.max_bytes,
+                   set(args.ops.split(",")) if args.ops else None)
+    if not insts:
+        print(f"collective-bench --busbw: no point of {args.cases} matches", file=sys.stderr)
+        return 2
+    rows: list[dict[str, Any]] = []
+    manager = PoolManager(max_pools=1)
+    try:
+        for ws in sorted(sizes):
+            pool = manager.get(PoolKey("gloo", "cpu", ws))
+            for inst in (i for i in insts if i.world_size == ws):
+                row = compare_point(pool, inst, plan, args.runs)
+                rows.append(row)
+                print(f"{row['key']}: ratio {row['ratio']:.3f} "
+                      f"[IQR {row['ratio_q1']:.3f}..{row['ratio_q3']:.3f}]",
+                      file=sys.stderr, flush=True)
+    finally:
+        manager.close()
+    import torch
+
+    lines = [f"collective-bench --busbw: Gloo/CPU, torch {torch.__version__}, {args.dtype}, "
+             f"{args.runs} x {args.repeats} interleaved block pairs per point, loop: "
+             f"{args.warmup} warm-up, "
+             f"blocks of >= {args.iters} iterations and >= {args.min_time} s",
+             "", "| world size | op | form | size (B) | harness busbw (GB/s) | bare busbw (GB/s) "
+             "| harness/bare (median) | IQR over pairs | range |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['world_size']} | {r['op']} | {r['form']} | {r['bytes']} | "
+                     f"{r['harness_busbw_gbs']:.4g} | {r['bare_busbw_gbs']:.4g} | "
+                     f"{r['ratio']:.3f} | {r['ratio_q1']:.3f}..{r['ratio_q3']:.3f} | "
+                     f"{r['ratio_min']:.3f}..{r['ratio_max']:.3f} |")
+    ratios = [r["ratio"] for r in rows]
+    lines += ["", f"median ratio over {len(rows)} points: {statistics.median(ratios):.3f} "
+              f"(min {min(ratios):.3f}, max {max(ratios):.3f})"]
+    print("\n".join(lines))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"created": datetime.datetime.now(datetime.UTC).isoformat(),
+                       "torch": str(torch.__version__), "settings": vars(args),
+                       "rows": rows}, fh, indent=1)
+    return 0
