@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import statistics
 import sys
 from typing import Any
@@ -78,7 +79,16 @@ def compare_point(pool: Any, inst: Instance, plan: PerfPlan, runs: int) -> dict[
             "world_size": inst.world_size, "bytes": info["bytes"],
             "harness_busbw_gbs": harness_bw, "bare_busbw_gbs": harness_bw / ratio,
             "ratio": ratio, "ratio_q1": q[0], "ratio_q3": q[2], "ratio_min": min(ratios),
-            "ratio_max": max(ratios), "pairs": len(ratios)}
+            "ratio_max": max(ratios), "pairs": len(ratios), "ratios": ratios}
+
+
+def median_interval(values: list[float]) -> tuple[float, float]:
+    """A distribution-free 95% confidence interval of the median (binomial order statistics:
+    ranks n/2 -+ 1.96 sqrt(n)/2 of the sorted values)."""
+    xs = sorted(values)
+    n = len(xs)
+    half = 1.96 * math.sqrt(n) / 2
+    return xs[max(0, math.floor(n / 2 - half))], xs[min(n - 1, math.ceil(n / 2 + half) - 1)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,8 +145,14 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['ratio']:.3f} | {r['ratio_q1']:.3f}..{r['ratio_q3']:.3f} | "
                      f"{r['ratio_min']:.3f}..{r['ratio_max']:.3f} |")
     ratios = [r["ratio"] for r in rows]
-    lines += ["", f"median ratio over {len(rows)} points: {statistics.median(ratios):.3f} "
-              f"(min {min(ratios):.3f}, max {max(ratios):.3f})"]
+    lines += ["", f"median of the per-point ratios over {len(rows)} points: "
+              f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})"]
+    for ws in sorted({r["world_size"] for r in rows}):
+        pooled = sorted(x for r in rows if r["world_size"] == ws for x in r["ratios"])
+        lo, hi = median_interval(pooled)
+        lines.append(f"world size {ws}: all {len(pooled)} block pairs pooled: median ratio "
+                     f"{statistics.median(pooled):.3f}, 95% confidence interval of the median "
+                     f"{lo:.3f}..{hi:.3f}")
     print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as fh:
