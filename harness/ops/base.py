@@ -58,6 +58,9 @@ class CallContext:
     reduce_op: Any  # a torch.distributed.ReduceOp (or premul-sum op) or None
     async_op: bool
     args: dict[str, Any]
+    # In a --perf timing loop: the buffers' contents no longer matter, so an op may skip the
+    # copies that only keep the case's buffers checkable and make the call torch documents.
+    timing: bool = False
 
 
 class Op:

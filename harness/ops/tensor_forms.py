@@ -79,7 +79,8 @@ class _GatherSingle(Op):
         if ctx.args.get("inplace"):
             # In place: the input is this rank's own chunk of the output buffer.
             chunk = _chunk(out, ctx.group_ranks.index(ctx.rank), inp, ctx.args)
-            chunk.copy_(inp)
+            if not ctx.timing:
+                chunk.copy_(inp)
             inp = chunk
         return fn(out, inp, group=ctx.group, async_op=ctx.async_op)
 
@@ -120,6 +121,9 @@ class _ReduceScatterSingle(Op):
         out, inp = bufs["output"], bufs["input"]
         if not ctx.args.get("inplace"):
             return fn(out, inp, op=ctx.reduce_op, group=ctx.group, async_op=ctx.async_op)
+        if ctx.timing:  # the documented in-place call itself, without the copies around it
+            chunk = _chunk(inp, ctx.group_ranks.index(ctx.rank), out, ctx.args)
+            return fn(chunk, inp, op=ctx.reduce_op, group=ctx.group, async_op=ctx.async_op)
         # In place: the output is this rank's chunk of (a scratch copy of) the input; the
         # case's output buffer receives that chunk afterwards, so it is checked as usual.
         scratch = inp.clone()

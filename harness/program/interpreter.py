@@ -235,11 +235,11 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
 
 
 def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
-            bufs: dict[str, torch.Tensor], written: set[str]) -> Any:
+            bufs: dict[str, torch.Tensor], written: set[str], timing: bool = False) -> Any:
     """Call the op of ``step`` on this rank's buffers; returns its Work (or None).
 
     Buffers the op may write are added to ``written`` (what must come back unchanged is
-    decided from it).
+    decided from it). ``timing``: a --perf loop after the checks (see ``CallContext.timing``).
     """
     assert step.op is not None
     op = ops.get(step.op)
@@ -265,7 +265,7 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
                           group_ranks=group_ranks,
                           reduce_op=_reduce_op(inst.reduce_op, inst.premul_factor)
                           if op.reduces else None,
-                          async_op=step.async_op, args=args)
+                          async_op=step.async_op, args=args, timing=timing)
     return op.call(ctx, passed)
 
 

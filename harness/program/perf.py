@@ -72,7 +72,7 @@ def harness_iteration(inst: Instance, renv: RankEnv, env: dict[str, Any],
         handles: dict[str, Any] = {}
         for step in steps:
             if step.kind == "op":
-                work = call_op(inst, step, renv, env, bufs, written)
+                work = call_op(inst, step, renv, env, bufs, written, timing=True)
                 if work is not None:
                     if step.handle:
                         handles[step.handle] = work
@@ -126,6 +126,15 @@ def bare_iteration(inst: Instance, renv: RankEnv, env: dict[str, Any],
     if len(steps) != 1:
         return f"no bare loop for a program of {len(steps)} ops"
     x, y = b[0], a[0]
+    if y.get("form", "concat") != "concat":
+        return f"no bare loop for {name} with form {y.get('form')}"
+    if y.get("inplace") and name == "all_gather_into_tensor":  # the input is our own chunk
+        out = x["output"]
+        return lambda: dist.all_gather_into_tensor(out, out.chunk(renv.world_size)[renv.rank])
+    if y.get("inplace") and name == "reduce_scatter_tensor":  # the output is our own chunk
+        inp = x["input"]
+        return lambda: dist.reduce_scatter_tensor(inp.chunk(renv.world_size)[renv.rank], inp,
+                                                  op=red)
     calls: dict[str, Iteration] = {
         "all_reduce": lambda: dist.all_reduce(x["tensor"], op=red),
         "broadcast": lambda: dist.broadcast(x["tensor"], src=y.get("src", 0)),
@@ -136,7 +145,7 @@ def bare_iteration(inst: Instance, renv: RankEnv, env: dict[str, Any],
             x["output"], x["input"], op=red),
         "all_to_all_single": lambda: dist.all_to_all_single(x["output"], x["input"]),
     }
-    if name not in calls or y.get("inplace") or y.get("form", "concat") != "concat":
+    if name not in calls or y.get("inplace"):
         return f"no bare loop for {name} with these arguments"
     return calls[name]
 
