@@ -45,6 +45,7 @@ NCCL_TESTS: dict[str, Callable[[int], float]] = {
     "reduce": lambda n: 1.0,
     "send": lambda n: 1.0,
     "isend": lambda n: 1.0,
+    "irecv": lambda n: 1.0,
 }
 
 
@@ -136,6 +137,18 @@ cases:
       - {op: all_reduce, tensor: t}
     expected:
       t: [1, 1, 1, 1]
+  - name: ring
+    world_size: 2
+    tensors:
+      out: {shape: [32], init: "rank * 10 + i"}
+      got: {shape: [32], init: poison}
+    steps:
+      - {op: isend, tensor: out, dst: "(rank + 1) % world_size", handle: s}
+      - {op: irecv, tensor: got, src: "(rank - 1) % world_size", handle: r}
+      - {wait: [r, s]}
+    expected:
+      out: unchanged
+      got: "((rank - 1) % world_size) * 10 + i"
   - name: sweep_only
     op: broadcast
     world_size: 2
@@ -168,7 +181,8 @@ def test_perf_run_records_numbers_for_passing_instances(perf_run: dict[str, Any]
     validate_report(report)  # the perf sections are in the schema
     recs = {r["case"] + "[" + r["id"] + "]": r for r in report["records"]}
     timed = [r for r in recs.values() if r["outcome"] == "passed" and "time_us" in r["perf"]]
-    assert {r["case"] for r in timed} == {"ar", "ag", "sweep_only"} and len(timed) == 5
+    assert {r["case"] for r in timed} == {"ar", "ag", "ring", "sweep_only"}
+    assert len(timed) == 6
     for r in timed:
         p = r["perf"]
         for k in ("time_us", "time_us_min", "time_us_max", "algbw_gbs", "bytes", "iters"):
@@ -182,6 +196,9 @@ def test_perf_run_records_numbers_for_passing_instances(perf_run: dict[str, Any]
     ag = [r for r in timed if r["case"] == "ag"]
     assert sorted(r["perf"]["form"] for r in ag) == ["in-place", "out-of-place"]
     assert all(r["perf"]["bytes"] == 2 * 64 * 4 for r in ag)  # the gathered buffer
+    ring = next(r["perf"] for r in timed if r["case"] == "ring")
+    assert ring["op"] == "isend+irecv" and ring["form"] == "out-of-place"
+    assert ring["bytes"] == 32 * 4 and ring["bus_factor"] == 1.0
     ar = sorted((r for r in timed if r["case"] == "ar"), key=lambda r: r["perf"]["bytes"])
     assert [r["perf"]["bytes"] for r in ar] == [64, 16384]
     points = report["perf"]["points"]
@@ -217,7 +234,7 @@ def test_perf_sections_in_markdown_and_html(perf_run: dict[str, Any]) -> None:
     assert "1 passed instance(s) were not timed" in md
     page = html.render(report)
     section = page[page.index('<section class="perf"'):]
-    assert section.count("<svg") == 3  # one per op: all_gather_into_tensor, all_reduce, broadcast
+    assert section.count("<svg") == 4  # all_gather_into_tensor, all_reduce, broadcast, ring
     assert f"busbw {ar['busbw_gbs']} GB/s" in section
     assert "http" not in section.replace('xmlns="http://www.w3.org/2000/svg"', "")
 

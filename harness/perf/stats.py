@@ -48,7 +48,7 @@ def group_size(inst: Instance) -> int:
 
 
 def main_op(inst: Instance) -> ops.Op:
-    """The op the bandwidth is attributed to (the program's first op)."""
+    """The op whose bus factor applies (the program's first op)."""
     first = next((s.op for s in inst.steps if s.kind == "op" and s.op), inst.op)
     return ops.get(first)
 
@@ -94,8 +94,9 @@ def aggregate(inst: Instance, results: dict[int, RankResult]) -> dict[str, Any]:
     algbw, busbw = bandwidth(nbytes, med, factor)
     info = dtypes.DTYPES.get(inst.dtype)
     itemsize = info.bits // 8 if info is not None and info.bits >= 8 else 1
+    names = list(dict.fromkeys(s.op for s in inst.steps if s.kind == "op" and s.op))
     return {
-        "op": op.name,
+        "op": "+".join(names) or op.name,  # a send/recv program reads isend+irecv
         "form": form(inst),
         "bytes": nbytes,
         "count": nbytes // itemsize,
