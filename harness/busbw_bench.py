@@ -1,9 +1,10 @@
 """``collective-bench --busbw``: the perf mode against a bare ``torch.distributed`` loop.
 
 For each op/size point of a case file (default ``cases/perf.yaml``, float32, sizes from
-``--min-bytes`` up), on one Gloo/CPU rank pool per world size, it times the point twice per
-pair: through the perf mode (the step interpreter's ``call_op``, as ``pytest --perf`` does)
-and as a bare loop of the plain ``torch.distributed`` call on the same process group and the
+``--min-bytes`` up), on one rank pool per world size (Gloo/CPU by default; ``--backend``),
+it times the point twice per pair: through the perf mode (the step interpreter's
+``call_op``, as ``pytest --perf`` does) and as a bare loop of the plain ``torch.distributed``
+call on the same process group and the
 same buffers (:func:`harness.program.perf.bare_iteration`), block by block inside the ranks:
 each timed block of the harness is followed (or preceded, alternately) by a block of the bare
 loop with the same iteration count, so a change in the machine's load hits both sides of a
@@ -29,13 +30,13 @@ from .perf import stats
 from .run.pool import PoolKey, PoolManager
 
 
-def points(path: str, world_sizes: set[int], dtype: str, min_bytes: int, max_bytes: int,
-           ops: set[str] | None) -> list[Instance]:
+def points(path: str, backend: str, world_sizes: set[int], dtype: str, min_bytes: int,
+           max_bytes: int, ops: set[str] | None) -> list[Instance]:
     """The instances of ``path`` to compare (one per op, form, world size and size)."""
     doc = load.load_file(path, path)
     out: list[Instance] = []
     for case in validate.load_cases(doc):
-        for inst in expand.expand(case, "gloo"):
+        for inst in expand.expand(case, backend):
             nbytes = dict(inst.params).get("bytes")
             if (inst.world_size in world_sizes and inst.dtype == dtype
                     and isinstance(nbytes, int) and min_bytes <= nbytes <= max_bytes
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="collective-bench --busbw",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="cases/perf.yaml")
+    ap.add_argument("--backend", default="gloo",
+                    help="backend of the pools (its default device: cuda for nccl)")
     ap.add_argument("--world-sizes", default="2,4")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--min-bytes", type=int, default=1 << 20)
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = PerfPlan(warmup=args.warmup, iters=args.iters, min_time_s=args.min_time,
                     repeats=args.repeats)
     sizes = {int(x) for x in args.world_sizes.split(",")}
-    insts = points(args.cases, sizes, args.dtype, args.min_bytes, args.max_bytes,
+    insts = points(args.cases, args.backend, sizes, args.dtype, args.min_bytes, args.max_bytes,
                    set(args.ops.split(",")) if args.ops else None)
     if not insts:
         print(f"collective-bench --busbw: no point of {args.cases} matches", file=sys.stderr)
@@ -121,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     manager = PoolManager(max_pools=1)
     try:
         for ws in sorted(sizes):
-            pool = manager.get(PoolKey("gloo", "cpu", ws))
             for inst in (i for i in insts if i.world_size == ws):
+                pool = manager.get(PoolKey(args.backend, inst.device, ws))
                 row = compare_point(pool, inst, plan, args.runs)
                 rows.append(row)
                 print(f"{row['key']}: ratio {row['ratio']:.3f} "
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         manager.close()
     import torch
 
-    lines = [f"collective-bench --busbw: Gloo/CPU, torch {torch.__version__}, {args.dtype}, "
+    lines = [f"collective-bench --busbw: {args.backend}, torch {torch.__version__}, {args.dtype}, "
              f"{args.runs} x {args.repeats} interleaved block pairs per point, loop: "
              f"{args.warmup} warm-up, "
              f"blocks of >= {args.iters} iterations and >= {args.min_time} s",
