@@ -53,11 +53,12 @@ cases:
 """
 
 
-def torchrun(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
+def torchrun(tmp_path: Path, text: str, *extra: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "c.yaml").write_text(textwrap.dedent(text))
     return subprocess.run(
         [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "harness.run.external", "c.yaml", "--report-json", "r.json", "--report-md", "r.md"],
+         "-m", "harness.run.external", "c.yaml", "--report-json", "r.json", "--report-md", "r.md",
+         *extra],
         cwd=tmp_path, capture_output=True, text=True, timeout=180, env=subprocess_env())
 
 
@@ -73,6 +74,21 @@ def test_lockstep_run_writes_one_report(tmp_path: Path) -> None:
     ring = next(r for r in report["records"] if r["case"] == "ring")
     assert [len(r["checks"]) for r in ring["ranks"]] == [2, 2]  # every rank's checks gathered
     assert report["metadata"]["options"]["mode"] == "external"
+
+
+def test_perf_mode_under_a_launcher(tmp_path: Path) -> None:
+    res = torchrun(tmp_path, CASES, "--perf", "--perf-warmup", "1", "--perf-iters", "2",
+                   "--perf-min-time", "0", "--perf-repeats", "2")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    report = load_report(tmp_path / "r.json")  # schema-valid, perf sections included
+    recs = {r["case"] + "[" + r["id"] + "]": r for r in report["records"]}
+    ar = recs["ar[gloo-ws2-float32-sum-sync]"]["perf"]
+    assert ar["time_us"] > 0 and ar["repeats"] == 2 and ar["bytes"] == 5 * 4
+    assert ar["busbw_gbs"] == ar["algbw_gbs"]  # 2(n-1)/n = 1 at n = 2
+    assert recs["ring[gloo-ws2-float32]"]["perf"]["op"] == "isend+irecv"
+    assert "perf" not in recs["ar[gloo-ws4-float32-max-sync]"]  # skipped: no numbers
+    assert len(report["perf"]["points"]) == 3
+    assert report["metadata"]["options"]["perf"]["iters"] == 2
 
 
 def test_a_hang_ends_the_run_but_keeps_earlier_results(tmp_path: Path) -> None:

@@ -42,8 +42,9 @@ def _sync(renv: RankEnv) -> None:
 
 def _agree(value: float, renv: RankEnv, op: Any) -> float:
     """``value`` reduced with ``op`` over the default group (also lines the ranks up)."""
-    t = torch.tensor([value], dtype=torch.float64 if renv.device == "cpu" else torch.float32,
-                     device=_device(renv))
+    # float32 holds every value agreed here exactly (flags, iteration counts below 2**24)
+    # and every backend reduces it.
+    t = torch.tensor([value], dtype=torch.float32, device=_device(renv))
     dist.all_reduce(t, op=op)
     return float(t.item())
 

@@ -18,6 +18,7 @@ finished first, plus the hang, so a hang never loses the earlier results.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import faulthandler
 import os
@@ -29,7 +30,9 @@ from typing import Any
 
 from ..casefile import expand, load, overrides, validate
 from ..errors import CaseFileError, CaseFileErrors
-from ..model import Instance, InstanceResult, PoolRun, RankResult
+from ..model import Instance, InstanceResult, PerfPlan, PoolRun, RankResult
+from ..perf.plan import not_timed
+from ..perf.stats import aggregate
 from ..report import markdown
 from ..report.records import build_report, instance_record, skipped_record, write_atomic
 from ..report.records import write_json as write_report
@@ -113,7 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-k", dest="keyword", default="", help="only instance keys containing this")
     ap.add_argument("--report-json", default="reports/conformance.json")
     ap.add_argument("--report-md", default="reports/conformance.md")
+    ap.add_argument("--perf", action="store_true",
+                    help="time every passing instance like nccl-tests (see the README)")
+    ap.add_argument("--perf-warmup", type=int, default=PerfPlan.warmup)
+    ap.add_argument("--perf-iters", type=int, default=PerfPlan.iters)
+    ap.add_argument("--perf-min-time", type=float, default=PerfPlan.min_time_s)
+    ap.add_argument("--perf-repeats", type=int, default=PerfPlan.repeats)
     args = ap.parse_args(argv)
+    plan = PerfPlan(warmup=max(0, args.perf_warmup), iters=max(1, args.perf_iters),
+                    min_time_s=max(0.0, args.perf_min_time),
+                    repeats=max(1, args.perf_repeats)) if args.perf else None
 
     import importlib
 
@@ -122,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..ordering.probes import run_probes
     from ..program.interpreter import RankEnv, run_instance
+    from ..program.perf import time_instance
 
     rank = _env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
     world = _env_int("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -143,13 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     def flush_report() -> None:
         meta = {**caps.metadata(), "options": {"mode": "external", "backend": args.backend,
                                                "launched_world_size": world,
-                                               "deadline_s": args.deadline}}
+                                               "deadline_s": args.deadline,
+                                               "perf": dataclasses.asdict(plan) if plan
+                                               else None}}
         report = build_report(records, meta)
         write_report(args.report_json, report)
         write_atomic(args.report_md, markdown.render(report))
 
     for inst in instances:
         inst = overrides.resolve(inst, caps.torch_version)
+        if plan is not None and not not_timed(inst):
+            inst = dataclasses.replace(inst, perf=plan)
         nodeid = inst.key
         reason = inst.expectation.skip or caps.skip_reason(inst)
         if not reason and inst.world_size != world:
@@ -165,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             flush_report()
         watchdog.arm(inst, deadline)
         t0 = time.monotonic()
-        result = run_instance(inst, renv, run_probes)
+        result = run_instance(inst, renv, run_probes, time_instance)
         gathered: list[RankResult | None] = [None] * world if rank == 0 else []
         dist.gather_object(result, gathered if rank == 0 else None, dst=0)
         watchdog.disarm()
@@ -174,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
                           elapsed=time.monotonic() - t0)
             verdict: InstanceResult = judge(inst, run, deadline)
             verdict.duration = run.elapsed
+            if plan is not None and verdict.outcome == "passed":
+                verdict.perf = (aggregate(inst, run.results) if inst.perf
+                                else {"not_timed": not_timed(inst)})
             records.append(instance_record(inst, verdict, nodeid))
             print(f"{verdict.outcome.upper():8} {inst.key}", flush=True)
     if rank == 0:
