@@ -222,7 +222,11 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
             state.synchronized()
         res.checks = check_results(inst, renv, env, bufs, before, written)
         if timer is not None and inst.perf is not None:
-            res.perf = timer(inst, renv, env, bufs, all(c.ok for c in res.checks))
+            try:
+                res.perf = timer(inst, renv, env, bufs, all(c.ok for c in res.checks))
+            except Exception as exc:  # a failed measurement is no failed check
+                res.perf = {"not_timed": f"timing raised {type(exc).__name__}: "
+                                         f"{str(exc)[:200]}"}
         res.ordering = {**state.results(), **(probes(inst, renv, env) if probes else {})}
     except Exception as exc:  # reported to the parent, which decides the outcome
         res.status = "raised"
