@@ -46,7 +46,8 @@ def instances(backend: str = "gloo") -> tuple[Instance, ...]:
 
 
 def quick() -> list[Instance]:
-    return [i for i in instances() if "full" not in i.marks]
+    # What `pytest cases/` runs: the long matrix and the perf sweep (--perf only) are out.
+    return [i for i in instances() if "full" not in i.marks and "perf" not in i.marks]
 
 
 def ops_used(inst: Instance) -> set[str]:
