@@ -122,6 +122,12 @@ cases:
     args: {inplace: [false, true]}
     shape: [64]
     input: "rank * 100 + i"
+  - name: rs
+    op: reduce_scatter_tensor
+    world_size: 2
+    args: {inplace: [false, true]}
+    shape: [64]
+    input: "rank * 3 + i"
   - name: wrong
     op: all_reduce
     world_size: 2
@@ -181,8 +187,8 @@ def test_perf_run_records_numbers_for_passing_instances(perf_run: dict[str, Any]
     validate_report(report)  # the perf sections are in the schema
     recs = {r["case"] + "[" + r["id"] + "]": r for r in report["records"]}
     timed = [r for r in recs.values() if r["outcome"] == "passed" and "time_us" in r["perf"]]
-    assert {r["case"] for r in timed} == {"ar", "ag", "ring", "sweep_only"}
-    assert len(timed) == 6
+    assert {r["case"] for r in timed} == {"ar", "ag", "rs", "ring", "sweep_only"}
+    assert len(timed) == 8  # in-place forms are timed too (the documented in-place call)
     for r in timed:
         p = r["perf"]
         for k in ("time_us", "time_us_min", "time_us_max", "algbw_gbs", "bytes", "iters"):
@@ -195,6 +201,9 @@ def test_perf_run_records_numbers_for_passing_instances(perf_run: dict[str, Any]
         assert max(per_rank) <= p["time_us_max"] * 1.0001
     ag = [r for r in timed if r["case"] == "ag"]
     assert sorted(r["perf"]["form"] for r in ag) == ["in-place", "out-of-place"]
+    rs = [r["perf"] for r in timed if r["case"] == "rs"]
+    assert sorted(p["form"] for p in rs) == ["in-place", "out-of-place"]
+    assert all(p["bytes"] == 64 * 4 for p in rs)  # the full input
     assert all(r["perf"]["bytes"] == 2 * 64 * 4 for r in ag)  # the gathered buffer
     ring = next(r["perf"] for r in timed if r["case"] == "ring")
     assert ring["op"] == "isend+irecv" and ring["form"] == "out-of-place"
@@ -234,7 +243,8 @@ def test_perf_sections_in_markdown_and_html(perf_run: dict[str, Any]) -> None:
     assert "1 passed instance(s) were not timed" in md
     page = html.render(report)
     section = page[page.index('<section class="perf"'):]
-    assert section.count("<svg") == 4  # all_gather_into_tensor, all_reduce, broadcast, ring
+    assert section.count("<svg") == 5  # all_gather_into_tensor, all_reduce, broadcast,
+    # reduce_scatter_tensor and the ring
     assert f"busbw {ar['busbw_gbs']} GB/s" in section
     assert "http" not in section.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
