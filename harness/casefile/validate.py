@@ -85,6 +85,12 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
         return (f"{_short(inst)} does not fit here", _expected_types(err))
     if v == "type":
         return (f"{_short(err.instance)} is not of type {err.validator_value}", "")
+    if v == "dependentRequired" and isinstance(err.validator_value, dict):
+        key = next((k for k in err.validator_value if isinstance(err.instance, dict)
+                    and k in err.instance), "")
+        needs = ", ".join(repr(n) for n in err.validator_value.get(key, ()))
+        return (f"{key!r} needs {needs}", "without 'ranks' every rank must raise, so there "
+                "are no other ranks to describe" if key == "others" else "")
     if v == "pattern" and err.path and isinstance(err.instance, str):
         return (f"{err.instance!r} is not a valid name here",
                 "use letters, digits, '_' (and '.', '-' in case names)")
