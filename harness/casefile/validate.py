@@ -79,7 +79,10 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
         inst = err.instance
         if isinstance(inst, str) and inst.lower() in ("yes", "no", "on", "off"):
             return (f"{inst!r} is a string here", "write true or false")
-        best = jsonschema.exceptions.best_match(err.context or []) if err.context else None
+        # The branch that fits the value's type says what is wrong with it (a map's missing
+        # key), not the branch of another type ("is not of type 'string'").
+        shaped = [e for e in err.context or [] if e.validator != "type"]
+        best = jsonschema.exceptions.best_match(shaped) if shaped else None
         if best is not None and best.validator not in ("type", "anyOf"):
             return _schema_message(best)
         return (f"{_short(inst)} does not fit here", _expected_types(err))
