@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from harness.bench import bench_rejection
 from harness.casefile import expand, overrides, validate
 from harness.casefile import load as yamlload
 from harness.model import Instance
@@ -228,6 +229,14 @@ def test_a_rejected_call_keeps_its_pool(manager: PoolManager) -> None:
         pool = manager.get(KEY)
     assert [p.pid for p in pool.procs] == pids and manager.started == 1
     assert not values_ok(pool, inst["wrong"])
+
+
+def test_the_rejection_benchmark_measures_rejections_on_one_pool() -> None:
+    """collective-bench's rejection figure is taken the plugin's way, on a pool that is kept
+    (the time itself is the benchmark's business, not a test's)."""
+    rej = bench_rejection(2, 3)
+    assert rej.pools_started == 1
+    assert rej.accepted_s > 0 and rej.rejected_s > 0
 
 
 def test_the_health_check_catches_a_group_out_of_step(manager: PoolManager) -> None:
