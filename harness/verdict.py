@@ -230,6 +230,10 @@ def _check_raises(inst: Instance, raised: list[RankResult], ranks: list[RankResu
         if problem:
             wrong.add(state)
         lines.append(f"  {_did(r, state, run)}" + (f"  <- {problem}" if problem else ""))
+    for r in sorted(must - set(did)):  # a rank the world does not have can never raise
+        lines.append(f"  rank {r} does not exist in a world of {inst.world_size}  <- expected "
+                     "to raise")
+        wrong.add("finished")
     who = ("every rank" if exp.ranks is None else
            f"rank(s) {', '.join(map(str, exp.ranks))}")
     if wrong:

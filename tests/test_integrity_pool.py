@@ -356,6 +356,13 @@ cases:
       - {raise: "unrelated", ranks: [0]}
     expected: {}
     raises: {match: "size", ranks: [1]}
+  - name: missing_rank_cannot_raise
+    world_size: 2
+    tensors: {t: {shape: [2], init: 1}}
+    steps:
+      - {raise: "size mismatch"}
+    expected: {}
+    raises: {match: "size", ranks: [1, 5]}
   - name: hang_with_a_raise
     world_size: 2
     hangs: true
@@ -371,7 +378,7 @@ cases:
 def test_raises_and_hangs_account_for_every_rank(pytester: pytest.Pytester) -> None:
     (pytester.path / "c.yaml").write_text(textwrap.dedent(EVERY_RANK))
     res = pytester.runpytest("c.yaml", "-q", "-p", "no:randomly")
-    res.assert_outcomes(passed=2, failed=4)
+    res.assert_outcomes(passed=2, failed=5)
     by = {r["case"]: r for r in load_report(pytester.path / "reports" / "conformance.json")
           ["records"]}
     hung = by["one_raises_other_hangs"]
@@ -390,6 +397,9 @@ def test_raises_and_hangs_account_for_every_rank(pytester: pytest.Pytester) -> N
     other = by["other_raises_something_else"]
     assert other["outcome"] == "failed"
     assert "unrelated  <- does not match the pattern" in other["message"]
+    missing = by["missing_rank_cannot_raise"]
+    assert missing["outcome"] == "failed"
+    assert "rank 5 does not exist in a world of 2  <- expected to raise" in missing["message"]
     hang = by["hang_with_a_raise"]
     assert hang["outcome"] == "error" and "while a hang was expected" in hang["message"]
 
