@@ -12,9 +12,11 @@ with a trivial collective (all_reduce of 4 float32):
   (spawn ranks, import torch, rendezvous, one collective, tear down);
 - bare: the collective alone in a loop inside one process group (the floor);
 
-and the time from a hang's deadline to its report. Ratios are printed side by side. The
-targets (issue 3): amortized overhead at world size 2 under 10 ms and over 400x faster than
-spawn-per-test; a hang reported within deadline + 3 s.
+and the time from a hang's deadline to its report, and what a rejected call costs over an
+accepted one (the verdict and the pool's health check included). Ratios are printed side by
+side. The targets: amortized overhead at world size 2 under 10 ms and over 400x faster than
+spawn-per-test; a hang reported within deadline + 3 s (issue 3); a rejected call at world
+size 2 at most 5 ms more than an accepted one (issue 10).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 from . import busbw_bench
 from .casefile import expand, load, validate
 from .run.pool import PoolKey, PoolManager, forkserver_context
+from .verdict import judge
 
 
 @dataclass
@@ -208,6 +211,59 @@ def bench_hang(deadline_s: float) -> float:
     return elapsed - deadline_s
 
 
+@dataclass
+class Rejection:
+    """Accepted vs rejected calls through the plugin's path (run, verdict, pool upkeep)."""
+
+    world_size: int
+    accepted_s: float  # median seconds per accepted instance
+    rejected_s: float  # median seconds per rejected instance
+    pools_started: int
+
+    @property
+    def extra_s(self) -> float:
+        return self.rejected_s - self.accepted_s
+
+
+def bench_rejection(world_size: int, n: int) -> Rejection:
+    """Alternate an accepted all_reduce with one every rank rejects (BXOR on float32)."""
+    doc = load.load_text(textwrap.dedent(f"""
+    cases:
+      - name: accepted
+        op: all_reduce
+        world_size: {world_size}
+        shape: [4]
+        input: "rank + i"
+      - name: rejected
+        op: all_reduce
+        world_size: {world_size}
+        reduce_op: bxor
+        shape: [4]
+        input: "rank + i"
+        raises: "BXOR|non-integral|not supported"
+    """), "rejection.yaml")
+    insts = {i.case: i for c in validate.load_cases(doc) for i in expand.expand(c, "gloo")}
+    times: dict[str, list[float]] = {"accepted": [], "rejected": []}
+    manager = PoolManager(max_pools=1)
+    key = PoolKey("gloo", "cpu", world_size)
+    try:
+        manager.get(key)
+        for _ in range(n):
+            for name, inst in insts.items():
+                t0 = time.perf_counter()
+                pool = manager.get(key)
+                run = pool.run(inst, deadline_s=60)
+                outcome = judge(inst, run, 60).outcome
+                manager.settle(pool, inst, run)
+                times[name].append(time.perf_counter() - t0)
+                if outcome != "passed":
+                    raise RuntimeError(f"rejection benchmark: {name} was {outcome}")
+    finally:
+        manager.close()
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    return Rejection(world_size, med["accepted"], med["rejected"], manager.started)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print a Markdown table (and JSON with --json)."""
     rest = sys.argv[1:] if argv is None else argv
@@ -219,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spawn-reps", type=int, default=3, help="spawn-per-test repetitions")
     ap.add_argument("--hang-deadline", type=float, default=2.0)
     ap.add_argument("--no-pytest", action="store_true", help="skip the whole-session column")
+    ap.add_argument("--rejections", type=int, default=200,
+                    help="accepted/rejected pairs for the rejection cost (world size 2)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
     rows: list[Row] = []
@@ -232,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ws{ws}: harness {per * 1e3:.2f} ms, pytest {py * 1e3:.2f} ms, spawn "
               f"{spawn:.2f} s, bare {bare * 1e3:.3f} ms", file=sys.stderr, flush=True)
     hang_extra = bench_hang(args.hang_deadline)
+    rej = bench_rejection(2, args.rejections)
     import torch
 
     lines = [
@@ -249,7 +308,11 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r.pytest_s * 1e3:.2f} | {r.spawn_s:.2f} | {r.bare_s * 1e3:.3f} | "
                      f"{r.pool_start_s:.2f} | {r.spawn_s / r.harness_s:.0f}x |")
     lines += ["", f"forkserver start (once per session, not in the columns): {forkserver_s:.2f} s",
-              f"hang reported {hang_extra:.2f} s after a {args.hang_deadline:g} s deadline"]
+              f"hang reported {hang_extra:.2f} s after a {args.hang_deadline:g} s deadline",
+              f"rejected call at world size 2: {rej.rejected_s * 1e3:.2f} ms vs accepted "
+              f"{rej.accepted_s * 1e3:.2f} ms (median of {args.rejections} each): "
+              f"{rej.extra_s * 1e3:+.2f} ms (target: at most +5 ms); pools started: "
+              f"{rej.pools_started}"]
     print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as fh:
@@ -258,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
                        "instances": args.instances,
                        "rows": [{**asdict(r), "overhead_s": r.overhead_s} for r in rows],
                        "forkserver_start_s": forkserver_s,
-                       "hang_report_after_deadline_s": hang_extra}, fh, indent=1)
+                       "hang_report_after_deadline_s": hang_extra,
+                       "rejection": {**asdict(rej), "extra_s": rej.extra_s}}, fh, indent=1)
     return 0
 
 

@@ -110,7 +110,9 @@ class Expectation:
 
     kind: Literal["pass", "raises", "hangs", "crashes"] = "pass"
     match: str = ""  # regex for ``raises``, searched in "ExcType: message"
-    ranks: tuple[int, ...] | None = None  # ranks that must raise (None: at least one)
+    ranks: tuple[int, ...] | None = None  # ranks that must raise (None: every rank)
+    # What the ranks not in ``ranks`` may do: finished / raised (a matching error) / blocked.
+    others: tuple[str, ...] = ("finished", "raised")
     xfail: str = ""  # non-empty: a known divergence; failing is expected (reason)
     skip: str = ""  # non-empty: skipped with this reason
     reason: str = ""  # why the expectation differs from the contract (from an override)
@@ -288,6 +290,7 @@ class RankResult:
     duration: float = 0.0
     ordering: dict[str, Any] = field(default_factory=dict)  # probe observations, reads
     perf: dict[str, Any] = field(default_factory=dict)  # raw timings (harness.program.perf)
+    in_flight: int = 0  # async work handles left unwaited when the rank raised
 
 
 @dataclass

@@ -34,7 +34,7 @@ from .report.records import (
     write_json,
 )
 from .run.capabilities import probe
-from .run.pool import PoolKey, PoolManager, PoolStartError
+from .run.pool import ForeignAnswerError, PoolKey, PoolManager, PoolStartError, check_deadline
 from .verdict import judge
 
 CASES_RE = re.compile(r"^cases\s*:", re.MULTILINE)
@@ -255,30 +255,16 @@ class CaseItem(pytest.Item):
         inst = self.instance
         deadline = inst.deadline or hs.deadline
         key = PoolKey(inst.backend, inst.device, inst.world_size, hs.backend_modules)
+        where = f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]"
         t0 = time.monotonic()
-        pool = None
         try:
-            pool = hs.manager.isolated(key) if inst.isolate else hs.manager.get(key)
-            run = pool.run(inst, deadline)
-        except PoolStartError as exc:
-            result = InstanceResult("error", f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]:"
-                                    f" {exc}", expected_kind=inst.expectation.kind)
+            check_deadline(deadline)
+        except ValueError as exc:  # never reaches a pool: it could not be enforced
+            result = InstanceResult("error", f"{where}: {exc}; set `deadline:` in the case or "
+                                    "--deadline to a number of seconds",
+                                    expected_kind=inst.expectation.kind)
         else:
-            result = judge(inst, run, deadline)
-            if result.outcome == "passed" and perfplan.enabled(self.config):
-                # Only a passed instance gets numbers: a bandwidth never hides a failure.
-                result.perf = (perfstats.aggregate(inst, run.results) if inst.perf
-                               else {"not_timed": perfplan.not_timed(inst)})
-            replace = run.kind != "done" or any(r.status == "raised"
-                                                for r in run.results.values())
-            if inst.isolate:
-                pool.close()
-            elif replace:
-                hs.manager.discard(key)
-            elif result.outcome != "passed" and not pool.ping():
-                hs.manager.discard(key)
-                replace = True
-            result.pool_replaced = replace
+            result = self._run_bound(hs, key, where, deadline)
         result.duration = time.monotonic() - t0
         self.result = result
         self.record = instance_record(inst, result, self.nodeid)
@@ -286,6 +272,45 @@ class CaseItem(pytest.Item):
             pytest.xfail(result.message)
         if result.outcome in BAD_OUTCOMES:
             raise CaseFailure(result)
+
+    def _run_bound(self, hs: HarnessSession, key: PoolKey, where: str,
+                   deadline: float) -> InstanceResult:
+        """Run the instance; judge only answers bound to it.
+
+        An answer that belongs to another request (see :class:`ForeignAnswerError`) has
+        discarded its pool: the instance is re-run once on a fresh pool, and reported as a
+        harness error if that happens again.
+        """
+        inst = self.instance
+        foreign = ""
+        for _attempt in range(2):
+            try:
+                pool = hs.manager.isolated(key) if inst.isolate else hs.manager.get(key)
+                run = pool.run(inst, deadline)
+            except PoolStartError as exc:
+                return InstanceResult("error", f"{where}: {exc}",
+                                      expected_kind=inst.expectation.kind)
+            except ForeignAnswerError as exc:
+                if foreign:
+                    return InstanceResult(
+                        "error", f"{where}: harness error: two pools in a row answered with "
+                        f"messages that do not belong to this instance, so nothing was judged."
+                        f"\n  first: {foreign}\n  then: {exc}",
+                        expected_kind=inst.expectation.kind, pool_replaced=True)
+                foreign = str(exc)
+                continue
+            result = judge(inst, run, deadline)
+            if result.outcome == "passed" and perfplan.enabled(self.config):
+                # Only a passed instance gets numbers: a bandwidth never hides a failure.
+                result.perf = (perfstats.aggregate(inst, run.results) if inst.perf
+                               else {"not_timed": perfplan.not_timed(inst)})
+            result.pool_replaced = bool(hs.manager.settle(pool, inst, run))
+            if foreign:
+                result.pool_replaced = True
+                result.message += ("\n  (run on a fresh pool: the first pool's answer did not "
+                                   f"belong to this instance and was discarded: {foreign})")
+            return result
+        raise AssertionError("unreachable")
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style: Any = None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from . import ops
-from .model import Instance, InstanceResult, PoolRun, RankResult, RankState
+from .model import Instance, InstanceResult, Outcome, PoolRun, RankResult, RankState
 from .ordering import verdicts as ordering
 
 MAX_TB_LINES = 25
@@ -108,6 +108,39 @@ def judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
     return res
 
 
+def rank_outcomes(inst: Instance, run: PoolRun) -> dict[int, str]:
+    """What every rank did: ``finished``, ``raised``, ``blocked`` (no answer by the deadline
+    or the fail-fast grace) or ``died``."""
+    states = {s.rank: s.state for s in run.states}
+    out: dict[int, str] = {}
+    for r in range(inst.world_size):
+        res = run.results.get(r)
+        if res is not None:
+            out[r] = "raised" if res.status == "raised" else "finished"
+        else:
+            out[r] = "died" if states.get(r) == "died" else "blocked"
+    return out
+
+
+def _did(r: int, state: str, run: PoolRun) -> str:
+    """One line: what rank ``r`` did."""
+    if state == "raised":
+        res = run.results[r]
+        return f"rank {r} raised {res.exc_type} in step {res.step}: {res.exc_message[:200]}"
+    st = next((s for s in run.states if s.rank == r), None)
+    where = f" in step {st.step} ({st.step_desc})" if st is not None and st.step_desc else ""
+    if state == "died" and st is not None:
+        how = f"killed by {st.signal}" if st.signal else f"exit code {st.exitcode}"
+        return f"rank {r} died ({how}){where}"
+    if state == "blocked":
+        return f"rank {r} blocked{where}"
+    return f"rank {r} finished"
+
+
+def _every_rank(inst: Instance, run: PoolRun) -> str:
+    return "\n".join("  " + _did(r, st, run) for r, st in rank_outcomes(inst, run).items())
+
+
 def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
     exp = inst.expectation
     ranks = [run.results[r] for r in sorted(run.results)]
@@ -116,22 +149,29 @@ def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
     if run.kind == "crash":
         died = [s for s in run.states if s.state == "died"]
         if exp.kind == "crashes":
+            # A dead peer leaves the others anywhere (finished, raising a transport error,
+            # blocked): each is recorded, none is required.
             return InstanceResult("passed", f"{where}: rank(s) {[s.rank for s in died]} crashed "
-                                  "as expected", ranks, run.states)
+                                  f"as expected\n{_every_rank(inst, run)}", ranks, run.states)
         return InstanceResult("crash", f"{where}: rank(s) {', '.join(str(s.rank) for s in died)}"
                               f" died\n{states_text}", ranks, run.states)
     if run.kind == "hang":
+        # No rank raised or died: each one finished or is blocked.
         blocked = [s.rank for s in run.states if s.state == "blocked"]
         if exp.kind == "hangs":
             return InstanceResult("passed", f"{where}: rank(s) {blocked} hung as expected "
-                                  f"(detected after {deadline_s:g} s)", ranks, run.states)
+                                  f"(detected after {deadline_s:g} s)\n{_every_rank(inst, run)}",
+                                  ranks, run.states)
         return InstanceResult("hang", f"{where}: no result after the {deadline_s:g} s deadline;"
                               f" rank(s) {blocked} blocked\n{states_text}", ranks, run.states)
     raised = _raised(run.results)
+    if exp.kind == "raises":
+        return _check_raises(inst, raised, ranks, run)
     if raised:
-        if exp.kind == "raises":
-            return _check_raises(inst, raised, ranks, run)
-        parts = [f"{where}: rank(s) {', '.join(str(r.rank) for r in raised)} raised"]
+        head = f"{where}: rank(s) {', '.join(str(r.rank) for r in raised)} raised"
+        if exp.kind in ("hangs", "crashes"):
+            head += f" while {'a hang' if exp.kind == 'hangs' else 'a rank to crash'} was expected"
+        parts = [head]
         for r in raised:
             parts.append(f"  rank {r.rank} raised in step {r.step}: {r.exc_type}: "
                          f"{r.exc_message}\n{_indent(_tb(r.traceback))}")
@@ -143,8 +183,7 @@ def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
             parts.extend(f"  rank {r.rank}: finished" for r in ranks if r.status == "ok")
         return InstanceResult("error", "\n".join(parts), ranks, run.states)
     if exp.kind != "pass":
-        what = {"raises": f"an error matching {exp.match!r}", "hangs": "a hang",
-                "crashes": "a rank to crash"}[exp.kind]
+        what = {"hangs": "a hang", "crashes": "a rank to crash"}[exp.kind]
         why = f" ({exp.reason})" if exp.reason else ""
         bad = _value_failures(inst, run.results)
         return InstanceResult("failed", f"{where}: expected {what}{why}, but every rank "
@@ -163,16 +202,51 @@ def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
 
 def _check_raises(inst: Instance, raised: list[RankResult], ranks: list[RankResult],
                   run: PoolRun) -> InstanceResult:
+    """``raises``: every rank is accounted for.
+
+    The ranks in ``ranks`` (every rank when not given) must raise an error matching the
+    pattern; every other rank must do one of ``others`` (by default finish, or raise a
+    matching error); a rank that dies makes it a crash.
+    """
     exp = inst.expectation
     where = _where(inst)
     pattern = re.compile(exp.match)
-    mismatched = [r for r in raised if not pattern.search(f"{r.exc_type}: {r.exc_message}")]
-    missing = [r for r in (exp.ranks or ()) if r not in {x.rank for x in raised}]
-    if mismatched or missing:
-        lines = [f"{where}: expected an error matching {exp.match!r}"]
-        lines += [f"  rank {r.rank} raised {r.exc_type}: {r.exc_message}" for r in mismatched]
-        lines += [f"  rank {r} did not raise" for r in missing]
-        return InstanceResult("failed", "\n".join(lines), ranks, run.states)
-    return InstanceResult("passed", f"{where}: rank(s) {[r.rank for r in raised]} raised as "
-                          f"expected: {raised[0].exc_type}: {raised[0].exc_message[:200]}",
+    did = rank_outcomes(inst, run)
+    must = set(exp.ranks) if exp.ranks is not None else set(did)
+    lines: list[str] = []
+    wrong: set[str] = set()  # the states of the ranks that broke the expectation
+    for r, state in did.items():
+        problem = ""
+        if state == "raised":
+            res = run.results[r]
+            if not pattern.search(f"{res.exc_type}: {res.exc_message}"):
+                problem = "does not match the pattern"
+            elif r not in must and "raised" not in exp.others:
+                problem = f"not allowed: the other ranks may only {_may(exp.others)}"
+        elif r in must:
+            problem = "expected to raise"
+        elif state not in exp.others:
+            problem = f"not allowed: the other ranks may only {_may(exp.others)}"
+        if problem:
+            wrong.add(state)
+        lines.append(f"  {_did(r, state, run)}" + (f"  <- {problem}" if problem else ""))
+    for r in sorted(must - set(did)):  # a rank the world does not have can never raise
+        lines.append(f"  rank {r} does not exist in a world of {inst.world_size}  <- expected "
+                     "to raise")
+        wrong.add("finished")
+    who = ("every rank" if exp.ranks is None else
+           f"rank(s) {', '.join(map(str, exp.ranks))}")
+    if wrong:
+        outcome: Outcome = "hang" if "blocked" in wrong else "failed"
+        return InstanceResult(outcome, f"{where}: expected {who} to raise an error matching "
+                              f"{exp.match!r}" + (f" (the others may {_may(exp.others)})"
+                                                  if exp.ranks is not None else "") + "\n"
+                              + "\n".join(lines), ranks, run.states)
+    return InstanceResult("passed", f"{where}: {who} raised as expected: {raised[0].exc_type}: "
+                          f"{raised[0].exc_message[:200]}\n" + "\n".join(lines),
                           ranks, run.states)
+
+
+def _may(others: tuple[str, ...]) -> str:
+    words = {"finished": "finish", "raised": "raise a matching error", "blocked": "block"}
+    return " or ".join(words[o] for o in others)

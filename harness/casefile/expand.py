@@ -137,7 +137,8 @@ class _Expander:
             r = raw["raises"]
             expectation = (Expectation("raises", match=r) if isinstance(r, str) else
                            Expectation("raises", match=r["match"],
-                                       ranks=tuple(r.get("ranks", [])) or None))
+                                       ranks=tuple(r.get("ranks", [])) or None,
+                                       others=tuple(r.get("others", ("finished", "raised")))))
         elif raw.get("hangs"):
             expectation = Expectation("hangs")
         elif raw.get("crashes"):

@@ -59,7 +59,8 @@ def resolve(inst: Instance, torch_version: str) -> Instance:
             r = patch["raises"]
             exp = replace(exp, kind="raises", match=r if isinstance(r, str) else r["match"],
                           ranks=None if isinstance(r, str) else tuple(r.get("ranks", [])) or None,
-                          reason=reason)
+                          others=("finished", "raised") if isinstance(r, str) else
+                          tuple(r.get("others", ("finished", "raised"))), reason=reason)
         if patch.get("hangs"):
             exp = replace(exp, kind="hangs", reason=reason)
         if patch.get("crashes"):

@@ -79,12 +79,21 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
         inst = err.instance
         if isinstance(inst, str) and inst.lower() in ("yes", "no", "on", "off"):
             return (f"{inst!r} is a string here", "write true or false")
-        best = jsonschema.exceptions.best_match(err.context or []) if err.context else None
+        # The branch that fits the value's type says what is wrong with it (a map's missing
+        # key), not the branch of another type ("is not of type 'string'").
+        shaped = [e for e in err.context or [] if e.validator != "type"]
+        best = jsonschema.exceptions.best_match(shaped) if shaped else None
         if best is not None and best.validator not in ("type", "anyOf"):
             return _schema_message(best)
         return (f"{_short(inst)} does not fit here", _expected_types(err))
     if v == "type":
         return (f"{_short(err.instance)} is not of type {err.validator_value}", "")
+    if v == "dependentRequired" and isinstance(err.validator_value, dict):
+        key = next((k for k in err.validator_value if isinstance(err.instance, dict)
+                    and k in err.instance), "")
+        needs = ", ".join(repr(n) for n in err.validator_value.get(key, ()))
+        return (f"{key!r} needs {needs}", "without 'ranks' every rank must raise, so there "
+                "are no other ranks to describe" if key == "others" else "")
     if v == "pattern" and err.path and isinstance(err.instance, str):
         return (f"{err.instance!r} is not a valid name here",
                 "use letters, digits, '_' (and '.', '-' in case names)")

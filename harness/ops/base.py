@@ -78,6 +78,11 @@ class Op:
     # and which role ``expected`` describes. Equal for in-place ops.
     in_role: str = "tensor"
     out_role: str = "tensor"
+    # Moves data between ranks by point-to-point messages matched by tag, outside the group's
+    # collective sequence (send/recv, object send/recv, monitored_barrier): a message left
+    # unreceived when a rank raised can be read by a later instance, which a health check of
+    # collectives cannot see, so a pool is not reused after a raise in such an instance.
+    point_to_point: bool = False
     # The out-role buffer must hold identical bytes on every member of the group after the op
     # (all_reduce, broadcast, all_gather...): the verdict compares the ranks' digests, which
     # catches a divergence even where the expectation is "unspecified" or has a tolerance.

@@ -219,6 +219,7 @@ class MonitoredBarrier(Op):
 
     name = "monitored_barrier"
     family = "barrier"
+    point_to_point = True  # Gloo implements it with send/recv
     roles = ()
     args = ("timeout", "wait_all_ranks")
     supports_async = False

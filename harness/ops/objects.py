@@ -105,6 +105,7 @@ class ScatterObjectList(_ObjectOp):
 
 class SendObjectList(_ObjectOp):
     name = "send_object_list"
+    point_to_point = True
     roles = (Role("objects", "in", form="objects"),)
     args = ("dst",)
     required_args = ("dst",)
@@ -119,6 +120,7 @@ class SendObjectList(_ObjectOp):
 
 class RecvObjectList(_ObjectOp):
     name = "recv_object_list"
+    point_to_point = True
     roles = (Role("objects", "out", form="objects"),)
     args = ("src",)
     in_role = out_role = "objects"

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 class _P2P(Op):
     family = "p2p"
+    point_to_point = True
     in_role = "tensor"
     out_role = "tensor"
 
@@ -99,6 +100,7 @@ class BatchISendIRecv(Op):
 
     name = "batch_isend_irecv"
     family = "p2p"
+    point_to_point = True
     roles = ()
     in_role = ""
     out_role = ""

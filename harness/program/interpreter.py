@@ -174,12 +174,12 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
     res = RankResult(rank=renv.rank, status="ok")
     env: dict[str, Any] = dict(inst.params)
     step_idx = -1
+    handles: dict[str, tuple[Any, StepEvent]] = {}
     try:
         prepare_groups(inst, renv)
         bufs = build_buffers(inst, renv, env)
         before = {n: _snapshot(t) for n, t in bufs.items()}
         written: set[str] = set()
-        handles: dict[str, tuple[Any, StepEvent]] = {}
         state = ProgramState(inst, renv.rank, renv.world_size, renv.device, t0,
                                            env, bufs, before, written)
         for step_idx, step in enumerate(inst.steps):
@@ -234,6 +234,7 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         res.exc_message = str(exc)
         res.traceback = traceback.format_exc()
         res.step = step_idx
+        res.in_flight = len(handles)  # the parent does not reuse a pool with work in flight
     res.duration = time.perf_counter() - t0
     return res
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import math
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.spawn
 import os
-import pickle
 import shutil
 import signal
 import tempfile
@@ -28,13 +28,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .. import ops
 from ..model import Instance, PoolRun, RankState
-from .rank import STACK_SIGNAL, RankConfig, rank_main
+from .rank import STACK_SIGNAL, RankConfig, decode, encode, rank_main
 
 FAIL_FAST_GRACE_S = 2.0
 STARTUP_TIMEOUT_S = 120.0
 DIAGNOSE_WAIT_S = 2.0  # stacks and flight recorder, together
 STDERR_TAIL_LINES = 20
+HEALTH_DEADLINE_S = 3.0  # the check takes about a millisecond; this only bounds a broken group
+# multiprocessing's wait() turns its timeout into an int of milliseconds for poll(): wait in
+# slices so that any finite deadline works.
+WAIT_SLICE_S = 3600.0
 
 _ctx_lock = threading.RLock()
 _ctx: Any = None
@@ -91,6 +96,23 @@ class PoolStartError(RuntimeError):
     """The ranks could not form a process group (bad backend, missing device, ...)."""
 
 
+class ForeignAnswerError(RuntimeError):
+    """A rank answered with a message that does not belong to the request the parent made.
+
+    The pool has been killed when this is raised: nothing it sends can be trusted any more.
+    The caller re-runs the instance on a fresh pool or reports a harness error; the answer is
+    never judged.
+    """
+
+
+def check_deadline(deadline_s: float) -> None:
+    """ValueError unless ``deadline_s`` is a positive, finite number of seconds."""
+    if not (isinstance(deadline_s, int | float) and math.isfinite(deadline_s)
+            and deadline_s > 0):
+        raise ValueError(f"a deadline must be a positive, finite number of seconds; got "
+                         f"{deadline_s!r}")
+
+
 def _backend_env(backend: str, pg_timeout_s: float) -> tuple[tuple[str, str], ...]:
     env = {"TORCH_FR_BUFFER_SIZE": "256"}
     if backend == "nccl":
@@ -107,6 +129,9 @@ class RankPool:
         self.key = key
         self.dir = tempfile.mkdtemp(prefix="collective-harness-")
         self.alive = False
+        # Every message carries the pool's nonce and the number of the request it belongs to.
+        self.nonce = os.urandom(8).hex()
+        self.seq = 0
         self.procs: list[Any] = []
         self.conns: list[Any] = []
         self.progress: list[Any] = []
@@ -121,7 +146,8 @@ class RankPool:
                              device=key.device, store_path=os.path.join(self.dir, "store"),
                              owner_pid=os.getpid(), log_path=self.log_path(r),
                              stack_path=self.stack_path(r), backend_modules=key.backend_modules,
-                             pg_timeout_s=pg_timeout_s, fr_path=self.fr_path(r), env=env)
+                             pg_timeout_s=pg_timeout_s, fr_path=self.fr_path(r), env=env,
+                             nonce=self.nonce)
             proc = ctx.Process(target=rank_main, args=(cfg, child_conn, progress, fr_recv),
                                name=f"collective-rank{r}", daemon=True)
             with _without_main_module():
@@ -159,12 +185,16 @@ class RankPool:
                     waiting.discard(r)
                     continue
                 try:
-                    msg = self.conns[r].recv()
-                except EOFError:
+                    kind, nonce, seq, payload = decode(self.conns[r].recv_bytes())
+                except (EOFError, OSError):
                     continue
+                except ValueError as exc:
+                    kind, nonce, seq, payload = "failed", self.nonce, 0, (str(exc), "")
                 waiting.discard(r)
-                if msg[0] != "ready":
-                    errors.append(f"rank {r}: {msg[1]}")
+                if (nonce, seq) != (self.nonce, 0):
+                    errors.append(f"rank {r} answered for another pool ({nonce!r}, #{seq})")
+                elif kind != "ready":
+                    errors.append(f"rank {r}: {payload[0]}")
             if errors:
                 break
         if waiting and not errors:
@@ -197,12 +227,59 @@ class RankPool:
             return (head + "\n\n" + _clean_stack(rest)).strip()
         return "\n".join(lines[-STDERR_TAIL_LINES:])
 
-    def run(self, inst: Instance, deadline_s: float, grace_s: float = FAIL_FAST_GRACE_S) -> PoolRun:
-        """Run ``inst`` on every rank; never blocks longer than the deadline plus a few s."""
-        payload = pickle.dumps(("run", inst))
-        t0 = time.monotonic()
+    def send_request(self, kind: str, payload: Any) -> int:
+        """Send request ``kind`` to every rank; returns its sequence number.
+
+        The answers must be read (``run`` and ``health`` do) before the next request: a
+        request left unanswered makes the next read find an answer for another request, and
+        that discards the pool.
+        """
+        self.seq += 1
+        raw = encode(kind, self.nonce, self.seq, payload)
         for c in self.conns:
-            c.send_bytes(payload)
+            c.send_bytes(raw)
+        return self.seq
+
+    def read_answer(self, rank: int, seq: int, kinds: tuple[str, ...]) -> tuple[str, Any]:
+        """The kind and payload of ``rank``'s answer to request ``seq``.
+
+        EOFError/OSError when the rank is gone; :class:`ForeignAnswerError` (pool killed) when
+        the answer belongs to another request or pool, or is not one of ``kinds``.
+        """
+        raw = self.conns[rank].recv_bytes()
+        try:
+            kind, nonce, got, payload = decode(raw)
+        except Exception as exc:  # anything unreadable is foreign too
+            self.kill()
+            raise ForeignAnswerError(f"rank {rank} sent an unreadable answer to request "
+                                     f"#{seq}: {exc}") from None
+        if nonce != self.nonce or got != seq or kind not in kinds:
+            self.kill()
+            detail = f": {str(payload)[:200]}" if kind == "rejected" else ""
+            raise ForeignAnswerError(
+                f"rank {rank} answered {kind!r} for request #{got} of pool {nonce!r} while "
+                f"request #{seq} of pool {self.nonce!r} was waiting{detail}; pool discarded")
+        return kind, payload
+
+    def run(self, inst: Instance, deadline_s: float, grace_s: float = FAIL_FAST_GRACE_S) -> PoolRun:
+        """Run ``inst`` on every rank; never blocks longer than the deadline plus a few s.
+
+        ValueError (nothing sent) for a deadline that is not a positive finite number;
+        :class:`ForeignAnswerError` when an answer belongs to another request. If anything
+        goes wrong after the request was sent, the pool is killed before the exception
+        leaves: its unread answers die with it.
+        """
+        check_deadline(deadline_s)
+        check_deadline(grace_s)
+        try:
+            return self._run(inst, deadline_s, grace_s)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _run(self, inst: Instance, deadline_s: float, grace_s: float) -> PoolRun:
+        t0 = time.monotonic()
+        seq = self.send_request("run", inst)
         pending = set(range(self.key.world_size))
         run = PoolRun(kind="done")
         end = t0 + deadline_s
@@ -212,15 +289,21 @@ class RankPool:
             if timeout <= 0:
                 break
             objs = [self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending]
-            for obj in multiprocessing.connection.wait(objs, timeout=timeout):
+            for obj in multiprocessing.connection.wait(objs, timeout=min(timeout, WAIT_SLICE_S)):
                 r = self._rank_of(obj)
                 if r not in pending:
                     continue
                 if obj is self.conns[r]:
                     try:
-                        _, result = pickle.loads(self.conns[r].recv_bytes())
+                        _, (key, result) = self.read_answer(r, seq, ("result",))
                     except (EOFError, OSError):
                         continue  # the sentinel will tell us it died
+                    if key != inst.key or getattr(result, "rank", None) != r:
+                        self.kill()
+                        raise ForeignAnswerError(
+                            f"rank {r} answered request #{seq} with the result of "
+                            f"{str(key)[:200]} (rank {getattr(result, 'rank', '?')}) while "
+                            f"{inst.key} was asked; pool discarded")
                     run.results[r] = result
                     pending.discard(r)
                     if result.status == "raised" and pending:
@@ -291,25 +374,51 @@ class RankPool:
                 time.sleep(0.05)
         return out
 
-    def ping(self, timeout_s: float = 5.0) -> bool:
-        """A barrier across the pool: False if any rank does not answer in time."""
-        payload = pickle.dumps(("ping", None))
-        for c in self.conns:
-            c.send_bytes(payload)
+    def health(self, timeout_s: float = HEALTH_DEADLINE_S) -> str:
+        """Check that the group is in step; "" when it is, else why not (pool killed then).
+
+        Every rank runs a barrier and a sequence-tagged all_gather (see
+        :func:`harness.run.rank.health_answer`) and answers, bound to this request, within
+        ``timeout_s``.
+        """
+        if not self.alive:
+            return "the pool was stopped"
+        try:
+            seq = self.send_request("health", None)
+        except OSError as exc:
+            self.kill()
+            return f"could not reach the ranks: {exc}"
         end = time.monotonic() + timeout_s
         pending = set(range(self.key.world_size))
+        problems: list[str] = []
         while pending and time.monotonic() < end:
-            for obj in multiprocessing.connection.wait([self.conns[r] for r in pending],
-                                                       timeout=end - time.monotonic()):
+            objs = [self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending]
+            for obj in multiprocessing.connection.wait(objs, timeout=max(0.0, end -
+                                                                         time.monotonic())):
                 r = self._rank_of(obj)
-                try:
-                    kind, _ = pickle.loads(self.conns[r].recv_bytes())
-                except (EOFError, OSError):
-                    return False
-                if kind != "pong":
-                    return False
+                if r not in pending:
+                    continue
                 pending.discard(r)
-        return not pending
+                if obj is not self.conns[r]:
+                    problems.append(f"rank {r} died")
+                    continue
+                try:
+                    kind, detail = self.read_answer(r, seq, ("healthy", "unhealthy"))
+                except (EOFError, OSError):
+                    problems.append(f"rank {r} died")
+                    continue
+                except ForeignAnswerError as exc:
+                    return str(exc)
+                if kind != "healthy":
+                    problems.append(f"rank {r}: {detail}")
+            if problems:
+                break
+        if pending and not problems:
+            problems.append(f"rank(s) {sorted(pending)} did not answer within {timeout_s:g} s")
+        if problems:
+            self.kill()
+            return "; ".join(problems)
+        return ""
 
     def kill(self) -> None:
         """Kill every rank now and remove the pool's files."""
@@ -328,10 +437,8 @@ class RankPool:
     def close(self) -> None:
         """Stop the ranks politely (destroy the process group), then make sure they are gone."""
         if self.alive:
-            payload = pickle.dumps(("stop", None))
-            for c in self.conns:
-                with contextlib.suppress(OSError):
-                    c.send_bytes(payload)
+            with contextlib.suppress(OSError):
+                self.send_request("stop", None)
             end = time.monotonic() + 2.0
             for p in self.procs:
                 p.join(max(0.0, end - time.monotonic()))
@@ -395,6 +502,36 @@ def _clean_stack(text: str) -> str:
     return "\n\n".join(out)
 
 
+def reuse_blockers(inst: Instance, run: PoolRun) -> list[str]:
+    """Why a pool cannot be kept after ``run``, whatever a health check says (empty: the
+    health check decides).
+
+    The health check proves the default group's collectives are in step. It cannot see a
+    point-to-point message a rank left unreceived when it raised (matched by tag, a later
+    instance's recv could read it), a subgroup left out of step, or async work a raising
+    rank never waited for; each of these replaces the pool.
+    """
+    why: list[str] = []
+    if run.kind != "done":
+        why.append(f"the instance ended with a {run.kind}")
+    raised = [r for r in run.results.values() if r.status == "raised"]
+    if not raised:
+        return why
+    left = sorted(r.rank for r in raised if r.in_flight)
+    if left:
+        why.append(f"rank(s) {left} raised with async work in flight")
+    for step in inst.steps:
+        if step.kind != "op" or step.op is None:
+            continue
+        if step.op in ops.ALL_OPS and ops.get(step.op).point_to_point:
+            why.append(f"a rank raised in a program with point-to-point traffic ({step.op})")
+            break
+        if dict(step.args).get("group") is not None:
+            why.append(f"a rank raised in a program that uses a subgroup ({step.op})")
+            break
+    return why
+
+
 class PoolManager:
     """Hands out pools by key, reusing them; keeps at most ``max_pools`` alive (LRU)."""
 
@@ -403,6 +540,7 @@ class PoolManager:
         self.pg_timeout_s = pg_timeout_s
         self.pools: OrderedDict[PoolKey, RankPool] = OrderedDict()
         self.started = 0
+        self.replaced = 0  # pools replaced after an instance (see settle)
         self._isolated = 0
 
     def get(self, key: PoolKey) -> RankPool:
@@ -427,6 +565,32 @@ class PoolManager:
         return RankPool(PoolKey(key.backend, key.device, key.world_size, key.backend_modules,
                                 self._isolated), self.pg_timeout_s)
 
+    def settle(self, pool: RankPool, inst: Instance, run: PoolRun) -> str:
+        """Keep ``pool`` for the next instance or replace it; returns why it was replaced
+        ("" when kept).
+
+        A pool whose run ended in a hang or crash is gone already. After an instance in which
+        a rank raised or a value came out wrong, the pool is kept only if nothing in
+        :func:`reuse_blockers` applies and the health check passes; a raise is the common
+        case (a rejected call), and a new pool per rejection would cost a rendezvous, or a new
+        communicator on NCCL, each time. The pool protocol's request numbers guarantee that
+        whatever a kept pool still holds can never be read as a later instance's answer.
+        """
+        if pool.key.isolated:
+            pool.close()
+            return ("an isolated pool is closed after its instance"
+                    if run.kind != "done" or _raised(run) else "")
+        why = "; ".join(reuse_blockers(inst, run))
+        if not why and (_raised(run) or any(not c.ok for r in run.results.values()
+                                            for c in r.checks)):
+            why = pool.health()
+            why = f"health check failed: {why}" if why else ""
+        if why or not pool.alive:
+            self.discard(pool.key)
+            self.replaced += 1
+            return why or "the pool was stopped"
+        return ""
+
     def discard(self, key: PoolKey) -> None:
         pool = self.pools.pop(key, None)
         if pool is not None:
@@ -436,6 +600,10 @@ class PoolManager:
         while self.pools:
             _, pool = self.pools.popitem()
             pool.close()
+
+
+def _raised(run: PoolRun) -> bool:
+    return any(r.status == "raised" for r in run.results.values())
 
 
 _live_pools: set[RankPool] = set()

@@ -41,6 +41,28 @@ class RankConfig:
     pg_timeout_s: float
     fr_path: str = ""
     env: tuple[tuple[str, str], ...] = ()
+    nonce: str = ""  # the pool's identity: every message in either direction carries it
+
+
+# Every message, in either direction, is ``(kind, nonce, seq, payload)``: the pool's nonce and
+# the number of the request it belongs to (0 for the start-up message). A rank answers a
+# request with the same nonce and seq, so the parent can tell an answer to an earlier request
+# (left unread when the parent failed after sending) from the answer it asked for.
+Message = tuple[str, str, int, Any]
+
+
+def encode(kind: str, nonce: str, seq: int, payload: Any) -> bytes:
+    """One message of the pool protocol, ready for ``send_bytes``."""
+    return pickle.dumps((kind, nonce, seq, payload))
+
+
+def decode(raw: bytes) -> Message:
+    """A message of the pool protocol; ValueError for anything else."""
+    msg = pickle.loads(raw)
+    if not (isinstance(msg, tuple) and len(msg) == 4 and isinstance(msg[0], str)
+            and isinstance(msg[1], str) and isinstance(msg[2], int)):
+        raise ValueError(f"not a pool message: {str(msg)[:200]}")
+    return msg
 
 
 def _die_with_owner(owner_pid: int) -> None:
@@ -114,6 +136,34 @@ def _name_process(name: str) -> None:
         pass
 
 
+def health_answer(cfg: RankConfig, seq: int) -> bytes:
+    """Prove the group is in step after an instance in which a rank raised.
+
+    A barrier, then an all_gather of ``(seq, nonce, rank)`` that must bring back exactly those
+    rows from every rank: a rank that is a collective ahead or behind, a message of an earlier
+    collective still in the pipe, or a broken communicator shows up as other values, an
+    exception, or no answer before the parent's short deadline.
+    """
+    import torch
+    import torch.distributed as dist
+
+    try:
+        dist.barrier()
+        device = "cpu" if cfg.backend == "gloo" else cfg.device
+        tag = int(cfg.nonce[:8] or "0", 16)
+        mine = torch.tensor([seq, tag, cfg.rank], dtype=torch.int64, device=device)
+        rows = [torch.zeros_like(mine) for _ in range(cfg.world_size)]
+        dist.all_gather(rows, mine)
+        got = [row.tolist() for row in rows]
+        want = [[seq, tag, r] for r in range(cfg.world_size)]
+        if got != want:
+            return encode("unhealthy", cfg.nonce, seq,
+                          f"all_gather returned {str(got)[:200]}, expected {str(want)[:200]}")
+    except Exception as exc:
+        return encode("unhealthy", cfg.nonce, seq, f"{type(exc).__name__}: {str(exc)[:200]}")
+    return encode("healthy", cfg.nonce, seq, None)
+
+
 def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None) -> None:
     """Entry point of a rank process (the target given to the forkserver)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -144,30 +194,40 @@ def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None
                                 world_size=cfg.world_size,
                                 timeout=datetime.timedelta(seconds=cfg.pg_timeout_s))
     except BaseException as exc:
-        conn.send(("failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        conn.send_bytes(encode("failed", cfg.nonce, 0, (f"{type(exc).__name__}: {exc}",
+                                                          traceback.format_exc())))
         return
-    conn.send(("ready", os.getpid()))
+    conn.send_bytes(encode("ready", cfg.nonce, 0, os.getpid()))
     renv = RankEnv(rank=cfg.rank, world_size=cfg.world_size, device=cfg.device,
                    progress=progress)
+    last_seq = 0
     while True:
         try:
-            msg = conn.recv_bytes()
+            raw = conn.recv_bytes()
         except (EOFError, OSError):
             os._exit(0)
-        kind, payload = pickle.loads(msg)
+        try:
+            kind, nonce, seq, payload = decode(raw)
+        except Exception as exc:
+            conn.send_bytes(encode("rejected", cfg.nonce, -1, f"undecodable request: {exc}"))
+            continue
+        if nonce != cfg.nonce or seq <= last_seq:
+            # Not a request of this pool, or one out of order: answer nothing else, so the
+            # parent discards the pool instead of reading a result for the wrong request.
+            conn.send_bytes(encode("rejected", cfg.nonce, seq,
+                                   f"request #{seq} of pool {nonce!r} after #{last_seq} of "
+                                   f"pool {cfg.nonce!r}"))
+            continue
+        last_seq = seq
         if kind == "run":
-            renv.seq += 1
-            progress[0] = renv.seq
+            renv.seq = seq
+            progress[0] = seq
             progress[1] = -1
             result = run_instance(payload, renv, run_probes, time_instance)
             progress[1] = -2
-            conn.send_bytes(pickle.dumps(("result", result)))
-        elif kind == "ping":
-            try:
-                dist.barrier()
-                conn.send_bytes(pickle.dumps(("pong", None)))
-            except Exception as exc:
-                conn.send_bytes(pickle.dumps(("failed", str(exc))))
+            conn.send_bytes(encode("result", cfg.nonce, seq, (payload.key, result)))
+        elif kind == "health":
+            conn.send_bytes(health_answer(cfg, seq))
         elif kind == "stop":
             try:
                 dist.destroy_process_group()
