@@ -492,11 +492,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     base = session.config.stash.get(_BASELINE, None)
     config = session.config
+    if config.option.collectonly:
+        return
     info = session_info(session, hs, int(exitstatus))
     config.stash[_INFO] = info
-    wanted = (hs.records or hs.collected) and not config.getoption("collective_no_report") \
-        and not config.option.collectonly
-    if wanted:
+    if (hs.records or hs.collected) and not config.getoption("collective_no_report"):
         write_reports(config, hs, info)
     if base is not None:
         _gate_session(session, hs, base, info)
