@@ -97,7 +97,7 @@ def project(tmp_path: Path, cases: str, conftest: str = "") -> Path:
 def run(where: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "c.yaml",
                            "--rootdir", str(where), *args], capture_output=True, text=True,
-                          cwd=where, timeout=300, env=subprocess_env())
+                          errors="replace", cwd=where, timeout=300, env=subprocess_env())
 
 
 def report(where: Path) -> dict[str, Any]:
@@ -342,3 +342,104 @@ def test_report_set_is_all_or_nothing(tmp_path: Path) -> None:
     records.write_all([(str(first), "new"), (str(tmp_path / "b.md"), "new \udc80")])
     assert first.read_text() == "new" and (tmp_path / "b.md").read_text() == "new \\udc80"
     assert not list(tmp_path.glob(".tmp-*"))
+
+
+# -- 8, 9, 10: derived async axis, supported observations, messages ------------------------------
+
+SHAPES = """
+cases:
+  - name: prog_async
+    world_size: 2
+    tensors: {t: {shape: [2], init: "i"}}
+    steps:
+      - {op: all_reduce, tensor: t, async: true, handle: h}
+      - {wait: h}
+    expected: {t: "i * 2"}
+  - name: prog_mixed
+    world_size: 2
+    tensors: {t: {shape: [2], init: "i"}}
+    steps:
+      - {op: all_reduce, tensor: t, async: true, handle: h}
+      - {wait: h}
+      - {op: all_reduce, tensor: t}
+    expected: {t: "i * 4"}
+  - name: empty
+    op: all_reduce
+    world_size: 2
+    async: true
+    shape: [0]
+    input: "i"
+    ordering: all
+  - name: filled
+    op: all_reduce
+    world_size: 2
+    async: true
+    shape: [4]
+    input: "i"
+    ordering: all
+  - name: unchecked
+    world_size: 2
+    tensors: {t: {shape: [2], init: "i"}}
+    steps:
+      - {op: all_reduce, tensor: t}
+    expected: {}
+    raises: "never raised"
+"""
+
+
+def test_derived_async_axis_supported_labels_and_honest_messages(tmp_path: Path) -> None:
+    where = project(tmp_path, SHAPES)
+    res = run(where, "-q")
+    assert res.returncode == 1, res.stdout + res.stderr  # "unchecked" fails: nothing raised
+    by = {r["case"]: r for r in report(where)["records"]}
+    # 8: a program's async axis comes from its steps.
+    assert by["prog_async"]["id"].endswith("-async") and by["prog_async"]["axes"]["async"] == \
+        "async"
+    assert by["prog_mixed"]["id"].endswith("-mixed") and by["prog_mixed"]["axes"]["async"] == \
+        "mixed"
+    html = (where / "reports" / "conformance.html").read_text()
+    assert ">2m</a>" in html and ">2a</a>" in html
+    # 9: with nothing to move, no label about when data moved.
+    empty, filled = by["empty"]["ordering"], by["filled"]["ordering"]
+    for check in ("pre_op", "post_wait", "host_blocking"):
+        assert empty[check]["status"] == "n/a" and "nothing to move" in empty[check]["detail"]
+        assert filled[check]["status"] == "ok"
+    assert "observed" not in empty["host_blocking"]
+    assert filled["host_blocking"]["observed"] == "blocks"
+    # 10: a case that checks no values never claims correct values.
+    msg = by["unchecked"]["message"]
+    assert "correct values" not in msg
+    assert "outputs were not checked" in msg or "the checked buffers held" in msg
+
+
+# -- 11. overrides not applied because of their scope ------------------------------------------
+
+SCOPED = """
+cases:
+  - name: known_elsewhere
+    op: all_reduce
+    world_size: 1
+    shape: [2]
+    input: "i"
+    expected: [9, 9]
+    overrides:
+      - when: {backend: gloo, torch: "<2.0"}
+        xfail: true
+        reason: wrong on an old torch only
+"""
+
+
+def test_report_header_lists_overrides_not_applied(tmp_path: Path) -> None:
+    where = project(tmp_path, SCOPED)
+    res = run(where, "-q")
+    assert res.returncode == 1, res.stdout + res.stderr
+    rep = report(where)
+    assert rep["records"][0]["outcome"] == "failed"
+    [entry] = rep["summary"]["overrides_not_applied"]
+    assert entry["scope"] == "torch" and entry["when"] == "torch <2.0"
+    assert entry["instances"] == 1 and entry["cases"] == ["known_elsewhere"]
+    md = (where / "reports" / "conformance.md").read_text()
+    assert md.startswith("> **Overrides not applied** because of their scope: 1 because of "
+                         "the torch version (1 instance(s))")
+    assert "wrong on an old torch only" in md
+    assert "Overrides not applied" in (where / "reports" / "conformance.html").read_text()

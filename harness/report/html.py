@@ -311,8 +311,8 @@ def render(report: dict[str, Any], title: str = "collective-harness conformance"
     if scoped:
         body.append('<details class="not-applied"><summary>Overrides not applied because of '
                     f"their torch-version or backend scope: {len(scoped)} override(s), "
-                    f"{sum(o['instances'] for o in scoped)} instance(s) judged against the "
-                    "contract instead</summary><ul>" + "".join(
+                    f"covering {sum(o['instances'] for o in scoped)} instance(s)"
+                    "</summary><ul>" + "".join(
                         f"<li><code>{_e(o['file'])}:{o['line']}</code> ({_e(o['when'])}; "
                         f"{o['instances']} instance(s)): {_e(o['reason'])}: "
                         f"{_e(', '.join(o['cases']))}</li>" for o in scoped) + "</ul></details>")

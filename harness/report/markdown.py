@@ -46,16 +46,23 @@ def session_notice(report: dict[str, Any]) -> list[str]:
     if isinstance(session, dict) and not session.get("complete", True):
         out += [f"> **⛔ INCOMPLETE SESSION**: {headline.incomplete_text(session)}. The counts "
                 "below cover only what ran; this report is not a verdict on the backend.", ""]
-    skipped_scope = report.get("summary", {}).get("overrides_not_applied") or []
-    if skipped_scope:
-        n_inst = sum(o["instances"] for o in skipped_scope)
-        out.append(f"> **Overrides not applied** because of their torch-version or backend "
-                   f"scope: {len(skipped_scope)} override(s), covering {n_inst} instance(s) "
-                   "that are judged against the contract instead:")
+    scoped = report.get("summary", {}).get("overrides_not_applied") or []
+    if scoped:
+        parts = []
+        for scope, label in (("torch", "the torch version"), ("backend", "the backend")):
+            these = [o for o in scoped if o["scope"] == scope]
+            if these:
+                parts.append(f"{len(these)} because of {label} ("
+                             f"{sum(o['instances'] for o in these)} instance(s))")
+        torch_note = (" Instances whose override is scoped to another torch version are judged "
+                      "without it: a documented divergence can show up as a failure."
+                      if any(o["scope"] == "torch" for o in scoped) else "")
+        out.append("> **Overrides not applied** because of their scope: " + "; ".join(parts)
+                   + "." + torch_note)
         out.append("")
         out.append("<details><summary>Which overrides and cases</summary>")
         out.append("")
-        for o in skipped_scope:
+        for o in sorted(scoped, key=lambda o: (o["scope"] != "torch", o["file"], o["line"])):
             cases = ", ".join(f"`{c}`" for c in o["cases"][:20])
             more = f" and {len(o['cases']) - 20} more" if len(o["cases"]) > 20 else ""
             out.append(f"- `{o['file']}:{o['line']}` ({o['when']}; {o['instances']} "
