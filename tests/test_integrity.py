@@ -443,3 +443,12 @@ def test_report_header_lists_overrides_not_applied(tmp_path: Path) -> None:
                          "the torch version (1 instance(s))")
     assert "wrong on an old torch only" in md
     assert "Overrides not applied" in (where / "reports" / "conformance.html").read_text()
+
+
+def test_step_summary_shows_an_incomplete_session_above_the_fold() -> None:
+    from harness.report import step_summary
+
+    matrix = ("> **⛔ INCOMPLETE SESSION**: 1 of 3 collected instances have a result\n\n"
+              "# Conformance: gloo\n\n**Verdict: INCOMPLETE** — ...\n")
+    text = step_summary.compose("## ❌ Conformance gate: FAIL: incomplete", matrix)
+    assert text.index("INCOMPLETE SESSION") < text.index("<details>")
