@@ -452,3 +452,18 @@ def test_step_summary_shows_an_incomplete_session_above_the_fold() -> None:
               "# Conformance: gloo\n\n**Verdict: INCOMPLETE** — ...\n")
     text = step_summary.compose("## ❌ Conformance gate: FAIL: incomplete", matrix)
     assert text.index("INCOMPLETE SESSION") < text.index("<details>")
+
+
+def test_baseline_in_pytest_fails_an_incomplete_session(tmp_path: Path) -> None:
+    """With --baseline, a known failure no longer fails the session; stopping after it with -x
+    must still fail it, since the other instances never ran."""
+    where = project(tmp_path, STOPS)
+    assert run(where, "-q").returncode == 1
+    assert gate.main([str(where / "reports" / "conformance.json"), str(where / "base.json"),
+                      "--update"]) == 0
+    full = run(where, "-q", "--baseline", "base.json")
+    assert full.returncode == 0, full.stdout  # the one failure is known to the baseline
+    stopped = run(where, "-q", "-x", "--baseline", "base.json")
+    assert stopped.returncode == 1, stopped.stdout
+    assert "the session was incomplete: 2 of 3 collected instance(s) have no result" \
+        in stopped.stdout

@@ -94,14 +94,17 @@ def _completion(inst: Instance, plan: OrderingPlan, results: dict[int, RankResul
     cuda = inst.device == "cuda"
     after = "after wait() and a device synchronize" if cuda else "after wait()"
     bad: list[str] = []
+    seen = 0  # is_completed() values actually observed: "ok" needs at least one
     for r, res in sorted(results.items()):
         for ev in res.events:
             flag = ev.completed_after_sync if cuda else ev.completed_after_wait
+            seen += flag is not None
             if flag is False:
                 bad.append(f"rank {r}: step {ev.index} {ev.what}: is_completed() is False "
                            f"{after}")
     for r, o in _probe(results, "post_wait").items():
         flag = o["completed_after_sync"] if cuda else o["completed_after_wait"]
+        seen += flag is not None
         if flag is False:
             bad.append(f"rank {r}: probe: is_completed() is False {after}")
         if o["completed_at_return"] and not o["at_return_ok"] and base[0]:
@@ -112,6 +115,9 @@ def _completion(inst: Instance, plan: OrderingPlan, results: dict[int, RankResul
         return _verdict("violated", _lines(bad))
     if not plan.async_steps:
         return _verdict("n/a", "no async op")
+    if not seen:
+        return _verdict("n/a", "no is_completed() value was observed (the async calls "
+                        "returned no Work with is_completed(), e.g. a Future)")
     return _verdict("ok", f"is_completed() true {after}"
                     + ("; true at return only with the result in place"
                        if plan.probes and not moves_nothing(inst) else ""))
