@@ -2,7 +2,9 @@
 # Run the bundled conformance suite on one backend and gate the report against a baseline.
 # Usage: bash ci/gate.sh BACKEND BASELINE [extra pytest args...]
 # Writes reports/{conformance.json,.md,.html, junit.xml, gate.md, gate.json}. Exit status: the
-# gate's (1 on regressions or new failures), or pytest's own when it could not run the suite.
+# gate's (1 on regressions, new failures, an incomplete session, or a pytest failure that no
+# failing record explains), or pytest's own when it could not run the suite. The gate is told
+# pytest's exit status, so it is never more positive than pytest's own evidence.
 # Without a baseline file, any failing instance fails (bootstrap: create one with --update).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +28,7 @@ if [ ! -f "$baseline" ]; then
   exit "$status"
 fi
 .venv/bin/collective-gate reports/conformance.json "$baseline" \
-  --markdown reports/gate.md --json reports/gate.json
+  --markdown reports/gate.md --json reports/gate.json --pytest-status "$status"
 gate=$?
 # 2 interrupted, 3 internal error, 4 usage error: the run itself is broken, whatever the gate says.
 if [ "$status" -ge 2 ] && [ "$status" -le 4 ]; then

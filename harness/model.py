@@ -234,7 +234,11 @@ class Instance:
         return f"{self.case_id}[{self.id}]"
 
 
-Outcome = Literal["passed", "failed", "error", "hang", "crash", "skipped", "xfail", "xpass"]
+# ``limitation``: the instance raised, crashed or hung exactly as the case or an override
+# declares for this backend. It is not ``passed``: "passed" means the backend did what the
+# contract says.
+Outcome = Literal["passed", "failed", "error", "hang", "crash", "skipped", "xfail", "xpass",
+                  "limitation"]
 
 
 @dataclass
@@ -322,6 +326,12 @@ class InstanceResult:
     reason: str = ""
     ordering: dict[str, Any] = field(default_factory=dict)  # async-contract verdicts
     perf: dict[str, Any] = field(default_factory=dict)  # bandwidth of a passed instance
+    # Set when the harness itself failed on this instance (type, message, traceback): the
+    # record is an ``error`` that says so, never a verdict on the backend.
+    harness_error: dict[str, str] = field(default_factory=dict)
+    # Overrides of the case that matched this instance except for their torch-version or
+    # backend scope (line, scope, reason): the report header lists them.
+    overrides_not_applied: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -6,11 +6,13 @@ only when the first case runs, never at import or collection time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +31,9 @@ from .report.oneline import one_line
 from .report.records import (
     build_report,
     instance_record,
+    json_text,
     skipped_record,
-    write_atomic,
-    write_json,
+    write_all,
 )
 from .run.capabilities import probe
 from .run.pool import ForeignAnswerError, PoolKey, PoolManager, PoolStartError, check_deadline
@@ -40,6 +42,8 @@ from .verdict import judge
 CASES_RE = re.compile(r"^cases\s*:", re.MULTILINE)
 BAD_OUTCOMES = ("failed", "error", "hang", "crash")
 RECORD_ATTR = "collective_record"
+OUTCOME_ATTR = "collective_outcome"
+MAX_MISSING_LISTED = 200
 
 
 class CaseFailure(Exception):
@@ -124,6 +128,11 @@ class HarnessSession:
         self.records: list[dict[str, Any]] = []
         self._manager: Any = None
         self.is_worker = hasattr(config, "workerinput")
+        # Node ids of the case instances selected to run (after -k/-m/--world-size/--full):
+        # every one must end with a record, or the report says the session is incomplete.
+        self.collected: set[str] = set()
+        self.deselected = 0
+        self.ended_by = ""  # set when pytest is interrupted or fails internally
 
     @property
     def manager(self) -> Any:
@@ -223,6 +232,8 @@ class CaseItem(pytest.Item):
         self.instance = instance
         self.record: dict[str, Any] | None = None
         self.result: InstanceResult | None = None
+        self.harness_failure: InstanceResult | None = None
+        self.not_applied: list[dict[str, Any]] = []
         self.add_marker("collective")
         for mark in instance.marks:
             self.add_marker(mark)
@@ -239,8 +250,17 @@ class CaseItem(pytest.Item):
 
     def setup(self) -> None:
 
+        try:
+            self._setup()
+        except pytest.skip.Exception:
+            raise
+        except Exception as exc:  # a bug of the harness: the instance still gets its record
+            self.harness_failure = internal_error(self.instance, exc, "setting up")
+
+    def _setup(self) -> None:
         hs = _hs(self.config)
         caps = probe(hs.backend_modules)
+        self.not_applied = overrides.not_applied(self.instance, caps.torch_version)
         self.instance = perfplan.configure(ordering.configure(
             overrides.resolve(self.instance, caps.torch_version), self.config), self.config)
         reason = self.instance.expectation.skip or caps.skip_reason(self.instance)
@@ -251,27 +271,47 @@ class CaseItem(pytest.Item):
 
     def runtest(self) -> None:
 
-        hs = _hs(self.config)
         inst = self.instance
-        deadline = inst.deadline or hs.deadline
-        key = PoolKey(inst.backend, inst.device, inst.world_size, hs.backend_modules)
-        where = f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]"
         t0 = time.monotonic()
-        try:
-            check_deadline(deadline)
-        except ValueError as exc:  # never reaches a pool: it could not be enforced
-            result = InstanceResult("error", f"{where}: {exc}; set `deadline:` in the case or "
-                                    "--deadline to a number of seconds",
-                                    expected_kind=inst.expectation.kind)
-        else:
-            result = self._run_bound(hs, key, where, deadline)
+        result = self.harness_failure
+        if result is None:
+            try:
+                result = self._run()
+            except Exception as exc:  # a bug of the harness, not a verdict on the backend
+                result = internal_error(inst, exc, "running or judging")
+                self._drop_pool()
         result.duration = time.monotonic() - t0
+        result.overrides_not_applied = self.not_applied
         self.result = result
         self.record = instance_record(inst, result, self.nodeid)
         if result.outcome == "xfail":
             pytest.xfail(result.message)
         if result.outcome in BAD_OUTCOMES:
             raise CaseFailure(result)
+
+    def _drop_pool(self) -> None:
+        """After an internal error the pool's state is unknown: never reuse it."""
+        hs = _hs(self.config)
+        inst = self.instance
+        if not inst.isolate:
+            # The record already says what went wrong; a failing discard adds nothing.
+            with contextlib.suppress(Exception):
+                hs.manager.discard(PoolKey(inst.backend, inst.device, inst.world_size,
+                                           hs.backend_modules))
+
+    def _run(self) -> InstanceResult:
+        hs = _hs(self.config)
+        inst = self.instance
+        deadline = inst.deadline or hs.deadline
+        key = PoolKey(inst.backend, inst.device, inst.world_size, hs.backend_modules)
+        where = f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]"
+        try:
+            check_deadline(deadline)
+        except ValueError as exc:  # never reaches a pool: it could not be enforced
+            return InstanceResult("error", f"{where}: {exc}; set `deadline:` in the case or "
+                                  "--deadline to a number of seconds",
+                                  expected_kind=inst.expectation.kind)
+        return self._run_bound(hs, key, where, deadline)
 
     def _run_bound(self, hs: HarnessSession, key: PoolKey, where: str,
                    deadline: float) -> InstanceResult:
@@ -325,6 +365,33 @@ class CaseItem(pytest.Item):
         return self.path, self.instance.line - 1, f"{self.instance.case}[{self.instance.id}]"
 
 
+def internal_error(inst: Instance, exc: BaseException, stage: str) -> InstanceResult:
+    """The ``error`` result of an instance on which the harness itself failed: it says so, and
+    keeps the traceback, rather than dropping the instance from the report."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    text = f"{type(exc).__name__}: {exc}"[:2000]
+    message = (f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]: internal error in "
+               f"collective-harness while {stage} this instance; this is a bug in the harness, "
+               f"not a verdict on the backend (please report it):\n  {text}\n{tb.rstrip()}")
+    return InstanceResult("error", message, expected_kind=inst.expectation.kind,
+                          harness_error={"type": type(exc).__name__, "message": str(exc),
+                                         "traceback": tb, "stage": stage})
+
+
+def _lost_record(item: CaseItem, rep: pytest.TestReport) -> dict[str, Any]:
+    """The record of an instance that reached pytest's report without one (a failure outside
+    the harness's own checks, e.g. another plugin's fixture): an ``error``, never silence."""
+    inst = item.instance
+    detail = str(rep.longrepr)[-4000:] if rep.longrepr else "no result was produced"
+    result = InstanceResult(
+        "error", f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]: no result was produced "
+        f"({rep.when} {rep.outcome}); the harness could not judge this instance:\n{detail}",
+        expected_kind=inst.expectation.kind,
+        harness_error={"type": "NoResult", "message": f"{rep.when} {rep.outcome}",
+                       "traceback": detail, "stage": rep.when})
+    return instance_record(inst, result, item.nodeid)
+
+
 # -- scheduling and reporting ----------------------------------------------------------------
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
@@ -354,24 +421,76 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     items[:] = others + cases
 
 
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    # -k, -m, --world-size, --full: a selection, recorded as such, not incompleteness.
+    config = _CONFIG.get("config")
+    if config is not None:
+        _hs(config).deselected += sum(isinstance(i, CaseItem) for i in items)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _hs(session.config).collected.update(i.nodeid for i in session.items
+                                         if isinstance(i, CaseItem))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    # The xdist controller collects nothing itself: each worker tells it what it collected.
+    config = _CONFIG.get("config")
+    if config is not None:
+        _hs(config).collected.update(i for i in ids
+                                     if i.split("::", 1)[0].endswith((".yaml", ".yml")))
+
+
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    config = _CONFIG.get("config")
+    if config is not None:
+        _hs(config).ended_by = ("terminated (SIGTERM)" if str(excinfo.value) == "SIGTERM"
+                                else "interrupted (Ctrl-C / KeyboardInterrupt)")
+
+
+def pytest_internalerror(excrepr: Any, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    config = _CONFIG.get("config")
+    if config is not None:
+        _hs(config).ended_by = f"internal error in pytest: {excinfo.typename}: {excinfo.value}"[
+            :300]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
                               ) -> Any:
     rep = yield
-    if isinstance(item, CaseItem) and item.record is not None and not getattr(
-            item, "_record_sent", False) and (call.when == "call" or rep.skipped):
-        setattr(rep, RECORD_ATTR, json.dumps(item.record))
-        item._record_sent = True  # type: ignore[attr-defined]
-        outcome = item.record["outcome"]
-        item.user_properties.append(("outcome", outcome))
-        if outcome != "passed":  # JUnit consumers show properties beside the test
+    if not isinstance(item, CaseItem) or getattr(item, "_record_sent", False):
+        return rep
+    if not (call.when == "call" or rep.skipped or rep.failed or call.when == "teardown"):
+        return rep
+    if item.record is None or (call.when == "setup" and rep.failed):
+        # Every collected instance gets exactly one record, whatever went wrong.
+        item.record = _lost_record(item, rep)
+    setattr(rep, RECORD_ATTR, json.dumps(item.record))
+    item._record_sent = True  # type: ignore[attr-defined]
+    outcome = item.record["outcome"]
+    setattr(rep, OUTCOME_ATTR, outcome)
+    item.user_properties.append(("outcome", outcome))
+    if outcome != "passed":  # JUnit consumers show properties beside the test
 
-            item.user_properties.append(("detail", one_line(item.record)))
-            if item.record["reason"]:
-                item.user_properties.append(("reason", item.record["reason"]))
-        if outcome == "xpass":
-            rep.wasxfail = item.record["reason"]  # pytest shows it as XPASS
+        item.user_properties.append(("detail", one_line(item.record)))
+        if item.record["reason"]:
+            item.user_properties.append(("reason", item.record["reason"]))
+    if outcome == "xpass":
+        rep.wasxfail = item.record["reason"]  # pytest shows it as XPASS
     return rep
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config
+                             ) -> tuple[str, str, tuple[str, dict[str, bool]]] | None:
+    # A limitation is not a pass: its own category in the summary line ("504 limitation"),
+    # "L" in progress, LIMITATION with -v; -rL lists them (see pytest_terminal_summary).
+    if (report.when == "call" and report.passed
+            and getattr(report, OUTCOME_ATTR, None) == "limitation"):
+        return "limitation", "L", ("LIMITATION", {"blue": True})
+    return None
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -398,35 +517,79 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hs.is_worker:
         return
     base = session.config.stash.get(_BASELINE, None)
-    if hs.records and not session.config.getoption("collective_no_report"):
-        write_reports(session.config, hs)
+    config = session.config
+    if config.option.collectonly:
+        return
+    info = session_info(session, hs, int(exitstatus))
+    config.stash[_INFO] = info
+    if (hs.records or hs.collected) and not config.getoption("collective_no_report"):
+        write_reports(config, hs, info)
     if base is not None:
-        _gate_session(session, hs, base)
+        _gate_session(session, hs, base, info)
 
 
-def _report(hs: HarnessSession) -> dict[str, Any]:
+_INFO = pytest.StashKey[dict[str, Any]]()
+
+
+def session_info(session: pytest.Session, hs: HarnessSession, exitstatus: int
+                 ) -> dict[str, Any]:
+    """Whether every collected instance has a record, why the session ended, what was
+    selected: the report's ``session`` block (an incomplete session is never PASS)."""
+    have = {r["nodeid"] for r in hs.records}
+    missing = sorted(hs.collected - have)
+    ended = hs.ended_by
+    if not ended and session.shouldstop:
+        ended = f"stopped early: {session.shouldstop} (-x / --maxfail)"
+    if not ended and session.shouldfail:
+        ended = f"stopped: {session.shouldfail}"
+    if not ended and exitstatus == pytest.ExitCode.INTERRUPTED:
+        ended = "interrupted"
+    if not ended and missing:
+        ended = (f"finished, but {len(missing)} collected instance(s) produced no record "
+                 "(a harness bug or a lost worker)")
+    bad_records = sum(r["outcome"] in BAD_OUTCOMES for r in hs.records)
+    opt = session.config.option
+    return {
+        "complete": not missing,
+        "collected": len(hs.collected | have),
+        "without_result": len(missing),
+        "missing": missing[:MAX_MISSING_LISTED],
+        "ended_by": ended or "finished",
+        "pytest_exit_status": exitstatus,
+        "pytest_failures": int(session.testsfailed),
+        "unexplained_failures": max(0, int(session.testsfailed) - bad_records),
+        "selection": {"keyword": getattr(opt, "keyword", "") or None,
+                      "markexpr": getattr(opt, "markexpr", "") or None,
+                      "world_sizes": sorted(hs.world_sizes) if hs.world_sizes else None,
+                      "full": hs.full, "deselected": hs.deselected},
+    }
+
+
+def _report(hs: HarnessSession, info: dict[str, Any] | None = None) -> dict[str, Any]:
 
     meta: dict[str, Any] = (probe(hs.backend_modules).metadata() if hs.records
                             else {"torch": "", "hostname": ""})
     meta["options"] = hs.options()
-    return build_report(hs.records, meta)
+    return build_report(hs.records, meta, info)
 
 
-def write_reports(config: pytest.Config, hs: HarnessSession) -> None:
-    """Write the JSON, Markdown and HTML reports (controller only)."""
+def write_reports(config: pytest.Config, hs: HarnessSession,
+                  info: dict[str, Any] | None = None) -> None:
+    """Write the JSON, Markdown and HTML reports (controller only), as one set: all three
+    are rendered first and replaced together, so they never disagree."""
 
-    report = _report(hs)
+    report = _report(hs, info)
     root = config.rootpath
     paths = [root / (config.getoption(f"collective_report_{kind}")
                      or str(config.getini(f"collective_report_{kind}")))
              for kind in ("json", "md", "html")]
-    write_json(str(paths[0]), report)
-    write_atomic(str(paths[1]), markdown.render(report))
-    write_atomic(str(paths[2]), html.render(report))
+    write_all([(str(paths[0]), json_text(report)), (str(paths[1]), markdown.render(report)),
+               (str(paths[2]), html.render(report))])
     tr = config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None:
         tr.ensure_newline()
         shown = [os.path.relpath(p) for p in paths]
+        tr.write_line(f"collective-harness: {report['summary']['headline']}")
         tr.write_line(f"collective-harness: report written to {', '.join(shown[:-1])} and "
                       f"{shown[-1]}")
 
@@ -450,14 +613,17 @@ def _load_baseline(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--baseline: {exc}") from None
 
 
-def _gate_session(session: pytest.Session, hs: HarnessSession, base: Any) -> None:
+def _gate_session(session: pytest.Session, hs: HarnessSession, base: Any,
+                  info: dict[str, Any]) -> None:
     """Classify this session's instances against the baseline and set the exit status from
     the verdict: regressions fail the session even when every test "passed" (a skip, a
     missing instance under a strict policy), and failures the baseline records as known do
     not, as long as nothing else failed."""
     config = session.config
-    res = compare.compare(baseline.entries_from_report(_report(hs)), base,
-                       config.getoption("collective_baseline_match"))
+    report = _report(hs, info)
+    res = compare.compare(baseline.entries_from_report(report), base,
+                          config.getoption("collective_baseline_match"))
+    compare.check_session(res, report)
     res.report_label = f"of this session ({', '.join(res.report_backends) or 'no instances'})"
     res.baseline_label = f"{base.path} ({', '.join(base.backends)}, torch {base.torch or '?'})"
     config.stash[_GATE] = res
@@ -465,12 +631,27 @@ def _gate_session(session: pytest.Session, hs: HarnessSession, base: Any) -> Non
     if not res.ok and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     elif (res.ok and session.exitstatus == pytest.ExitCode.TESTS_FAILED
-          and session.testsfailed == known):
+          and session.testsfailed == known and info["complete"]):
+        # Every pytest failure is a record the baseline knows: the gate's verdict stands.
         session.exitstatus = pytest.ExitCode.OK
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
                             config: pytest.Config) -> None:
+    chars = str(getattr(config.option, "reportchars", "") or "")
+    limits = terminalreporter.stats.get("limitation", [])
+    if limits and ("L" in chars or "A" in chars):
+        terminalreporter.section("limitations (raised, crashed or hung as declared)", sep="-")
+        for rep in limits:
+            text = getattr(rep, RECORD_ATTR, None)
+            why = json.loads(text).get("reason", "") if text else ""
+            terminalreporter.write_line(f"LIMITATION {rep.nodeid} - {why}")
+    info = config.stash.get(_INFO, None)
+    if info is not None and not info["complete"]:
+        terminalreporter.write_line(
+            f"collective-harness: INCOMPLETE: {info['without_result']} of {info['collected']} "
+            f"collected instance(s) have no result; the session ended: {info['ended_by']}",
+            red=True, bold=True)
     res = config.stash.get(_GATE, None)
     if res is None:
         return

@@ -74,6 +74,7 @@ def test_lockstep_run_writes_one_report(tmp_path: Path) -> None:
     ring = next(r for r in report["records"] if r["case"] == "ring")
     assert [len(r["checks"]) for r in ring["ranks"]] == [2, 2]  # every rank's checks gathered
     assert report["metadata"]["options"]["mode"] == "external"
+    assert report["session"]["complete"] is True
 
 
 def test_perf_mode_under_a_launcher(tmp_path: Path) -> None:
@@ -98,3 +99,7 @@ def test_a_hang_ends_the_run_but_keeps_earlier_results(tmp_path: Path) -> None:
     assert "in recv" in res.stderr  # the stuck rank's Python stack
     report = load_report(tmp_path / "r.json")
     assert [(r["case"], r["outcome"]) for r in report["records"]] == [("first", "passed")]
+    # What ran passed, but the run did not finish: never PASS.
+    assert report["summary"]["verdict"] == "INCOMPLETE"
+    assert report["session"]["complete"] is False
+    assert "stopped in c.yaml::stuck[gloo-ws2-float32-sync]" in report["session"]["ended_by"]

@@ -300,3 +300,12 @@ def test_async_contract_table_counts_per_op() -> None:
     row = next(ln for ln in lines if ln.startswith("| all_reduce"))
     assert row == "| all_reduce | 2 | ✅ 2 | ❌ 2 | ✅ 2 | ✅ 2 | - | blocks x2 |"
     assert ordering_table.render([{"op": "barrier"}]) == []
+
+
+def test_completion_without_any_observed_value_is_not_ok() -> None:
+    """A label is written only when observed: no is_completed() value, no "ok"."""
+    results = _results(_obs(post__completed_after_wait=None))
+    results[1].ordering["probes"]["post_wait"]["completed_after_wait"] = None
+    v = verdicts.judge(_probed(), results)
+    assert _status(v)["completion"] == "n/a"
+    assert "no is_completed() value was observed" in v["completion"]["detail"]

@@ -172,15 +172,22 @@ def test_overrides_become_xfail_xpass_skip_and_raises(pytester: pytest.Pytester)
         overrides:
           - {when: {backend: gloo}, skip: true, reason: skipped on purpose}
     """)
-    res = pytester.runpytest("cases/", "-rxXs")
-    res.assert_outcomes(xfailed=1, xpassed=1, passed=1, skipped=1)
-    res.stdout.fnmatch_lines(["*skipped on purpose*"])
+    res = pytester.runpytest("cases/", "-rxXsL")
+    # A declared rejection is a limitation, not a pass: its own category everywhere.
+    res.assert_outcomes(xfailed=1, xpassed=1, passed=0, skipped=1)
+    res.stdout.fnmatch_lines(["LIMITATION cases/o.yaml::avg_int*Gloo has no integer AVG",
+                              "*skipped on purpose*",
+                              "*1 skipped, 1 xfailed, 1 xpassed, 1 limitation*"])
     report = load_report(pytester.path / "reports" / "conformance.json")
     by_case = {r["case"]: r for r in report["records"]}
     assert by_case["known_wrong"]["outcome"] == "xfail"
     assert by_case["fixed_now"]["outcome"] == "xpass"
-    assert by_case["avg_int"]["outcome"] == "passed"
+    assert by_case["avg_int"]["outcome"] == "limitation"
     assert by_case["avg_int"]["expected"] == "raises"
+    assert report["summary"]["limitation"] == 1 and report["summary"]["passed"] == 0
+    # An xpass is unexpected: the verdict is not PASS.
+    assert report["summary"]["verdict"] == "FAIL"
+    assert "1 limitation" in report["summary"]["headline"]
     assert by_case["not_here"]["outcome"] == "skipped"
 
 

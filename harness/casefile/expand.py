@@ -97,12 +97,25 @@ class _Expander:
             out.append((f"params.{key}", key, as_list(value)))
         return out
 
+    def program_async(self, point: dict[str, Any]) -> str | None:
+        """A program's async axis, derived from its op steps at this point: ``async`` (every
+        op step is async), ``sync`` (none is) or ``mixed``. None for the ``op:`` form, whose
+        axis is the ``async`` flag itself. A step's own ``async:`` wins over the case's."""
+        if self.op is not None:
+            return None
+        default = bool(point.get("async", False))
+        flags = [bool(s.get("async", default)) or s["op"] in ops.ALWAYS_ASYNC
+                 for s in self.raw.get("steps", []) if "op" in s]
+        if flags and all(flags):
+            return "async"
+        return "mixed" if any(flags) else "sync"
+
     def id_for(self, point: dict[str, Any], axes: list[tuple[str, str, list[Any]]]) -> str:
         parts = [self.backend]
         for name, prefix, values in axes:
             v = point[name]
             if name == "async":
-                parts.append("async" if v else "sync")
+                parts.append(self.program_async(point) or ("async" if v else "sync"))
             elif name in ("device", "layout") and len(values) == 1 and v in ("default",
                                                                            "contiguous"):
                 continue
@@ -144,14 +157,17 @@ class _Expander:
         elif raw.get("crashes"):
             expectation = Expectation("crashes")
         tol = raw.get("tolerance")
+        mode = self.program_async(point) if "async" in point else None
         marks = [*raw.get("marks", []), *([main_name, main_family] if self.all_ops else [])]
         return Instance(
             file=case.file, line=case.line, case=case.name, id=inst_id,
             description=case.description, backend=self.backend, device=device, world_size=ws,
             dtype=point["dtype"], op=main_name, family=main_family,
-            reduce_op=point.get("reduce_op"), async_op=bool(point.get("async", False)),
+            reduce_op=point.get("reduce_op"),
+            async_op=(mode in ("async", "mixed")) if mode else bool(point.get("async", False)),
             params=tuple(sorted(params.items())),
-            axes=tuple((k, _jsonish(v)) for k, v in point.items()),
+            axes=tuple((k, mode if k == "async" and mode else _jsonish(v))
+                       for k, v in point.items()),
             tensors=tensors, steps=steps, expected=expected, shorthand=shorthand,
             tolerance=Tolerance(**tol) if tol else None, expectation=expectation,
             overrides=self._overrides(), deadline=raw.get("deadline"),

@@ -20,20 +20,45 @@ from .fields import KEYWORDS
 
 def override_applies(o: Override, inst: Instance, torch_version: str) -> bool:
     """Whether override ``o`` matches ``inst`` on this torch version."""
+    return not _mismatch(o, inst, torch_version)
+
+
+def _mismatch(o: Override, inst: Instance, torch_version: str) -> set[str]:
+    """What keeps ``o`` from applying: ``axes`` (the instance is not what it is about),
+    ``backend`` and/or ``torch`` (its scope); empty when it applies."""
     axes = dict(inst.axes)
     axes["backend"] = inst.backend
     axes["device"] = inst.device
+    out: set[str] = set()
     for key, allowed in o.when:
         have = axes.get(key)
         if key == "dtype":
             allowed = tuple(dtypes.canonical(a) or a for a in allowed)
         if have not in allowed and not (isinstance(have, list) and tuple(have) in allowed):
-            return False
+            out.add("backend" if key == "backend" else "axes")
     if o.torch:
         base = Version(torch_version.split("+")[0])
         if base not in SpecifierSet(o.torch, prereleases=True):
-            return False
-    return True
+            out.add("torch")
+    return out
+
+
+def not_applied(inst: Instance, torch_version: str) -> list[dict[str, Any]]:
+    """Overrides that match ``inst`` in everything but their torch-version or backend scope.
+
+    They are why a known divergence can show up as an unexplained failure on another torch or
+    backend, so the report lists them (line, scope, the scope's condition, reason)."""
+    out: list[dict[str, Any]] = []
+    for o in inst.overrides:
+        miss = _mismatch(o, inst, torch_version)
+        if not miss or "axes" in miss:
+            continue
+        when = dict(o.when)
+        scope = "backend" if "backend" in miss else "torch"
+        cond = (f"backend {', '.join(map(str, when.get('backend', ())))}" if scope == "backend"
+                else f"torch {o.torch}")
+        out.append({"line": o.line, "scope": scope, "when": cond, "reason": o.reason})
+    return out
 
 
 def resolve(inst: Instance, torch_version: str) -> Instance:

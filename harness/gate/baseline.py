@@ -29,9 +29,13 @@ LEVELS: tuple[Level, ...] = ("fail", "warn", "ok")
 # coverage (missing, newly skipped) and fixes that should be locked in warn.
 CATEGORIES: tuple[str, ...] = ("regression", "new_failure", "missing", "newly_skipped", "fixed",
                                "new", "changed", "unchanged")
+# Session-level keys: ``incomplete`` is a report whose session did not give every collected
+# instance a result (Ctrl-C, SIGTERM, -x, --maxfail, a crash); it fails unless allowed.
+SESSION_KEYS: tuple[str, ...] = ("incomplete",)
+POLICY_KEYS: tuple[str, ...] = (*CATEGORIES, *SESSION_KEYS)
 DEFAULT_POLICY: dict[str, Level] = {
     "regression": "fail", "new_failure": "fail", "missing": "warn", "newly_skipped": "warn",
-    "fixed": "warn", "new": "ok", "changed": "ok", "unchanged": "ok",
+    "fixed": "warn", "new": "ok", "changed": "ok", "unchanged": "ok", "incomplete": "fail",
 }
 REFRESH_HINT = ("pytest cases/ --backend gloo && "
                 "collective-gate reports/conformance.json ci/baselines/gloo-cpu.json --update")
@@ -98,9 +102,9 @@ def parse_policy(items: dict[str, Any], where: str) -> dict[str, Level]:
     """Validate a category -> level mapping (from a baseline file or ``--policy``)."""
     out: dict[str, Level] = {}
     for cat, level in items.items():
-        if cat not in CATEGORIES:
+        if cat not in POLICY_KEYS:
             raise BaselineError(f"{where}: unknown gate category {cat!r}; "
-                                f"choose from {', '.join(CATEGORIES)}")
+                                f"choose from {', '.join(POLICY_KEYS)}")
         if level not in LEVELS:
             raise BaselineError(f"{where}: policy for {cat!r} must be one of "
                                 f"{', '.join(LEVELS)}, got {level!r}")
@@ -167,7 +171,7 @@ def render(baseline: Baseline) -> str:
         "backends": sorted({e.backend for e in entries}),
         "torch": baseline.torch,
         "counts": {o: counts[o] for o in OUTCOMES if counts[o]},
-        "policy": {c: baseline.policy[c] for c in CATEGORIES if c in baseline.policy},
+        "policy": {c: baseline.policy[c] for c in POLICY_KEYS if c in baseline.policy},
     }
     lines = ["{"]
     lines += [f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in head.items()]

@@ -21,7 +21,16 @@ from ..report.records import load_report, write_atomic
 from . import baseline as bl
 from . import perf
 from .baseline import Baseline, BaselineError, Entry, Level
-from .compare import GateResult, Match, compare, render_markdown, render_text, to_json
+from .compare import (
+    GateResult,
+    Match,
+    check_exit_status,
+    check_session,
+    compare,
+    render_markdown,
+    render_text,
+    to_json,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,6 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", metavar="PATH", help="also write the result as Markdown")
     p.add_argument("--json", dest="json_path", metavar="PATH",
                    help="also write the result as JSON")
+    p.add_argument("--pytest-status", type=int, default=None, metavar="N",
+                   help="pytest's exit status for the run that wrote REPORT: the gate fails "
+                        "when it is not explained by the report (status 1 without a failing "
+                        "record, or anything but 0, 1 and 5)")
     p.add_argument("--max-list", type=int, default=200, metavar="N",
                    help="list at most N instances per category (default 200)")
     p.add_argument("--perf", action="store_true",
@@ -97,11 +110,15 @@ def _label(path: str, backends: list[str], torch: str) -> str:
 
 
 def gate_files(report_path: str, baseline_path: str, match: Match = "auto",
-               policy: dict[str, Level] | None = None) -> GateResult:
-    """Load both files and compare them."""
+               policy: dict[str, Level] | None = None,
+               pytest_status: int | None = None) -> GateResult:
+    """Load both files and compare them (and the session behind the report)."""
     report = _load_report(report_path)
     base = bl.load(baseline_path)
     res = compare(bl.entries_from_report(report), base, match, policy)
+    check_session(res, report)
+    if pytest_status is not None:
+        check_exit_status(res, pytest_status, report)
     res.report_label = _label(report_path, res.report_backends, report["metadata"]["torch"])
     res.baseline_label = _label(baseline_path, res.baseline_backends, base.torch)
     return res
@@ -142,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(update(args.report, args.baseline, args.keep_missing))
             return 0
         res = gate_files(args.report, args.baseline, args.match,
-                         cli_policy(args.policy, args.strict))
+                         cli_policy(args.policy, args.strict), args.pytest_status)
     except BaselineError as exc:
         sys.stderr.write(f"collective-gate: error: {exc}\n")
         return 2

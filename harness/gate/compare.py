@@ -11,6 +11,14 @@ Every instance is classified (see :data:`harness.gate.baseline.CATEGORIES`):
 - ``changed``: any other outcome change (failed -> hang, an xfail added to a failing case...);
 - ``unchanged``: the same outcome, or one the baseline entry ``allow``s.
 
+A ``limitation`` (rejected, crashed or hung as declared) met its expectation like a pass: a
+pass that becomes a limitation is a regression (the backend stopped doing what the contract
+says), a limitation that becomes a pass is ``fixed``, one that starts failing a regression.
+
+Besides the instances, the gate checks the session behind the report: an incomplete session
+(policy key ``incomplete``, default fail) and pytest failures that no failing record explains
+(always fail: the gate is never more positive than the evidence).
+
 The baseline's ``policy`` (overridable with ``--policy``) says which categories fail the gate
 (exit 1), which only warn, and which are informational. The command is
 :mod:`harness.gate.cli`.
@@ -26,6 +34,7 @@ from .baseline import Baseline, BaselineError, Entry, Level
 
 BAD = frozenset({"failed", "error", "hang", "crash"})
 PASSING = frozenset({"passed", "xpass"})
+MET = frozenset({"passed", "xpass", "xfail", "limitation"})
 Match = Literal["auto", "exact", "agnostic"]
 TITLES = {"regression": "Regressions", "new_failure": "New failures", "missing": "Missing",
           "newly_skipped": "Newly skipped", "fixed": "Fixed", "new": "New",
@@ -61,6 +70,8 @@ class GateResult:
     report_label: str = ""
     baseline_label: str = ""
     notes: list[str] = field(default_factory=list)
+    # Session-level problems: (policy key or "unexplained", message); "unexplained" always fails.
+    problems: list[tuple[str, str]] = field(default_factory=list)
 
     def of(self, category: str) -> list[Change]:
         return [c for c in self.changes if c.category == category]
@@ -69,11 +80,15 @@ class GateResult:
         return {cat: len(self.of(cat)) for cat in bl.CATEGORIES}
 
     def failing(self) -> list[str]:
-        """Categories with instances whose policy is ``fail``."""
-        return [c for c, n in self.counts().items() if n and self.policy.get(c) == "fail"]
+        """Categories with instances (or session problems) whose policy is ``fail``."""
+        out = [c for c, n in self.counts().items() if n and self.policy.get(c) == "fail"]
+        out += [k for k, _ in self.problems
+                if k == "unexplained" or self.policy.get(k, "fail") == "fail"]
+        return out
 
     def warning(self) -> list[str]:
-        return [c for c, n in self.counts().items() if n and self.policy.get(c) == "warn"]
+        out = [c for c, n in self.counts().items() if n and self.policy.get(c) == "warn"]
+        return out + [k for k, _ in self.problems if self.policy.get(k) == "warn"]
 
     @property
     def ok(self) -> bool:
@@ -84,7 +99,7 @@ class GateResult:
         counts = self.counts()
         word = "PASS" if self.ok else "FAIL"
         blocking = self.failing() if not self.ok else self.warning()
-        head = ", ".join(f"{counts[c]} {c}" for c in blocking)
+        head = ", ".join(f"{counts[c]} {c}" if c in counts else c for c in blocking)
         if self.ok and blocking:
             word = "PASS with warnings"
         total = sum(counts.values())
@@ -103,7 +118,10 @@ def _classify_pair(b: Entry, r: Entry) -> str:
             return "changed"
         return "new_failure" if was == "skipped" else "regression"
     if now in PASSING:
-        return "fixed" if (was in BAD or was == "xfail") else "changed"
+        return "fixed" if (was in BAD or was in ("xfail", "limitation")) else "changed"
+    if now == "limitation":
+        # The backend now rejects (crashes, hangs) where it did what the contract says.
+        return "regression" if was in PASSING else "changed"
     # now == "xfail": a failure someone declared; it hides a regression if it passed before.
     return "regression" if was in PASSING else "changed"
 
@@ -158,6 +176,48 @@ def compare(report_entries: list[Entry], base: Baseline, match: Match = "auto",
                       notes=notes)
 
 
+def check_session(res: GateResult, report: dict[str, Any]) -> None:
+    """Add the session-level problems of ``report`` to ``res``: an incomplete session, and
+    pytest failures that no failing record explains (a lost record, a collection error)."""
+    session = report.get("session")
+    if not isinstance(session, dict):
+        return
+    if not session.get("complete", True):
+        res.problems.append((
+            "incomplete",
+            f"the session was incomplete: {session.get('without_result', '?')} of "
+            f"{session.get('collected', '?')} collected instance(s) have no result; it ended: "
+            f"{session.get('ended_by') or 'unknown'} (policy key 'incomplete')"))
+    unexplained = session.get("unexplained_failures", 0)
+    if unexplained:
+        res.problems.append((
+            "unexplained",
+            f"pytest counted {session.get('pytest_failures')} failure(s) but only "
+            f"{session.get('pytest_failures', 0) - unexplained} failing record(s) explain them:"
+            f" {unexplained} failure(s) (a collection error, a non-case test, a lost record) "
+            "are not in the report"))
+    status = session.get("pytest_exit_status")
+    if isinstance(status, int) and status not in (0, 1, 5) and session.get("complete", True):
+        res.problems.append(("unexplained", f"pytest exited with status {status}: the run "
+                             "itself did not finish normally"))
+
+
+def check_exit_status(res: GateResult, status: int, report: dict[str, Any]) -> None:
+    """``--pytest-status``: the gate is never more positive than pytest's own exit status. A
+    status 1 must be explained by failing records, anything but 0/1/5 fails the gate."""
+    if any(k == "unexplained" for k, _ in res.problems):
+        return  # the report's own session block already says it
+    records = report.get("records", [])
+    failing = sum(r.get("outcome") in BAD for r in records)
+    if status == 1 and not failing:
+        res.problems.append(("unexplained", "pytest exited with status 1 but no record failed:"
+                             " the failure (a collection error, a non-case test, a lost "
+                             "record) is not in the report; see the pytest log"))
+    elif status not in (0, 1, 5):
+        res.problems.append(("unexplained", f"pytest exited with status {status} "
+                             "(interrupted, internal or usage error): the run is not complete"))
+
+
 # -- rendering ---------------------------------------------------------------------------------
 
 ORDER = ("regression", "new_failure", "missing", "newly_skipped", "fixed", "changed", "new")
@@ -166,6 +226,7 @@ ORDER = ("regression", "new_failure", "missing", "newly_skipped", "fixed", "chan
 def render_text(res: GateResult, max_list: int = 200) -> str:
     """Plain text for a terminal: the verdict first, then each non-trivial category."""
     lines = [f"collective-gate: {res.verdict()}"]
+    lines += [f"  {'FAIL' if k in res.failing() else 'WARN'}: {m}" for k, m in res.problems]
     if res.report_label or res.baseline_label:
         lines.append(f"  report {res.report_label} vs baseline {res.baseline_label}")
     lines += [f"  {n}" for n in res.notes]
@@ -194,6 +255,10 @@ def render_markdown(res: GateResult, max_list: int = 100) -> str:
     """Markdown for ``$GITHUB_STEP_SUMMARY`` and PR comments: verdict heading first."""
     icon = "✅" if res.ok and not res.warning() else ("⚠️" if res.ok else "❌")
     out = [f"## {icon} Conformance gate: {_md_escape(res.verdict())}", ""]
+    out += [f"> **{'FAIL' if k in res.failing() else 'WARN'}**: {_md_escape(m)}"
+            for k, m in res.problems]
+    if res.problems:
+        out.append("")
     if res.report_label or res.baseline_label:
         out += [f"Report `{res.report_label}` vs baseline `{res.baseline_label}`; "
                 + "; ".join(res.notes) + ".", ""]
@@ -219,4 +284,5 @@ def to_json(res: GateResult) -> dict[str, Any]:
             "policy": res.policy, "failing": res.failing(), "warning": res.warning(),
             "agnostic": res.agnostic, "report_backends": res.report_backends,
             "baseline_backends": res.baseline_backends,
+            "problems": [{"key": k, "message": m} for k, m in res.problems],
             "changes": [c.__dict__ for c in res.changes if c.category != "unchanged"]}

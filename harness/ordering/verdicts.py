@@ -26,6 +26,7 @@ An override's ``ordering: [check, ...]`` documents a known divergence: the verdi
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..model import Instance, InstanceResult, OrderingPlan, RankResult
@@ -93,14 +94,17 @@ def _completion(inst: Instance, plan: OrderingPlan, results: dict[int, RankResul
     cuda = inst.device == "cuda"
     after = "after wait() and a device synchronize" if cuda else "after wait()"
     bad: list[str] = []
+    seen = 0  # is_completed() values actually observed: "ok" needs at least one
     for r, res in sorted(results.items()):
         for ev in res.events:
             flag = ev.completed_after_sync if cuda else ev.completed_after_wait
+            seen += flag is not None
             if flag is False:
                 bad.append(f"rank {r}: step {ev.index} {ev.what}: is_completed() is False "
                            f"{after}")
     for r, o in _probe(results, "post_wait").items():
         flag = o["completed_after_sync"] if cuda else o["completed_after_wait"]
+        seen += flag is not None
         if flag is False:
             bad.append(f"rank {r}: probe: is_completed() is False {after}")
         if o["completed_at_return"] and not o["at_return_ok"] and base[0]:
@@ -111,8 +115,12 @@ def _completion(inst: Instance, plan: OrderingPlan, results: dict[int, RankResul
         return _verdict("violated", _lines(bad))
     if not plan.async_steps:
         return _verdict("n/a", "no async op")
+    if not seen:
+        return _verdict("n/a", "no is_completed() value was observed (the async calls "
+                        "returned no Work with is_completed(), e.g. a Future)")
     return _verdict("ok", f"is_completed() true {after}"
-                    + ("; true at return only with the result in place" if plan.probes else ""))
+                    + ("; true at return only with the result in place"
+                       if plan.probes and not moves_nothing(inst) else ""))
 
 
 def _host_blocking(plan: OrderingPlan, results: dict[int, RankResult], base: tuple[bool, str]
@@ -177,8 +185,32 @@ def _why_no_probe(plan: OrderingPlan) -> str:
             else "probes are turned off (ordering: none)")
 
 
+def moves_nothing(inst: Instance) -> bool:
+    """Whether the op's buffers hold zero elements on every rank. Such an op has nothing to
+    communicate, so probes of when data moved observe nothing: a label would be unsupported."""
+    if inst.shorthand is None:
+        return False
+    names = set(inst.shorthand)
+    specs = [t for t in inst.tensors if t.name in names]
+    for t in specs:
+        for r in range(inst.world_size):
+            shape = t.shape_for(r)
+            if shape is None or not all(isinstance(d, int) for d in shape):
+                return False
+            if math.prod(d for d in shape if isinstance(d, int)) != 0:
+                return False
+    return bool(specs)
+
+
+NOTHING_TO_MOVE = ("nothing to move: the op's buffers have zero elements, so there is no data "
+                   "whose timing could be observed")
+
+
 def judge(inst: Instance, results: dict[int, RankResult]) -> dict[str, Any]:
-    """The ordering verdicts of one instance, as stored in its report record."""
+    """The ordering verdicts of one instance, as stored in its report record.
+
+    A verdict or observed label is written only when the observation supports it: with zero
+    elements to move, pre-op, post-wait and host blocking are ``n/a`` with that reason."""
     plan = inst.ordering
     assert plan is not None
     base = _baseline(results)
@@ -189,6 +221,9 @@ def judge(inst: Instance, results: dict[int, RankResult]) -> dict[str, Any]:
         "host_blocking": _host_blocking(plan, results, base),
         "declared": _declared(plan, results),
     }
+    if plan.probes and moves_nothing(inst):
+        for check in ("pre_op", "post_wait", "host_blocking"):
+            verdicts[check] = _verdict("n/a", NOTHING_TO_MOVE)
     verdicts["probes"] = plan.probes
     verdicts["delay_s"] = plan.delay_s
     verdicts["delayed_rank"] = plan.delayed_rank if plan.probes else None

@@ -15,13 +15,14 @@ import json
 from collections import Counter, defaultdict
 from typing import Any
 
+from . import headline
 from .markdown import BAD
 from .oneline import one_line
 from .perf_html import render as perf_section
 
 # Worst first: a cell or chip takes the color of its worst outcome.
-# "limitation" is not an outcome: a passed instance whose case expects the backend to reject,
-# crash or hang (a documented limitation), shown apart so such a cell does not look green.
+# "limitation": the backend rejected, crashed or hung as the case declares (not a pass), shown
+# apart so such a cell does not look green.
 SEVERITY = ("crash", "hang", "error", "failed", "xpass", "xfail", "limitation", "passed",
             "skipped")
 COLORS = {"passed": "#2da44e", "failed": "#cf222e", "error": "#8250df", "hang": "#fb8500",
@@ -30,11 +31,13 @@ COLORS = {"passed": "#2da44e", "failed": "#cf222e", "error": "#8250df", "hang": 
 
 
 def shown(r: dict[str, Any]) -> str:
-    """What the matrix shows for a record: its outcome, or "limitation" (see SEVERITY)."""
-    if r["outcome"] == "passed" and r.get("expected", "pass") != "pass":
+    """What the matrix shows for a record: its outcome ("limitation" also for reports written
+    before it was an outcome, where a declared failure mode counted as passed)."""
+    if r["outcome"] == "passed" and r.get("expected", "pass") != "pass" and r.get("reason"):
         return "limitation"
     return str(r["outcome"])
-ASYNC_LABEL = {True: "a", False: "s", None: ""}
+ASYNC_LABEL = {True: "a", False: "s", "mixed": "m", None: ""}
+MODE = {True: "async", False: "sync", "mixed": "mixed sync/async steps", None: "no async axis"}
 
 CSS = """
 body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 24px 48px;color:#1f2328}
@@ -128,8 +131,15 @@ def _prop_cell(value: Any) -> str:
     return f"<td>{_e(text)}</td>"
 
 
-def _combo(r: dict[str, Any]) -> tuple[int, bool | None]:
-    return (r["world_size"], r["async"] if "async" in r["axes"] else None)
+def _combo(r: dict[str, Any]) -> tuple[int, bool | str | None]:
+    """World size and mode; a program's async axis is derived from its steps (async, sync or
+    mixed), a shorthand instance's is its ``async`` flag."""
+    if "async" not in r["axes"]:
+        return (r["world_size"], None)
+    axis = r["axes"]["async"]
+    mode: bool | str = {"async": True, "sync": False}.get(axis, axis) if isinstance(
+        axis, str) else bool(axis)
+    return (r["world_size"], mode)
 
 
 def _matrix(backend: str, recs: list[dict[str, Any]]) -> list[str]:
@@ -153,7 +163,7 @@ def _matrix(backend: str, recs: list[dict[str, Any]]) -> list[str]:
             out.append(f'<td class="cell w-{w}" data-op="{_e(op)}" data-dtype="{_e(d)}" '
                        f'data-outcome="{w}" data-count="{len(group)}" '
                        f'title="{_e(_counts_text(counts))}"><div class="chips">')
-            combos: dict[tuple[int, bool | None], Counter[str]] = defaultdict(Counter)
+            combos: dict[tuple[int, bool | str | None], Counter[str]] = defaultdict(Counter)
             for r in group:
                 combos[_combo(r)][shown(r)] += 1
             for (ws, asy), cc in sorted(combos.items(), key=lambda kv: (kv[0][0],
@@ -164,7 +174,7 @@ def _matrix(backend: str, recs: list[dict[str, Any]]) -> list[str]:
                                   and (cw in BAD or cw == "xpass")), None)
                 href = anchor("f", first_bad["key"]) if first_bad else anchor("d", backend,
                                                                               op, d)
-                mode = {True: "async", False: "sync", None: "no async axis"}[asy]
+                mode = MODE[asy]
                 out.append(f'<a class="chip o-{cw}" href="#{href}" data-world-size="{ws}" '
                            f'data-async="{_e(asy)}" data-outcome="{cw}" title="world size {ws},'
                            f' {mode}: {_e(_counts_text(cc))}">{ws}{ASYNC_LABEL[asy]}</a>')
@@ -251,7 +261,7 @@ def _drilldown(backend: str, recs: list[dict[str, Any]]) -> list[str]:
         cells[(r["op"], r["dtype"])].append(r)
     out = ["<h3>Instances by cell</h3>"]
     for (op, d), group in sorted(cells.items()):
-        counts = Counter(r["outcome"] for r in group)
+        counts = Counter(shown(r) for r in group)
         out.append(f'<details class="drill" id="{anchor("d", backend, op, d)}"><summary>'
                    f"<code>{_e(op)}</code> &times; <code>{_e(d)}</code>: {_e(_counts_text(counts))}"
                    "</summary><table><thead><tr><th>outcome</th><th>instance</th><th>ws</th>"
@@ -266,10 +276,11 @@ def _drilldown(backend: str, recs: list[dict[str, Any]]) -> list[str]:
                     f'<span class="chip o-{"passed" if v else "failed"}" title="{_e(k)}">'
                     f'{_e(k.removesuffix(".ok"))}</span>' if isinstance(v, bool)
                     else f"{_e(k)}={_e(v)}" for k, v in ordering_props(r["ordering"]))
-            mode = ("-" if "async" not in r["axes"] else "async" if r.get("async") else "sync")
+            asy = _combo(r)[1]
+            mode = "-" if asy is None else "mixed" if asy == "mixed" else MODE[asy]
             note = r.get("reason") or (r["message"].splitlines()[0]
                                        if r["outcome"] == "skipped" else "")
-            out.append(f"<tr><td>{_badge(r['outcome'])}</td><td>{name}</td>"
+            out.append(f"<tr><td>{_badge(shown(r))}</td><td>{name}</td>"
                        f"<td>{r['world_size']}</td><td>{mode}</td>"
                        f"<td>{r.get('duration_s', 0) * 1000:.1f}</td><td>{order}</td>"
                        f"<td>{_e(note)}</td></tr>")
@@ -292,17 +303,31 @@ def render(report: dict[str, Any], title: str = "collective-harness conformance"
                        "call, crash or hang (an override with its reason), and it did.</p>",
                        '<p class="meta">Each cell: one chip per world size, s = sync, a = async;'
                        " click a chip for its first failure or the cell's instances.</p>"]
+    session = report.get("session") if isinstance(report.get("session"), dict) else None
+    if session is not None and not session.get("complete", True):
+        body.insert(1, f'<p class="verdict fail" id="incomplete">INCOMPLETE SESSION: '
+                    f"{_e(headline.incomplete_text(session))}. The counts below cover only what"
+                    " ran; this report is not a verdict on the backend.</p>")
+    scoped = report.get("summary", {}).get("overrides_not_applied") or []
+    if scoped:
+        body.append('<details class="not-applied"><summary>Overrides not applied because of '
+                    f"their torch-version or backend scope: {len(scoped)} override(s), "
+                    f"covering {sum(o['instances'] for o in scoped)} instance(s)"
+                    "</summary><ul>" + "".join(
+                        f"<li><code>{_e(o['file'])}:{o['line']}</code> ({_e(o['when'])}; "
+                        f"{o['instances']} instance(s)): {_e(o['reason'])}: "
+                        f"{_e(', '.join(o['cases']))}</li>" for o in scoped) + "</ul></details>")
     for backend in backends:
         recs = [r for r in report["records"] if r["backend"] == backend]
-        counts = Counter(r["outcome"] for r in recs)
-        bad = sum(counts[o] for o in BAD)
+        counts = Counter(shown(r) for r in recs)
         devices = ", ".join(sorted({r["device"] for r in recs})) or "-"
         body.append(f'<section class="backend" id="{anchor("b", backend)}" '
                     f'data-backend="{_e(backend)}">')
         body.append(f"<h2>{_e(backend)} on {_e(devices)}</h2>")
-        body.append(f'<p class="verdict {"fail" if bad else "pass"}">'
-                    f'{"FAIL" if bad else "PASS"}: {len(recs)} instances — '
-                    f"{_e(_counts_text(counts))}</p>")
+        summary = {**counts, "total": len(recs)}
+        word = headline.verdict(summary, session)
+        body.append(f'<p class="verdict {"pass" if word == "PASS" else "fail"}">'
+                    f"{_e(headline.headline(summary, session))}</p>")
         body += _matrix(backend, recs)
         body += _ordering(recs)
         body += _failures(recs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -16,9 +17,28 @@ import jsonschema
 
 from ..model import Instance, InstanceResult
 from ..perf import stats as perfstats
+from . import headline
 
 SCHEMA_VERSION = 1
-OUTCOMES = ("passed", "failed", "error", "hang", "crash", "skipped", "xfail", "xpass")
+OUTCOMES = ("passed", "failed", "error", "hang", "crash", "skipped", "xfail", "xpass",
+            "limitation")
+
+
+def clean(value: Any) -> Any:
+    """``value`` with every string made encodable as UTF-8: a lone surrogate (from a case's
+    description, an exception message, a reason) becomes a visible ``\\udcxx`` escape, so
+    that writing a report never fails on content."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {clean(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
 
 
 def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict[str, Any]:
@@ -58,7 +78,8 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
                 # message say what was raised, and a library of expected rejections would
                 # otherwise fill the report with identical stacks.
                 entry["exception"] = {"type": rr.exc_type, "message": rr.exc_message,
-                                      "traceback": "" if result.outcome == "passed"
+                                      "traceback": "" if result.outcome in ("passed",
+                                                                            "limitation")
                                       else rr.traceback, "step": rr.step}
         ranks.append(entry)
     record: dict[str, Any] = {
@@ -90,7 +111,11 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
         record["ordering"] = result.ordering
     if result.perf:
         record["perf"] = result.perf
-    return record
+    if result.harness_error:
+        record["harness_error"] = result.harness_error
+    if result.overrides_not_applied:
+        record["overrides_not_applied"] = result.overrides_not_applied
+    return dict(clean(record))
 
 
 def _compact(values: dict[str, Any]) -> dict[str, Any]:
@@ -123,25 +148,50 @@ def report_schema() -> dict[str, Any]:
     return dict(json.loads(text))
 
 
-def build_report(records: list[dict[str, Any]], metadata: dict[str, Any]) -> dict[str, Any]:
-    """The whole report: metadata, summary and records sorted by key (reproducible)."""
+def build_report(records: list[dict[str, Any]], metadata: dict[str, Any],
+                 session: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The whole report: metadata, summary and records sorted by key (reproducible).
+
+    ``session`` says whether the session was complete (see :mod:`harness.report.headline`);
+    without it (a report assembled outside pytest) the records are taken as the whole run."""
     records = sorted(records, key=lambda r: (r["backend"], r["key"]))
     counts = Counter(r["outcome"] for r in records)
     summary: dict[str, Any] = {o: counts.get(o, 0) for o in OUTCOMES}
     summary["total"] = len(records)
-    summary["ok"] = all(r["outcome"] not in ("failed", "error", "hang", "crash")
-                        for r in records)
+    summary["verdict"] = headline.verdict(summary, session)
+    summary["ok"] = summary["verdict"] == "PASS"
+    summary["headline"] = headline.headline(summary, session)
+    summary["overrides_not_applied"] = overrides_not_applied(records)
     meta = dict(metadata)
     meta.setdefault("created", datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
     meta["world_sizes"] = sorted({r["world_size"] for r in records})
     meta["backends"] = sorted({r["backend"] for r in records})
     meta["devices"] = sorted({r["device"] for r in records})
-    report = {"schema_version": SCHEMA_VERSION, "metadata": meta, "summary": summary,
-              "records": records}
+    out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "metadata": meta,
+                           "summary": summary}
+    if session is not None:
+        out["session"] = session
+    out["records"] = records
     perf = perfstats.section(records, meta)
     if perf is not None:
-        report["perf"] = perf
-    return report
+        out["perf"] = perf
+    return dict(clean(out))
+
+
+def overrides_not_applied(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per override that did not apply because of its torch or backend scope, with
+    how many instances and which cases it would have covered (for the report header)."""
+    seen: dict[tuple[str, int, str], dict[str, Any]] = {}
+    for r in records:
+        for o in r.get("overrides_not_applied", ()):
+            k = (r["file"], o["line"], o["scope"])
+            entry = seen.setdefault(k, {"file": r["file"], "line": o["line"],
+                                        "scope": o["scope"], "when": o.get("when", ""),
+                                        "reason": o["reason"], "instances": 0, "cases": []})
+            entry["instances"] += 1
+            if r["case"] not in entry["cases"]:
+                entry["cases"].append(r["case"])
+    return [seen[k] for k in sorted(seen)]
 
 
 def validate_report(report: dict[str, Any]) -> None:
@@ -151,24 +201,47 @@ def validate_report(report: dict[str, Any]) -> None:
 
 def write_atomic(path: str, text: str) -> None:
     """Write ``text`` to ``path`` so readers never see a half-written file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is meant to be shared
-    os.replace(tmp, path)
+    write_all([(path, text)])
+
+
+def json_text(report: dict[str, Any]) -> str:
+    """The report as JSON text (validated): one record per line, compact, yet diffs and grep
+    stay readable (jq pretty-prints)."""
+    validate_report(report)
+    head = {k: v for k, v in report.items() if k != "records"}
+    lines = [json.dumps(r, separators=(",", ":")) for r in report["records"]]
+    return (json.dumps(head, indent=1)[:-2] + ',\n "records": [\n' + ",\n".join(lines)
+            + "\n ]\n}\n")
 
 
 def write_json(path: str, report: dict[str, Any]) -> None:
-    validate_report(report)
-    # One record per line: compact, yet diffs and grep stay readable (jq pretty-prints).
-    head = {k: v for k, v in report.items() if k != "records"}
-    lines = [json.dumps(r, separators=(",", ":")) for r in report["records"]]
-    text = json.dumps(head, indent=1)[:-2] + ',\n "records": [\n' + ",\n".join(lines) + "\n ]\n}\n"
-    write_atomic(path, text)
+    write_atomic(path, json_text(report))
+
+
+def write_all(files: list[tuple[str, str]]) -> None:
+    """Write several files as one set: every text goes to a temporary file beside its target
+    first, and the targets are replaced only once all were written, so a failure leaves the
+    previous set in place (and no temporary file behind) rather than a mix of old and new."""
+    done: list[tuple[str, str]] = []
+    try:
+        for path, text in files:
+            folder = os.path.dirname(os.path.abspath(path))
+            os.makedirs(folder, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-",
+                                       suffix=os.path.basename(path))
+            done.append((tmp, path))
+            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
+                fh.write(text)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is meant to be shared
+    except BaseException:
+        for tmp, _ in done:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+    for tmp, path in done:
+        os.replace(tmp, path)
 
 
 def load_report(path: str) -> dict[str, Any]:

@@ -47,10 +47,23 @@ def truncate(text: str, budget: int) -> str:
     return out.rstrip("\n") + NOTE.format(n=dropped)
 
 
+def notices(matrix: str) -> str:
+    """The report's leading notices (an incomplete session, overrides not applied), which a
+    reader must see before any count: shown above the fold, not inside ``<details>``."""
+    keep: list[str] = []
+    for line in matrix.splitlines():
+        if not line.startswith("> "):
+            break
+        keep.append(line)
+    return "\n".join(keep)
+
+
 def compose(verdict: str, matrix: str, budget: int = DEFAULT_BUDGET,
             matrix_title: str = "Conformance matrix") -> str:
-    """Verdict, then the matrix inside ``<details>``, within ``budget`` bytes in all."""
-    verdict = verdict.rstrip() + "\n"
+    """Verdict (with the report's leading notices), then the matrix inside ``<details>``,
+    within ``budget`` bytes in all."""
+    head_notes = notices(matrix.lstrip())
+    verdict = verdict.rstrip() + "\n" + (f"\n{head_notes}\n" if head_notes else "")
     head = f"\n<details><summary>{matrix_title}</summary>\n\n"
     tail = "\n\n</details>\n"
     frame = _size(head) + _size(tail)

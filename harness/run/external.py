@@ -153,13 +153,19 @@ def main(argv: list[str] | None = None) -> int:
     watchdog = _Watchdog(rank)
     records: list[dict[str, Any]] = []
 
-    def flush_report() -> None:
+    def flush_report(running: str = "") -> None:
+        # Written before each instance so that a hang leaves the report of what came before:
+        # such a report says it is incomplete (never PASS) until the run finishes.
         meta = {**caps.metadata(), "options": {"mode": "external", "backend": args.backend,
                                                "launched_world_size": world,
                                                "deadline_s": args.deadline,
                                                "perf": dataclasses.asdict(plan) if plan
                                                else None}}
-        report = build_report(records, meta)
+        session = {"complete": not running, "collected": len(instances),
+                   "without_result": len(instances) - len(records),
+                   "ended_by": (f"did not finish: stopped in {running} (a hang or a crash ends "
+                                "an external run)") if running else "finished"}
+        report = build_report(records, meta, session)
         write_report(args.report_json, report)
         write_atomic(args.report_md, markdown.render(report))
 
@@ -179,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         deadline = inst.deadline or args.deadline
         if rank == 0:  # if this instance hangs, the report of what came before survives
-            flush_report()
+            flush_report(running=inst.key)
         watchdog.arm(inst, deadline)
         t0 = time.monotonic()
         result = run_instance(inst, renv, run_probes, time_instance)

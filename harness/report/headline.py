@@ -1,0 +1,72 @@
+"""The report's verdict and headline: what is true at a glance, in one line.
+
+``PASS`` means nothing unexpected happened and the session is complete: every collected
+instance has a result, none failed, errored, hung or crashed, and no declared failure passed
+(xpass). ``INCOMPLETE`` wins over everything: a session stopped early (Ctrl-C, SIGTERM, ``-x``,
+``--maxfail``, a crash) never reads PASS for what happened to run. The headline counts what each
+outcome means: conformant instances (the backend did what the contract says), known divergences
+(xfail), limitations (rejected, crashed or hung exactly as an override declares), failures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BAD = ("failed", "error", "hang", "crash")
+UNEXPECTED = (*BAD, "xpass")
+
+
+def verdict(summary: dict[str, Any], session: dict[str, Any] | None) -> str:
+    """``PASS``, ``FAIL`` or ``INCOMPLETE`` (see the module docstring)."""
+    if session is not None and not session.get("complete", True):
+        return "INCOMPLETE"
+    if any(summary.get(o, 0) for o in UNEXPECTED):
+        return "FAIL"
+    if session is not None and session.get("unexplained_failures", 0):
+        return "FAIL"
+    return "PASS"
+
+
+def _n(count: int, one: str, many: str | None = None) -> str:
+    return f"{count:,} {one if count == 1 else (many or one + 's')}"
+
+
+def counts_text(summary: dict[str, Any]) -> str:
+    """``1,441 conformant, 45 known divergences (xfail), 504 limitations, 0 failures``."""
+    bad = {o: summary.get(o, 0) for o in BAD if summary.get(o, 0)}
+    fails = _n(sum(bad.values()), "failure")
+    if bad:
+        fails += " (" + ", ".join(f"{n:,} {o}" for o, n in bad.items()) + ")"
+    parts = [f"{summary.get('passed', 0):,} conformant",
+             _n(summary.get("xfail", 0), "known divergence") + " (xfail)",
+             _n(summary.get("limitation", 0), "limitation"), fails]
+    if summary.get("xpass", 0):
+        parts.append(_n(summary["xpass"], "unexpected pass", "unexpected passes") + " (xpass)")
+    if summary.get("skipped", 0):
+        parts.append(f"{summary['skipped']:,} skipped")
+    return ", ".join(parts)
+
+
+def headline(summary: dict[str, Any], session: dict[str, Any] | None) -> str:
+    """``PASS: 2,030 instances: 1,441 conformant, ...; nothing unexpected``."""
+    word = verdict(summary, session)
+    total = summary.get("total", 0)
+    unexpected = sum(summary.get(o, 0) for o in UNEXPECTED)
+    tail = "nothing unexpected" if not unexpected else _n(unexpected, "unexpected result")
+    if session is not None and session.get("unexplained_failures", 0):
+        tail += (f"; pytest reported {_n(session['unexplained_failures'], 'failure')} that no "
+                 "record explains")
+    if word == "INCOMPLETE" and session is not None:
+        return (f"INCOMPLETE: {incomplete_text(session)}. Of the {total:,} with a result: "
+                f"{counts_text(summary)}; {tail}")
+    return f"{word}: {total:,} instances: {counts_text(summary)}; {tail}"
+
+
+def incomplete_text(session: dict[str, Any]) -> str:
+    """``284 of 2,030 collected instances have a result (1,746 without); the session ended:
+    interrupted (Ctrl-C)``."""
+    collected = session.get("collected", 0)
+    missing = session.get("without_result", 0)
+    have = max(collected - missing, 0)
+    return (f"{have:,} of {collected:,} collected instances have a result ({missing:,} "
+            f"without); the session ended: {session.get('ended_by') or 'unknown'}")

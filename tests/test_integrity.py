@@ -1,0 +1,469 @@
+"""Verdict integrity: the report never says more than was observed.
+
+Each test here fails on a harness that drops records, calls an interrupted session PASS, lets
+the gate be more positive than pytest, counts declared limitations as passes or leaves
+half-written report sets behind.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.gate import cli as gate
+from harness.report import records
+
+from .helpers import PYTHON, load_report, subprocess_env, wait_for
+
+PASSING = """
+cases:
+  - name: first
+    op: all_reduce
+    world_size: 2
+    shape: [4]
+    input: "rank + i"
+  - name: second
+    op: broadcast
+    world_size: 2
+    args: {src: 0}
+    shape: [2]
+    input: {0: [5, 6], others: poison}
+    expected: {others: [5, 6]}
+"""
+
+# Sorted by pool key, the failing instance runs before the two at world size 2.
+STOPS = """
+cases:
+  - name: wrong
+    op: all_reduce
+    world_size: 1
+    shape: [2]
+    input: "i"
+    expected: [7, 7]
+  - name: fine_a
+    op: all_reduce
+    world_size: 2
+    shape: [2]
+    input: "i"
+  - name: fine_b
+    op: all_reduce
+    world_size: 2
+    shape: [3]
+    input: "i"
+"""
+
+SLOW = """
+cases:
+  - name: quick
+    op: all_reduce
+    world_size: 1
+    shape: [2]
+    input: "i"
+  - name: slow
+    world_size: 2
+    deadline: 120
+    steps:
+      - {sleep: 60}
+  - name: never_reached
+    op: all_reduce
+    world_size: 2
+    shape: [2]
+    input: "i"
+"""
+
+# Written next to the cases: marks when the slow instance has started (polled by the test).
+MARKER_CONFTEST = """
+from pathlib import Path
+
+def pytest_runtest_call(item):
+    if "slow" in item.nodeid:
+        Path("slow-started").write_text(item.nodeid)
+"""
+
+
+def project(tmp_path: Path, cases: str, conftest: str = "") -> Path:
+    (tmp_path / "c.yaml").write_text(textwrap.dedent(cases))
+    if conftest:
+        (tmp_path / "conftest.py").write_text(textwrap.dedent(conftest))
+    return tmp_path
+
+
+def run(where: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "c.yaml",
+                           "--rootdir", str(where), *args], capture_output=True, text=True,
+                          errors="replace", cwd=where, timeout=300, env=subprocess_env())
+
+
+def report(where: Path) -> dict[str, Any]:
+    return load_report(where / "reports" / "conformance.json")
+
+
+def gate_against_itself(where: Path, *extra: str) -> tuple[int, str]:
+    """Gate the report against a baseline made from it: only session problems can fail."""
+    rep = where / "reports" / "conformance.json"
+    base = where / "base.json"
+    assert gate.main([str(rep), str(base), "--update"]) == 0
+    out = where / "gate.json"
+    code = gate.main([str(rep), str(base), "--json", str(out), *extra])
+    return code, out.read_text()
+
+
+# -- 2. vanishing records ---------------------------------------------------------------------
+
+INJECT_JUDGE = """
+import harness.plugin
+
+def _broken_judge(*args, **kwargs):
+    raise RuntimeError("injected judge failure")
+
+harness.plugin.judge = _broken_judge
+"""
+
+INJECT_SETUP = """
+import harness.casefile.overrides
+
+def _broken_resolve(inst, torch_version):
+    raise ValueError("injected setup failure")
+
+harness.casefile.overrides.resolve = _broken_resolve
+"""
+
+
+@pytest.mark.parametrize(("conftest", "stage", "text"), [
+    (INJECT_JUDGE, "running or judging", "injected judge failure"),
+    (INJECT_SETUP, "setting up", "injected setup failure"),
+])
+def test_internal_failure_is_an_error_record_not_a_missing_one(
+        tmp_path: Path, conftest: str, stage: str, text: str) -> None:
+    where = project(tmp_path, PASSING, conftest)
+    res = run(where, "-q")
+    assert res.returncode == 1, res.stdout + res.stderr
+    rep = report(where)
+    assert len(rep["records"]) == 2  # exactly one record per collected instance
+    for rec in rep["records"]:
+        assert rec["outcome"] == "error"
+        assert "bug in the harness, not a verdict on the backend" in rec["message"]
+        assert rec["harness_error"]["stage"] == stage
+        assert text in rec["harness_error"]["traceback"]
+    assert rep["session"]["complete"] is True
+    assert rep["summary"]["verdict"] == "FAIL"
+
+
+def test_a_dropped_record_fails_the_gate(tmp_path: Path) -> None:
+    """Simulate the old failure mode: pytest failed, yet no failing record (a lost record)."""
+    where = project(tmp_path, PASSING)
+    assert run(where, "-q").returncode == 0
+    rep_path = where / "reports" / "conformance.json"
+    code, text = gate_against_itself(where, "--pytest-status", "1")
+    assert code == 1
+    assert "no record failed" in text
+    # The same report with pytest's real status passes.
+    assert gate.main([str(rep_path), str(where / "base.json"), "--pytest-status", "0"]) == 0
+
+
+def test_collection_error_beside_passing_cases_is_not_pass(tmp_path: Path) -> None:
+    where = project(tmp_path, PASSING)
+    (where / "broken.yaml").write_text("cases:\n  - name: x\n    op: al_reduce\n")
+    res = subprocess.run([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "c.yaml",
+                          "broken.yaml", "--continue-on-collection-errors", "-q"],
+                         capture_output=True, text=True, cwd=where, timeout=300,
+                         env=subprocess_env())
+    assert res.returncode == 1, res.stdout + res.stderr
+    rep = report(where)
+    assert rep["summary"]["passed"] == 2
+    assert rep["session"]["unexplained_failures"] == 1
+    assert rep["summary"]["verdict"] == "FAIL"
+    code, text = gate_against_itself(where)
+    assert code == 1 and "are not in the report" in text
+
+
+# -- 3. incomplete sessions ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("option", [["-x"], ["--maxfail", "1"]])
+def test_stopped_early_is_incomplete(tmp_path: Path, option: list[str]) -> None:
+    where = project(tmp_path, STOPS)
+    res = run(where, "-q", *option)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "INCOMPLETE: 2 of 3 collected instance(s) have no result" in res.stdout
+    rep = report(where)
+    session = rep["session"]
+    assert session["complete"] is False
+    assert session["collected"] == 3 and session["without_result"] == 2
+    assert "stopping after 1 failures" in session["ended_by"]
+    assert rep["summary"]["verdict"] == "INCOMPLETE" and rep["summary"]["ok"] is False
+    md = (where / "reports" / "conformance.md").read_text()
+    assert md.startswith("> **⛔ INCOMPLETE SESSION**: 1 of 3 collected instances")
+    html = (where / "reports" / "conformance.html").read_text()
+    assert 'id="incomplete"' in html and "INCOMPLETE SESSION" in html
+    code, text = gate_against_itself(where)
+    assert code == 1 and "incomplete" in json.loads(text)["failing"]
+    # The policy key lets a deliberately partial run through.
+    code, _ = gate_against_itself(where, "--policy", "incomplete=warn")
+    assert code == 0
+
+
+def test_selection_is_not_incompleteness(tmp_path: Path) -> None:
+    where = project(tmp_path, PASSING)
+    res = run(where, "-q", "-k", "first")
+    assert res.returncode == 0, res.stdout + res.stderr
+    rep = report(where)
+    assert rep["session"]["complete"] is True
+    assert rep["session"]["selection"]["keyword"] == "first"
+    assert rep["session"]["selection"]["deselected"] == 1
+    assert rep["summary"]["verdict"] == "PASS"
+    assert rep["summary"]["headline"].startswith("PASS: 1 instances: 1 conformant")
+
+
+@pytest.mark.parametrize(("sig", "ended"), [(signal.SIGINT, "interrupted (Ctrl-C"),
+                                            (signal.SIGTERM, "terminated (SIGTERM)")])
+def test_signal_mid_run_writes_an_incomplete_report(tmp_path: Path, sig: signal.Signals,
+                                                     ended: str) -> None:
+    where = project(tmp_path, SLOW, MARKER_CONFTEST)
+    proc = subprocess.Popen([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "c.yaml", "-q",
+                             "--rootdir", str(where)], cwd=where, env=subprocess_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: (where / "slow-started").exists() or proc.poll() is not None, 120,
+                 "the slow instance to start")
+        assert proc.poll() is None, proc.communicate()[0]
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 2, out
+    rep = report(where)
+    session = rep["session"]
+    assert session["complete"] is False and ended in session["ended_by"]
+    assert session["collected"] == 3 and session["without_result"] == 2
+    assert rep["summary"]["verdict"] == "INCOMPLETE"
+    assert [r["case"] for r in rep["records"]] == ["quick"]
+    md = (where / "reports" / "conformance.md").read_text()
+    assert md.splitlines()[0].startswith("> **⛔ INCOMPLETE SESSION**")
+    assert "Verdict: PASS" not in md
+
+
+# -- 6. limitations -----------------------------------------------------------------------------
+
+LIMITED = """
+cases:
+  - name: avg_int
+    op: all_reduce
+    dtype: int64
+    reduce_op: avg
+    shape: [2]
+    input: "i"
+    overrides:
+      - {when: {backend: gloo}, raises: "can't be cast|AVG", reason: Gloo has no integer AVG}
+  - name: plain
+    op: all_reduce
+    shape: [2]
+    input: "i"
+"""
+
+
+def test_limitation_everywhere(tmp_path: Path) -> None:
+    where = project(tmp_path, LIMITED)
+    res = run(where, "-v", "-rL", "--junitxml", "junit.xml")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "LIMITATION" in res.stdout and "1 passed, 1 limitation" in res.stdout
+    assert "LIMITATION c.yaml::avg_int[gloo-ws2-int64-avg-sync] - Gloo has no integer AVG" \
+        in res.stdout
+    rep = report(where)
+    assert rep["summary"]["limitation"] == 1 and rep["summary"]["passed"] == 1
+    assert "1 conformant" in rep["summary"]["headline"]
+    assert "1 limitation" in rep["summary"]["headline"]
+    junit = (where / "junit.xml").read_text()
+    assert 'name="outcome" value="limitation"' in junit
+    assert 'name="reason" value="Gloo has no integer AVG"' in junit
+    md = (where / "reports" / "conformance.md").read_text()
+    assert "🚫 1" in md and "Gloo has no integer AVG" in md
+
+
+def test_gate_classifies_limitation_changes() -> None:
+    from harness.gate.baseline import Baseline, Entry
+    from harness.gate.compare import compare
+
+    def entry(outcome: str, case: str) -> Entry:
+        return Entry(f"c.yaml::{case}[x]", f"c.yaml::{case}", "gloo", {"a": 1}, outcome)
+
+    pairs = {"a": ("passed", "limitation"), "b": ("limitation", "passed"),
+             "c": ("limitation", "failed"), "d": ("limitation", "limitation"),
+             "e": ("xfail", "limitation")}
+    base = Baseline([entry(was, case) for case, (was, _) in pairs.items()])
+    res = compare([entry(now, case) for case, (_, now) in pairs.items()], base)
+    got = {c.key.split("::")[1][0]: c.category for c in res.changes}
+    assert got == {"a": "regression", "b": "fixed", "c": "regression", "d": "unchanged",
+                   "e": "changed"}
+
+
+# -- 12. reports always complete and consistent -------------------------------------------------
+
+SURROGATE = r'''
+cases:
+  - name: odd_text
+    description: "a lone surrogate \udc80 in a description"
+    world_size: 2
+    steps:
+      - {raise: "boom \udcff here"}
+'''
+
+
+def test_lone_surrogate_does_not_break_reports(tmp_path: Path) -> None:
+    where = project(tmp_path, SURROGATE)
+    res = run(where, "-q", "--junitxml", "junit.xml")
+    assert res.returncode == 1, res.stdout + res.stderr  # the case fails; pytest does not crash
+    assert "INTERNALERROR" not in res.stdout + res.stderr
+    rep = report(where)
+    assert rep["records"][0]["outcome"] == "error"
+    assert "\\udc80" in rep["records"][0]["description"]
+    for name in ("conformance.md", "conformance.html"):
+        text = (where / "reports" / name).read_text(encoding="utf-8")
+        assert "Verdict: PASS" not in text
+    assert not list((where / "reports").glob(".tmp-*"))
+
+
+def test_report_set_is_all_or_nothing(tmp_path: Path) -> None:
+    first = tmp_path / "a.json"
+    first.write_text("old")
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where a folder should be")
+    with pytest.raises(OSError):
+        records.write_all([(str(first), "new"), (str(blocker / "b.md"), "new")])
+    assert first.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "not-a-dir"]
+    records.write_all([(str(first), "new"), (str(tmp_path / "b.md"), "new \udc80")])
+    assert first.read_text() == "new" and (tmp_path / "b.md").read_text() == "new \\udc80"
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+# -- 8, 9, 10: derived async axis, supported observations, messages ------------------------------
+
+SHAPES = """
+cases:
+  - name: prog_async
+    world_size: 2
+    tensors: {t: {shape: [2], init: "i"}}
+    steps:
+      - {op: all_reduce, tensor: t, async: true, handle: h}
+      - {wait: h}
+    expected: {t: "i * 2"}
+  - name: prog_mixed
+    world_size: 2
+    tensors: {t: {shape: [2], init: "i"}}
+    steps:
+      - {op: all_reduce, tensor: t, async: true, handle: h}
+      - {wait: h}
+      - {op: all_reduce, tensor: t}
+    expected: {t: "i * 4"}
+  - name: empty
+    op: all_reduce
+    world_size: 2
+    async: true
+    shape: [0]
+    input: "i"
+    ordering: all
+  - name: filled
+    op: all_reduce
+    world_size: 2
+    async: true
+    shape: [4]
+    input: "i"
+    ordering: all
+  - name: unchecked
+    world_size: 2
+    tensors: {t: {shape: [2], init: "i"}}
+    steps:
+      - {op: all_reduce, tensor: t}
+    expected: {}
+    raises: "never raised"
+"""
+
+
+def test_derived_async_axis_supported_labels_and_honest_messages(tmp_path: Path) -> None:
+    where = project(tmp_path, SHAPES)
+    res = run(where, "-q")
+    assert res.returncode == 1, res.stdout + res.stderr  # "unchecked" fails: nothing raised
+    by = {r["case"]: r for r in report(where)["records"]}
+    # 8: a program's async axis comes from its steps.
+    assert by["prog_async"]["id"].endswith("-async") and by["prog_async"]["axes"]["async"] == \
+        "async"
+    assert by["prog_mixed"]["id"].endswith("-mixed") and by["prog_mixed"]["axes"]["async"] == \
+        "mixed"
+    html = (where / "reports" / "conformance.html").read_text()
+    assert ">2m</a>" in html and ">2a</a>" in html
+    # 9: with nothing to move, no label about when data moved.
+    empty, filled = by["empty"]["ordering"], by["filled"]["ordering"]
+    for check in ("pre_op", "post_wait", "host_blocking"):
+        assert empty[check]["status"] == "n/a" and "nothing to move" in empty[check]["detail"]
+        assert filled[check]["status"] == "ok"
+    assert "observed" not in empty["host_blocking"]
+    assert filled["host_blocking"]["observed"] == "blocks"
+    # 10: a case that checks no values never claims correct values.
+    msg = by["unchecked"]["message"]
+    assert "correct values" not in msg
+    assert "outputs were not checked" in msg or "the checked buffers held" in msg
+
+
+# -- 11. overrides not applied because of their scope ------------------------------------------
+
+SCOPED = """
+cases:
+  - name: known_elsewhere
+    op: all_reduce
+    world_size: 1
+    shape: [2]
+    input: "i"
+    expected: [9, 9]
+    overrides:
+      - when: {backend: gloo, torch: "<2.0"}
+        xfail: true
+        reason: wrong on an old torch only
+"""
+
+
+def test_report_header_lists_overrides_not_applied(tmp_path: Path) -> None:
+    where = project(tmp_path, SCOPED)
+    res = run(where, "-q")
+    assert res.returncode == 1, res.stdout + res.stderr
+    rep = report(where)
+    assert rep["records"][0]["outcome"] == "failed"
+    [entry] = rep["summary"]["overrides_not_applied"]
+    assert entry["scope"] == "torch" and entry["when"] == "torch <2.0"
+    assert entry["instances"] == 1 and entry["cases"] == ["known_elsewhere"]
+    md = (where / "reports" / "conformance.md").read_text()
+    assert md.startswith("> **Overrides not applied** because of their scope: 1 because of "
+                         "the torch version (1 instance(s))")
+    assert "wrong on an old torch only" in md
+    assert "Overrides not applied" in (where / "reports" / "conformance.html").read_text()
+
+
+def test_step_summary_shows_an_incomplete_session_above_the_fold() -> None:
+    from harness.report import step_summary
+
+    matrix = ("> **⛔ INCOMPLETE SESSION**: 1 of 3 collected instances have a result\n\n"
+              "# Conformance: gloo\n\n**Verdict: INCOMPLETE** — ...\n")
+    text = step_summary.compose("## ❌ Conformance gate: FAIL: incomplete", matrix)
+    assert text.index("INCOMPLETE SESSION") < text.index("<details>")
+
+
+def test_baseline_in_pytest_fails_an_incomplete_session(tmp_path: Path) -> None:
+    """With --baseline, a known failure no longer fails the session; stopping after it with -x
+    must still fail it, since the other instances never ran."""
+    where = project(tmp_path, STOPS)
+    assert run(where, "-q").returncode == 1
+    assert gate.main([str(where / "reports" / "conformance.json"), str(where / "base.json"),
+                      "--update"]) == 0
+    full = run(where, "-q", "--baseline", "base.json")
+    assert full.returncode == 0, full.stdout  # the one failure is known to the baseline
+    stopped = run(where, "-q", "-x", "--baseline", "base.json")
+    assert stopped.returncode == 1, stopped.stdout
+    assert "the session was incomplete: 2 of 3 collected instance(s) have no result" \
+        in stopped.stdout
