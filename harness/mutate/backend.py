@@ -127,7 +127,7 @@ def _swap(x: torch.Tensor, y: torch.Tensor) -> None:
     y.copy_(tmp)
 
 
-def _saturating_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+def saturating_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     """Sum in rank order, clamping every partial sum at the dtype's limits."""
     info = torch.iinfo(parts[0].dtype)
     acc = parts[0].clone()
@@ -239,7 +239,7 @@ class MutantGloo(dist.ProcessGroup):
         work = self.inner.allgather([parts], [mine], AllgatherOptions())
 
         def after() -> None:
-            t.copy_(_saturating_sum(parts))
+            t.copy_(saturating_sum(parts))
 
         return _Work(work, after, (), self._mode(False))
 
