@@ -123,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
               "measure. pytest said:\n" + str(outcome.faithful.get("tail", "")),
               file=sys.stderr)
         return 2
+    if outcome.faithful["returncode"] not in (0, 1):
+        print(f"collective-mutate: warning: the faithful session exited "
+              f"{outcome.faithful['returncode']} (interrupted or a usage error?): only the "
+              f"{outcome.faithful['instances']} instance(s) it reported were measured",
+              file=sys.stderr)
     print(render(doc))
     if any(r.status == "inconclusive" for r in outcome.results):
         return 2
