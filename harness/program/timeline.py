@@ -149,13 +149,13 @@ class ProgramState:
             self._wait_in_thread(work)
         else:
             work.wait()
+        ev.t_wait_return = self.now()
+        ev.completed_after_wait = bool(work.is_completed())
+        ev.waited_in_thread = thread
         pending = self.early.pop(id(ev), None)
         if pending is not None:
             ev.at_return_in_place = all(tensors.digest(snap) == tensors.digest(self.bufs[n])
                                         for n, snap in pending[1].items())
-        ev.t_wait_return = self.now()
-        ev.completed_after_wait = bool(work.is_completed())
-        ev.waited_in_thread = thread
         self.waited.append((work, ev))
 
     def _wait_in_thread(self, work: Any) -> None:
