@@ -248,7 +248,10 @@ class StepEvent:
     For an async op: when the call was entered and returned, ``is_completed()`` at return,
     when ``wait()`` returned (and from which thread), ``is_completed()`` after it, and on CUDA
     when the final device synchronize returned and ``is_completed()`` after that, plus the
-    device and stream the op was issued on.
+    device and stream the op was issued on. For a point-to-point op whose ``is_completed()``
+    was True at return, ``at_return_in_place`` says whether the buffers it receives into
+    already held what they held when ``wait()`` returned (None: not observed, e.g. another
+    step wrote the buffer in between).
     """
 
     index: int
@@ -263,6 +266,7 @@ class StepEvent:
     completed_after_sync: bool | None = None
     device: str | None = None
     stream: str | None = None
+    at_return_in_place: bool | None = None
 
 
 @dataclass

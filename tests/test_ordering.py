@@ -89,6 +89,15 @@ def test_each_fault_fails_its_ordering_check(pytester: pytest.Pytester,
     if fault == "early_wait":
         assert declared["ordering"]["declared"]["status"] == "violated"
         result.assert_outcomes(failed=4)
+    elif fault == "early_complete":
+        # The irecv's Work says is_completed() at return, before the delayed sender's data
+        # arrived: the completion check on point-to-point ops of programs catches it.
+        assert declared["ordering"]["declared"]["status"] == "ok"
+        completion = declared["ordering"]["completion"]
+        assert completion["status"] == "violated", completion
+        assert "irecv(tensor=t): is_completed() was True when the call returned" in (
+            completion["detail"])
+        result.assert_outcomes(failed=4)
     else:
         assert declared["outcome"] == "passed"
         result.assert_outcomes(failed=3, passed=1)

@@ -7,7 +7,9 @@ The seeds' contract for an async collective, checked per instance (parent side; 
 - ``post_wait``: work issued right after ``wait()`` (a copy on the current CUDA stream, a host
   read on CPU) sees the final result, without a host synchronize, while a peer is delayed;
 - ``completion``: ``is_completed()`` is true after ``wait()`` (CPU) or after ``wait()`` and a
-  device synchronize (CUDA), and whenever it says true the result is in place;
+  device synchronize (CUDA), and whenever it says true the result is in place (probes for
+  shorthand collectives; for point-to-point ops of programs, the receive buffers when the
+  call returned with ``is_completed()`` True must already hold what ``wait()`` leaves);
 - ``host_blocking``: a blocking call, with a peer delayed, returns with the result visible to
   the next read; whether it held the host until the collective finished is recorded as an
   observed property of the backend (``blocks`` / ``returns_early``);
@@ -102,6 +104,10 @@ def _completion(inst: Instance, plan: OrderingPlan, results: dict[int, RankResul
             if flag is False:
                 bad.append(f"rank {r}: step {ev.index} {ev.what}: is_completed() is False "
                            f"{after}")
+            if ev.completed_at_return and ev.at_return_in_place is False:
+                bad.append(f"rank {r}: step {ev.index} {ev.what}: is_completed() was True "
+                           "when the call returned but the received data was not in place "
+                           "yet (the buffer changed before wait() returned)")
     for r, o in _probe(results, "post_wait").items():
         flag = o["completed_after_sync"] if cuda else o["completed_after_wait"]
         seen += flag is not None

@@ -189,12 +189,13 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                 continue
             ev = StepEvent(step_idx, step.describe(), time.perf_counter() - t0, 0.0)
             if step.kind == "op":
+                state.touching([name for _, name in step.bufs])
                 with state.stream(step):
                     work = call_op(inst, step, renv, env, bufs, written)
                     ev.t_return = time.perf_counter() - t0
                     state.issued(step, work, ev)
                 if work is not None:
-                    ev.completed_at_return = bool(work.is_completed())
+                    state.returned(work, ev, receive_buffers(step))
                     if step.handle:
                         handles[step.handle] = (work, ev)
                     else:
@@ -237,6 +238,18 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         res.in_flight = len(handles)  # the parent does not reuse a pool with work in flight
     res.duration = time.perf_counter() - t0
     return res
+
+
+def receive_buffers(step: Step) -> list[str]:
+    """The buffers a point-to-point step receives into (none for other ops)."""
+    assert step.op is not None
+    op = ops.get(step.op)
+    if op.family != "p2p":
+        return []
+    args = dict(step.args)
+    return [name for role, name in step.bufs
+            if (args.get(f"{role}.op") == "irecv" if role.startswith("p2p.")
+                else op.role(role).access != "in")]
 
 
 def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],

@@ -105,6 +105,8 @@ class ProgramState:
         self.snaps: list[tuple[Step, int, torch.Tensor]] = []
         self.futures: list[dict[str, Any]] = []
         self._side: Any = None
+        # Receive buffers snapshotted when a p2p Work said is_completed() at return, by event.
+        self.early: dict[int, tuple[StepEvent, dict[str, torch.Tensor]]] = {}
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -127,6 +129,20 @@ class ProgramState:
         if work is not None and step.handle:
             self.works[step.handle] = work
 
+    def returned(self, work: Any, ev: StepEvent, receives: list[str]) -> None:
+        """Record ``is_completed()`` at return; when it is True for an op that receives into
+        ``receives`` (point to point), snapshot them: they must already hold the data."""
+        ev.completed_at_return = bool(work.is_completed())
+        if ev.completed_at_return and receives:
+            self.early[id(ev)] = (ev, {n: self.bufs[n].detach().clone() for n in receives})
+
+    def touching(self, names: list[str]) -> None:
+        """A step is about to use these buffers: a change after it proves nothing about the
+        early completion of an earlier op, so its snapshots of them are dropped."""
+        for key, (_, snaps) in list(self.early.items()):
+            if any(n in snaps for n in names):
+                del self.early[key]
+
     def wait(self, work: Any, ev: StepEvent, thread: bool = False) -> None:
         """``work.wait()`` (from another thread if asked), with the timeline facts."""
         if thread:
@@ -136,6 +152,10 @@ class ProgramState:
         ev.t_wait_return = self.now()
         ev.completed_after_wait = bool(work.is_completed())
         ev.waited_in_thread = thread
+        pending = self.early.pop(id(ev), None)
+        if pending is not None:
+            ev.at_return_in_place = all(tensors.digest(snap) == tensors.digest(self.bufs[n])
+                                        for n, snap in pending[1].items())
         self.waited.append((work, ev))
 
     def _wait_in_thread(self, work: Any) -> None:
@@ -176,6 +196,7 @@ class ProgramState:
             value = tensors.materialize(step.value.for_rank(self.rank), tuple(t.shape), t.dtype,
                                         self.rank, self.world_size, self.env,
                                         self.inst.reduce_op).to(t.device)
+            self.touching([name])
             self.dev.delay(float(dict(step.args).get("delay", 0.0)))
             t.copy_(value)  # on CUDA: queued behind the sleep kernel on the current stream
             self.touched.add(name)
