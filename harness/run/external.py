@@ -25,46 +25,30 @@ the group run alone, last, and only while the launcher has restarts left.
 from __future__ import annotations
 
 import argparse
-import datetime
 import faulthandler
 import importlib
 import os
 import signal
 import socket
 import sys
-import threading
 import time
-import traceback
-import uuid
 from pathlib import Path
 from typing import Any
 
 from ..casefile import expand, load, overrides, validate
 from ..errors import CaseFileError, CaseFileErrors
-from ..model import Instance, InstanceResult, PoolRun, RankResult, RankState
+from ..model import Instance, InstanceResult, PoolRun, RankState
 from ..report import markdown
 from ..report.records import build_report, instance_record, skipped_record, write_atomic
 from ..report.records import write_json as write_report
 from ..verdict import judge
 from . import schedule
 from .capabilities import Capabilities, probe
-from .progress import State
+from .launch import StepTrace, Watchdog, env_int, join
+from .progress import State, recovered_run
 
-EXIT_HANG = 124  # a rank's deadline passed
 EXIT_RESTART = 75  # every rank leaves so that the launcher starts a clean process group
-EXIT_GRACE_S = 3.0
 ROUND_GRACE_S = 10.0  # a rank waiting for a round's other instances outlives their deadlines
-
-
-def _env_int(*names: str, default: int | None = None) -> int:
-    """First integer among the launcher variables (torchrun, SLURM, Open MPI, PMI)."""
-    for name in names:
-        if name in os.environ:
-            return int(os.environ[name])
-    if default is None:
-        raise SystemExit(f"external mode needs one of {', '.join(names)} in the environment: "
-                         "start it with torchrun, srun or mpirun")
-    return default
 
 
 def case_files(paths: list[str]) -> list[Path]:
@@ -90,90 +74,6 @@ def load_instances(paths: list[str], backend: str, launched: int) -> list[Instan
     return instances
 
 
-class Watchdog:
-    """Ends this rank when the instance it runs (or the round it waits for) outlives its
-    deadline: there is no pool to recover it, so the launcher restarts the ranks."""
-
-    def __init__(self, rank: int, state: State) -> None:
-        self.rank = rank
-        self.state = state
-        self.deadline = float("inf")
-        self.current = ""
-        threading.Thread(target=self._watch, name="external-watchdog", daemon=True).start()
-
-    def arm(self, what: str, at: float) -> None:
-        self.current, self.deadline = what, at
-
-    def disarm(self) -> None:
-        self.deadline = float("inf")
-
-    def _watch(self) -> None:
-        while True:
-            time.sleep(0.1)
-            if time.monotonic() > self.deadline:
-                print(f"collective-harness: rank {self.rank}: HANG in {self.current}: "
-                      "deadline passed; this rank's stack follows", file=sys.stderr, flush=True)
-                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-                frame = sys._current_frames().get(threading.main_thread().ident or 0)
-                stack = "".join(traceback.format_stack(frame)) if frame else "(no stack)"
-                self.state.write_text("hang", stack)
-                # The first rank to exit makes the launcher stop the rest: let the other
-                # ranks stuck in this instance reach their own deadline and dump too.
-                time.sleep(EXIT_GRACE_S)
-                os._exit(EXIT_HANG)
-
-
-class StepTrace:
-    """Stands in for the pools' shared progress array: the step a rank is in, on disk."""
-
-    def __init__(self, state: State, round_index: int) -> None:
-        self.state, self.round = state, round_index
-
-    def __setitem__(self, index: int, value: int) -> None:
-        if index == 1:
-            self.state.trace(self.round, value)
-
-
-def _join(dist: Any, backend: str, rank: int, world: int, timeout_s: float) -> None:
-    """init_process_group through a store of this launch's own.
-
-    The launcher's store outlives a restart, and keys a previous launch left there must not
-    be read again (seen with Gloo after new_group: the restarted ranks read dead peers'
-    addresses and fail with "connectFullMesh ... Connection refused"). Rank 0 therefore
-    starts a fresh store on a free port and announces it, with a token, through the
-    launcher's store; the other ranks take the announcement only once they reach a live
-    store holding that token (an announcement left by a dead launch leads nowhere).
-    """
-    timeout = datetime.timedelta(seconds=timeout_s)
-    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = int(os.environ.get("MASTER_PORT", "29500"))
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    base = dist.TCPStore(host, port, world, is_master=rank == 0 and not agent, timeout=timeout,
-                         multi_tenant=True)
-    key = "collective-harness/store"
-    if rank == 0:
-        token = uuid.uuid4().hex
-        own = dist.TCPStore(host, 0, world, is_master=True, timeout=timeout,
-                            wait_for_workers=False)
-        own.set("token", token)
-        base.set(key, f"{own.port} {token}")
-    else:
-        end = time.monotonic() + timeout_s
-        while True:
-            own_port, token = base.get(key).decode().split()
-            try:
-                own = dist.TCPStore(host, int(own_port), world, is_master=False,
-                                    timeout=datetime.timedelta(seconds=5))
-                if own.get("token").decode() == token:
-                    break
-            except (RuntimeError, OSError, ValueError):
-                pass
-            if time.monotonic() > end:
-                raise RuntimeError("rank 0 never announced a live store (is rank 0 up?)")
-            time.sleep(0.2)
-    dist.init_process_group(backend, store=own, rank=rank, world_size=world, timeout=timeout)
-
-
 def skip_reasons(inst: Instance, caps: Capabilities, local_rank: int, world: int) -> str:
     """Why this rank cannot run ``inst`` ("" if it can); gathered from every rank."""
     if inst.world_size > world:
@@ -191,48 +91,6 @@ def _placement(slot: schedule.Slot, round_index: int, hosts: list[dict[str, Any]
     return {"round": round_index,
             "ranks": [{"rank": i, "global_rank": g, **hosts[g]}
                       for i, g in enumerate(slot.members)]}
-
-
-def _recovered_run(inst: Instance, slot: schedule.Slot, seen: dict[int, dict[str, Any]]
-                   ) -> PoolRun | None:
-    """A failed slot's run from the files its ranks left, or None if it was only collateral
-    (every member finished, or was stopped by the launcher without a failure of its own)."""
-    results: dict[int, RankResult] = {}
-    states: list[RankState] = []
-    failed = False
-    for i, g in enumerate(slot.members):
-        info = seen.get(g, {})
-        step = info.get("step", -1)
-        desc = inst.steps[step].describe() if 0 <= step < len(inst.steps) else ""
-        pending = info.get("pending")
-        if pending is not None:
-            results[i] = pending[1]
-            states.append(RankState(i, "finished"))
-        elif "hang" in info:
-            failed = True
-            states.append(RankState(i, "blocked", step=step, step_desc=desc,
-                                    stack=info["hang"].strip()))
-        elif "crash" in info:
-            failed = True
-            states.append(RankState(i, "died", step=step, step_desc=desc,
-                                    signal="a fatal signal (faulthandler)",
-                                    stderr_tail=info["crash"].strip()[-4000:]))
-        elif "killed" in info:
-            states.append(RankState(i, "killed", step=step, step_desc=desc,
-                                    stack=info["killed"].strip()))
-        elif info.get("rank") is not None:
-            # In the round, no result, no dump of any kind: it ended by itself (os._exit).
-            failed = True
-            states.append(RankState(i, "died", step=step, step_desc=desc,
-                                    stderr_tail="the process ended without a result or a "
-                                    "fatal-error dump (it exited)"))
-        else:
-            states.append(RankState(i, "killed", stderr_tail="no file of this rank was found "
-                                    "after the restart (another node's disk?)"))
-    if not failed:
-        return None
-    kind = "crash" if any(s.state == "died" for s in states) else "hang"
-    return PoolRun(kind=kind, results=results, states=states)  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,12 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     from ..ordering.probes import run_probes
     from ..program.interpreter import RankEnv, prepare_groups, run_instance
 
-    rank = _env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-    world = _env_int("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-    local = _env_int("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
+    rank = env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+    world = env_int("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+    local = env_int("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
     # Restart counts are per torchrun agent (an agent whose workers did not fail does not
     # count), so rank 0 decides from the progress file and tells the others.
-    max_restarts = _env_int("TORCHELASTIC_MAX_RESTARTS", default=0)
+    max_restarts = env_int("TORCHELASTIC_MAX_RESTARTS", default=0)
     run_id = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or ""
     for mod in args.backend_module:
         importlib.import_module(mod)
@@ -277,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     instances = [overrides.resolve(i, caps.torch_version) for i in instances]
     if caps.cuda_devices:
         torch.cuda.set_device(local % caps.cuda_devices)
-    _join(dist, args.backend, rank, world, max(600.0, args.deadline * 4))
+    join(dist, args.backend, rank, world, max(600.0, args.deadline * 4))
 
     # Skips: every rank's own reasons, gathered, so that all ranks decide the same way.
     mine = [skip_reasons(i, caps, local, world) for i in instances]
@@ -402,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 slot = schedule.Slot(i, tuple(members))
                 inst = instances[i]
                 deadline = inst.deadline or args.deadline
-                run = _recovered_run(inst, slot, seen)
+                run = recovered_run(inst, slot.members, seen)
                 if run is None and inflight.get("retry"):
                     # Stopped twice without a failure of its own: report, do not loop.
                     run = PoolRun(kind="hang", states=[

@@ -17,7 +17,8 @@ failed. Two kinds of files make that possible, all under the state directory:
   attempt it can see and rank 0 merges them, so node-local state directories work too (as
   long as the nodes are the same).
 
-Nothing here judges: :mod:`harness.run.external` turns the files into records.
+Nothing here judges: :func:`recovered_run` turns the files into the raw run of a failed
+instance, and :mod:`harness.run.external` has it judged like any other.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ..model import Instance, PoolRun, RankResult, RankState
 
 PROGRESS = "progress.jsonl"
 INFLIGHT = "inflight.json"
@@ -191,3 +194,45 @@ class State:
                     info[kind] = text
             out.append(info)
         return out
+
+
+def recovered_run(inst: Instance, members: tuple[int, ...], seen: dict[int, dict[str, Any]]
+                  ) -> PoolRun | None:
+    """A failed slot's run from the files its ranks left, or None if it was only collateral
+    (every member finished, or was stopped by the launcher without a failure of its own)."""
+    results: dict[int, RankResult] = {}
+    states: list[RankState] = []
+    failed = False
+    for i, g in enumerate(members):
+        info = seen.get(g, {})
+        step = info.get("step", -1)
+        desc = inst.steps[step].describe() if 0 <= step < len(inst.steps) else ""
+        pending = info.get("pending")
+        if pending is not None:
+            results[i] = pending[1]
+            states.append(RankState(i, "finished"))
+        elif "hang" in info:
+            failed = True
+            states.append(RankState(i, "blocked", step=step, step_desc=desc,
+                                    stack=info["hang"].strip()))
+        elif "crash" in info:
+            failed = True
+            states.append(RankState(i, "died", step=step, step_desc=desc,
+                                    signal="a fatal signal (faulthandler)",
+                                    stderr_tail=info["crash"].strip()[-4000:]))
+        elif "killed" in info:
+            states.append(RankState(i, "killed", step=step, step_desc=desc,
+                                    stack=info["killed"].strip()))
+        elif info.get("rank") is not None:
+            # In the round, no result, no dump of any kind: it ended by itself (os._exit).
+            failed = True
+            states.append(RankState(i, "died", step=step, step_desc=desc,
+                                    stderr_tail="the process ended without a result or a "
+                                    "fatal-error dump (it exited)"))
+        else:
+            states.append(RankState(i, "killed", stderr_tail="no file of this rank was found "
+                                    "after the restart (another node's disk?)"))
+    if not failed:
+        return None
+    kind = "crash" if any(s.state == "died" for s in states) else "hang"
+    return PoolRun(kind=kind, results=results, states=states)  # type: ignore[arg-type]
