@@ -319,3 +319,27 @@ def _no_inherited_launcher_env(monkeypatch: pytest.MonkeyPatch) -> None:
         if k.startswith(("TORCHELASTIC_", "SLURM_")):
             monkeypatch.delenv(k)
     assert sys.executable
+
+
+def test_the_sbatch_script_runs_under_slurms_commands(tmp_path: Path) -> None:
+    """ci/slurm/external.sbatch with stand-ins for srun and scontrol on one node: it starts
+    torchrun with restarts and the run writes its report."""
+    _write(tmp_path, BASIC)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\nshift\nexec "$@"\n')  # drops --kill-on-bad-exit
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {PYTHON} "$@"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = subprocess_env(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="n1",
+                         SLURM_NNODES="1", SLURM_JOB_ID="42", RANKS_PER_NODE="2",
+                         RDZV_PORT=str(_free_port()))
+    script = Path(__file__).resolve().parents[1] / "ci" / "slurm" / "external.sbatch"
+    res = _finish(_launch(tmp_path, ["bash", str(script), "c.yaml", "--report-json", "r.json",
+                                     "--report-md", "r.md"], env), 240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = _outcomes(load_report(tmp_path / "r.json"))
+    assert got["c.yaml::ring[gloo-ws2-float32]"] == "passed"
+    # torchrun gave restarts: the declared hang ran (alone, then a relaunch) instead of a skip
+    assert got["c.yaml::declared_hang[gloo-ws2-float32-sync]"] == "passed"

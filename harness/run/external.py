@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend-module", action="append", default=[])
     ap.add_argument("--deadline", type=float, default=120.0)
     ap.add_argument("-k", dest="keyword", default="", help="only instance keys containing this")
+    ap.add_argument("--full", action="store_true",
+                    help="also run instances marked 'full' (the long matrix), as pytest --full")
     ap.add_argument("--report-json", default="reports/conformance.json")
     ap.add_argument("--report-md", default="reports/conformance.md")
     ap.add_argument("--state-dir", default="reports/.external-state",
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     for mod in args.backend_module:
         importlib.import_module(mod)
     instances = [i for i in load_instances(args.paths, args.backend, world)
-                 if args.keyword in i.key]
+                 if args.keyword in i.key and (args.full or "full" not in i.marks)]
     caps = probe(tuple(args.backend_module))
     instances = [overrides.resolve(i, caps.torch_version) for i in instances]
     if caps.cuda_devices:
