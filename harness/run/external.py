@@ -49,6 +49,7 @@ from .progress import State, recovered_run
 
 EXIT_RESTART = 75  # every rank leaves so that the launcher starts a clean process group
 ROUND_GRACE_S = 10.0  # a rank waiting for a round's other instances outlives their deadlines
+REPORT_EVERY_S = 15.0  # how often rank 0 rewrites the report of a run in progress
 
 
 def case_files(paths: list[str]) -> list[Path]:
@@ -289,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                    for inst, reason in zip(instances, reasons, strict=True) if reason]
         records.extend(skipped)
         state.commit(-1, skipped)
+    flushed = [time.monotonic()]
     start_round = resumed.next_round if resumed else 0
     if resumed and resumed.inflight is not None:
         again = recover(resumed.inflight)
@@ -300,8 +302,11 @@ def main(argv: list[str] | None = None) -> int:
         start_round += 1
     for index in range(start_round, len(rounds)):
         rnd = rounds[index]
-        if rank == 0:
-            flush_report()  # a hang never loses what finished before it
+        if rank == 0 and (rnd.alone or time.monotonic() - flushed[0] > REPORT_EVERY_S):
+            # The report of what finished so far, now and then (rewriting it every round
+            # made a run quadratic); the progress file has every record at all times.
+            flush_report()
+            flushed[0] = time.monotonic()
         if rnd.alone == schedule.ALONE_RESTART and restarts_left <= 0:
             if rank == 0:
                 got = [skipped_record(instances[s.index], "must run alone and needs a restart "
