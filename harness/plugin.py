@@ -91,6 +91,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="how instances are matched with the baseline (see collective-gate)")
     group.addoption("--no-report", dest="collective_no_report", action="store_true",
                     default=False, help="write no report files")
+    group.addoption("--launched-world-size", dest="collective_launched_world_size", type=int,
+                    default=None, metavar="N",
+                    help="what 'world_size: launched' means with the harness's own pools "
+                         f"(default {expand.DEFAULT_LAUNCHED}); under a launcher it is the "
+                         "launched world size")
     group.addoption("--max-pools", dest="collective_max_pools", type=int, default=None,
                     metavar="N", help="rank pools kept alive at once (default 2)")
     ordering.add_options(group, parser)
@@ -108,6 +113,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("collective_baseline", "baseline to gate the run against (optional)",
                   default="")
     parser.addini("collective_max_pools", "rank pools kept alive at once", default="2")
+    parser.addini("collective_launched_world_size", "what 'world_size: launched' means here",
+                  default=str(expand.DEFAULT_LAUNCHED))
 
 
 class HarnessSession:
@@ -125,6 +132,8 @@ class HarnessSession:
         self.world_sizes = {int(x) for x in ws.split(",")} if ws else None
         self.full: bool = opt("collective_full")
         self.max_pools = int(opt("collective_max_pools") or config.getini("collective_max_pools"))
+        self.launched = int(opt("collective_launched_world_size")
+                            or config.getini("collective_launched_world_size"))
         self.records: list[dict[str, Any]] = []
         self._manager: Any = None
         self.is_worker = hasattr(config, "workerinput")
@@ -145,6 +154,7 @@ class HarnessSession:
         return {"backend": self.backend, "backend_modules": list(self.backend_modules),
                 "deadline_s": self.deadline, "full": self.full,
                 "world_sizes": sorted(self.world_sizes) if self.world_sizes else None,
+                "launched_world_size": self.launched,
                 **ordering.options(self.config), **perfplan.options(self.config)}
 
     def close(self) -> None:
@@ -214,7 +224,8 @@ class CaseFile(pytest.File):
         try:
             doc = load.load_file(str(self.path), display)
             cases = validate.load_cases(doc)
-            instances = [inst for case in cases for inst in expand.expand(case, hs.backend)]
+            instances = [inst for case in cases
+                         for inst in expand.expand(case, hs.backend, hs.launched)]
         except (CaseFileError, CaseFileErrors) as exc:
             raise self.CollectError(str(exc)) from None
         items: list[pytest.Item] = []

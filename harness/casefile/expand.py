@@ -25,6 +25,10 @@ DEFAULT_DEVICE = {"nccl": "cuda", "gloo": "cpu", "mpi": "cpu", "ucc": "cpu"}
 AXIS_ARGS = ("src", "dst", "group", "form", "inplace")
 # Op arguments passed through unchanged (``splits`` is evaluated per world size).
 PLAIN_ARGS = ("tag", "timeout", "wait_all_ranks")
+# ``world_size: launched``: as many ranks as the launcher gave (external-ranks mode), or
+# --launched-world-size with the harness's own pools.
+LAUNCHED = "launched"
+DEFAULT_LAUNCHED = 4
 
 
 def _is_shape_axis(shape: Any) -> bool:
@@ -56,15 +60,28 @@ def _list_shape(value: Any) -> tuple[int, ...] | None:
 
 
 class _Expander:
-    def __init__(self, case: Case, backend: str) -> None:
+    def __init__(self, case: Case, backend: str, launched: int) -> None:
         self.case = case
         self.raw = case.raw
         self.backend = backend
+        self.launched = launched
         self.op = ops.get(self.raw["op"]) if "op" in self.raw else None
         self.step_ops = [ops.get(s["op"]) for s in self.raw.get("steps", []) if "op" in s]
         self.all_ops = [self.op] if self.op else self.step_ops
 
     # -- axes ------------------------------------------------------------------------------
+    def world_sizes(self) -> list[int]:
+        """The world size axis, ``launched`` replaced by the launched world size.
+
+        A listed size equal to the launched one is the same instance, not a duplicate id.
+        """
+        out: list[int] = []
+        for v in as_list(self.raw.get("world_size", 2)):
+            ws = self.launched if v == LAUNCHED else int(v)
+            if ws not in out:
+                out.append(ws)
+        return out
+
     def axes(self) -> list[tuple[str, str, list[Any]]]:
         """(axis name, id prefix, values) in id order."""
         raw = self.raw
@@ -74,7 +91,7 @@ class _Expander:
         dtype_values = (["object"] if objects_only else
                         [dtypes.canonical(d) for d in as_list(raw.get("dtype", "float32"))])
         out: list[tuple[str, str, list[Any]]] = [
-            ("world_size", "ws", as_list(raw.get("world_size", 2))),
+            ("world_size", "ws", self.world_sizes()),
             ("dtype", "", dtype_values),
         ]
         if any(o.reduces for o in self.all_ops):
@@ -421,11 +438,15 @@ def _jsonish(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def expand(case: Case, backend: str) -> list[Instance]:
-    """All instances of ``case`` for ``backend``; raises CaseFileError on axis conflicts."""
+def expand(case: Case, backend: str, launched: int = DEFAULT_LAUNCHED) -> list[Instance]:
+    """All instances of ``case`` for ``backend``; raises CaseFileError on axis conflicts.
+
+    ``launched`` is what ``world_size: launched`` means: the launched world size in
+    external-ranks mode, ``--launched-world-size`` (default 4) with the harness's own pools.
+    """
     if "backends" in case.raw and backend not in case.raw["backends"]:
         return []
-    ex = _Expander(case, backend)
+    ex = _Expander(case, backend, launched)
     axes = ex.axes()
     out: list[Instance] = []
     seen: set[str] = set()

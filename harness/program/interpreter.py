@@ -42,7 +42,15 @@ REDUCE_OPS = {
 
 @dataclass
 class RankEnv:
-    """What a rank knows about itself; ``groups`` caches subgroups across instances."""
+    """What a rank knows about itself; ``groups`` caches subgroups across instances.
+
+    ``rank`` and ``world_size`` are the instance's view: a case always sees ranks
+    0..world_size-1. When the instance runs on a subgroup of a larger launched world
+    (external-ranks mode packs instances side by side), ``members`` holds the global ranks
+    of that subgroup in order and ``world_group`` its process group; ranks the program names
+    (``src``, ``dst``, peers, subgroup lists) are mapped to global ranks only where they are
+    handed to torch.distributed.
+    """
 
     rank: int
     world_size: int
@@ -50,6 +58,12 @@ class RankEnv:
     progress: Any = None  # shared int array [instance seq, step index], or None
     groups: dict[tuple[int, ...], Any] = field(default_factory=dict)
     seq: int = 0
+    members: tuple[int, ...] | None = None  # None: the default group is the whole world
+    world_group: Any = None
+
+    def to_global(self, rank: int) -> int:
+        """The global rank of the instance's rank ``rank``."""
+        return rank if self.members is None else self.members[rank]
 
 
 def _reduce_op(name: str | None, factor: float) -> Any:
@@ -75,11 +89,24 @@ def in_ranks(step: Step, rank: int, world_size: int, env: dict[str, Any]) -> boo
 
 def _group(renv: RankEnv, ranks: tuple[int, ...] | None) -> tuple[Any, tuple[int, ...]]:
     if ranks is None:
-        return None, tuple(range(renv.world_size))
-    if ranks not in renv.groups:
-        renv.groups[ranks] = dist.new_group(list(ranks))
+        return renv.world_group, tuple(range(renv.world_size))
+    key = tuple(sorted(renv.to_global(r) for r in ranks))
+    if key not in renv.groups:
+        renv.groups[key] = dist.new_group(list(key))
     # new_group orders members by global rank whatever order the list gives.
-    return renv.groups[ranks], tuple(sorted(ranks))
+    return renv.groups[key], tuple(sorted(ranks))
+
+
+# Arguments that name a rank: the case gives the instance's rank, torch wants the global one.
+RANK_ARGS = ("src", "dst")
+
+
+def _torch_args(args: dict[str, Any], renv: RankEnv) -> dict[str, Any]:
+    if renv.members is None:
+        return args
+    return {k: renv.to_global(v) if isinstance(v, int) and not isinstance(v, bool)
+            and (k in RANK_ARGS or k.endswith(".peer")) else v
+            for k, v in args.items()}
 
 
 def prepare_groups(inst: Instance, renv: RankEnv) -> None:
@@ -283,7 +310,7 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
                           group_ranks=group_ranks,
                           reduce_op=_reduce_op(inst.reduce_op, inst.premul_factor)
                           if op.reduces else None,
-                          async_op=step.async_op, args=args, timing=timing)
+                          async_op=step.async_op, args=_torch_args(args, renv), timing=timing)
     return op.call(ctx, passed)
 
 

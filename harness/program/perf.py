@@ -41,11 +41,12 @@ def _sync(renv: RankEnv) -> None:
 
 
 def _agree(value: float, renv: RankEnv, op: Any) -> float:
-    """``value`` reduced with ``op`` over the default group (also lines the ranks up)."""
+    """``value`` reduced with ``op`` over the instance's ranks (also lines them up): the
+    default group, or the subgroup an external-ranks run placed the instance on."""
     # float32 holds every value agreed here exactly (flags, iteration counts below 2**24)
     # and every backend reduces it.
     t = torch.tensor([value], dtype=torch.float32, device=_device(renv))
-    dist.all_reduce(t, op=op)
+    dist.all_reduce(t, op=op, group=renv.world_group)
     return float(t.item())
 
 

@@ -33,8 +33,13 @@ class Capabilities:
     dist: Any = None
     torch: Any = None
 
-    def skip_reason(self, inst: Instance) -> str:
-        """Why ``inst`` cannot run here, or "" if it can."""
+    def skip_reason(self, inst: Instance, local_rank: int | None = None) -> str:
+        """Why ``inst`` cannot run here, or "" if it can.
+
+        ``local_rank`` is given by external-ranks mode, where each rank asks for itself: a
+        CUDA instance needs a GPU of its own on this node (rank ``local_rank`` uses
+        ``cuda:local_rank``), however many ranks the whole world has.
+        """
         backend = inst.backend
         if backend in self.backend_errors:
             return self.backend_errors[backend]
@@ -46,7 +51,11 @@ class Capabilities:
         if inst.device == "cuda":
             if self.cuda_devices == 0:
                 return "no CUDA device on this machine"
-            if backend == "nccl" and self.cuda_devices < inst.world_size:
+            if local_rank is not None:
+                if local_rank >= self.cuda_devices:
+                    return (f"local rank {local_rank} has no GPU of its own: "
+                            f"{self.cuda_devices} GPU(s) on this node")
+            elif backend == "nccl" and self.cuda_devices < inst.world_size:
                 return (f"NCCL needs one GPU per rank: world_size {inst.world_size} > "
                         f"{self.cuda_devices} GPU(s)")
         dtypes_used = ({t.dtype for t in inst.tensors} | {inst.dtype}) - {"object"}

@@ -1,54 +1,58 @@
-"""External-ranks mode: run the case files under a launcher the cluster already uses.
+"""External-ranks mode: the case library on whatever ranks a cluster launcher gives.
 
-    torchrun --nnodes 2 --nproc-per-node 8 -m harness.run.external cases/ --backend nccl
+    torchrun --nnodes 2 --nproc-per-node 8 --max-restarts 20 ... -m harness.run.external cases/
+    srun --ntasks 16 python -m harness.run.external cases/ --backend nccl   (no restarts)
 
-Every rank (started by torchrun, srun, mpirun...) joins the default process group from the
-launcher's environment, loads and expands the same case files in the same order, and runs the
-instances whose world size equals the launched one in lockstep, with the same per-rank code as
-the harness's own pools (:func:`harness.program.interpreter.run_instance`). Rank 0 gathers
-every rank's result, judges it with the same verdict code, and writes the one report.
+Every rank (started by torchrun / torch.distributed.elastic, or SLURM's srun) joins the
+default process group from the launcher's environment and loads and expands the same case
+files in the same order (``world_size: launched`` becomes the launched world size). Whether
+each instance can run is decided from every rank's capabilities, gathered, so all ranks agree.
+Instances are packed onto disjoint blocks of ranks (:mod:`harness.run.schedule`): 16 ranks
+run four world-size-4 instances at once, each on its own subgroup, with the same per-rank code
+as the harness's own pools (:func:`harness.program.interpreter.run_instance`). Rank 0 gathers
+every rank's results, judges them with the same verdict code, and writes the one report, with
+the global ranks, hosts and devices each instance ran on.
 
-Without a pool around the ranks there is nobody to kill and restart them, so cases that must
-hang, crash or poison the group (``hangs``, ``crashes``, ``isolate``) are skipped here, and an
-unexpected hang ends the run: a watchdog on each rank dumps its Python stack and exits at the
-instance's deadline, and the launcher tears the job down. Rank 0 writes the report of what
-finished first, plus the hang, so a hang never loses the earlier results.
+A hang or a crash ends the processes (there is no pool to recover them): each rank's deadline
+watchdog dumps its stack and exits, and the launcher restarts the ranks (torchrun
+``--max-restarts``). The restarted run resumes after the failed round from the progress rank 0
+keeps (:mod:`harness.run.progress`), turns what each rank left behind into the failed
+instance's record (blocked with its stack, died, stopped by the launcher), re-runs the
+instances that were only collateral, and goes on. Instances that must hang, crash or poison
+the group run alone, last, and only while the launcher has restarts left.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import faulthandler
+import importlib
 import os
+import signal
+import socket
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from ..casefile import expand, load, overrides, validate
 from ..errors import CaseFileError, CaseFileErrors
-from ..model import Instance, InstanceResult, PerfPlan, PoolRun, RankResult
+from ..model import Instance, InstanceResult, PerfPlan, PoolRun, RankState
 from ..perf.plan import not_timed
 from ..perf.stats import aggregate
 from ..report import markdown
 from ..report.records import build_report, instance_record, skipped_record, write_atomic
 from ..report.records import write_json as write_report
 from ..verdict import judge
-from .capabilities import probe
+from . import schedule
+from .capabilities import Capabilities, probe
+from .launch import StepTrace, Watchdog, env_int, join
+from .progress import State, recovered_run
 
-
-def _env_int(*names: str, default: int | None = None) -> int:
-    """First integer among the launcher variables (torchrun, SLURM, Open MPI, PMI)."""
-    for name in names:
-        if name in os.environ:
-            return int(os.environ[name])
-    if default is None:
-        raise SystemExit(f"external mode needs one of {', '.join(names)} in the environment: "
-                         "start it with torchrun, srun or mpirun")
-    return default
+EXIT_RESTART = 75  # every rank leaves so that the launcher starts a clean process group
+ROUND_GRACE_S = 10.0  # a rank waiting for a round's other instances outlives their deadlines
+REPORT_EVERY_S = 15.0  # how often rank 0 rewrites the report of a run in progress
 
 
 def case_files(paths: list[str]) -> list[Path]:
@@ -61,63 +65,62 @@ def case_files(paths: list[str]) -> list[Path]:
     return out
 
 
-def load_instances(paths: list[str], backend: str) -> list[Instance]:
+def load_instances(paths: list[str], backend: str, launched: int) -> list[Instance]:
     """Every instance of every case file, or SystemExit with the file's errors."""
     instances: list[Instance] = []
     for f in case_files(paths):
         try:
             doc = load.load_file(str(f), str(f))
             for case in validate.load_cases(doc):
-                instances += expand.expand(case, backend)
+                instances += expand.expand(case, backend, launched=launched)
         except (CaseFileError, CaseFileErrors) as exc:
             raise SystemExit(str(exc)) from None
     return instances
 
 
-EXIT_GRACE_S = 3.0
+def skip_reasons(inst: Instance, caps: Capabilities, local_rank: int, world: int) -> str:
+    """Why this rank cannot run ``inst`` ("" if it can); gathered from every rank."""
+    if inst.world_size > world:
+        return f"needs {inst.world_size} ranks; launched with {world}"
+    reason = inst.expectation.skip or caps.skip_reason(inst, local_rank=local_rank)
+    return reason
 
 
-class _Watchdog:
-    """Ends this rank if one instance outlives its deadline (no pool to recover it)."""
+def _where(rank: int, local_rank: int) -> str:
+    return f"rank {rank} ({socket.gethostname()}, local rank {local_rank})"
 
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.deadline = float("inf")
-        self.current = ""
-        threading.Thread(target=self._watch, name="external-watchdog", daemon=True).start()
 
-    def arm(self, inst: Instance, seconds: float) -> None:
-        self.current = inst.key
-        self.deadline = time.monotonic() + seconds
-
-    def disarm(self) -> None:
-        self.deadline = float("inf")
-
-    def _watch(self) -> None:
-        while True:
-            time.sleep(0.2)
-            if time.monotonic() > self.deadline:
-                print(f"collective-harness: rank {self.rank}: HANG in {self.current}: "
-                      "deadline passed; this rank's stack follows", file=sys.stderr, flush=True)
-                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-                # The first rank to exit makes the launcher kill the rest: give the other
-                # ranks stuck in this instance time to reach their deadline and print too.
-                time.sleep(EXIT_GRACE_S)
-                os._exit(124)
+def _placement(slot: schedule.Slot, round_index: int, hosts: list[dict[str, Any]]
+               ) -> dict[str, Any]:
+    return {"round": round_index,
+            "ranks": [{"rank": i, "global_rank": g, **hosts[g]}
+                      for i, g in enumerate(slot.members)]}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``python -m harness.run.external`` on every rank."""
-    ap = argparse.ArgumentParser(prog="python -m harness.run.external", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m harness.run.external", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+", help="case files or folders")
     ap.add_argument("--backend", default="gloo")
     ap.add_argument("--backend-module", action="append", default=[])
     ap.add_argument("--deadline", type=float, default=120.0)
     ap.add_argument("-k", dest="keyword", default="", help="only instance keys containing this")
+    ap.add_argument("--full", action="store_true",
+                    help="also run instances marked 'full' (the long matrix), as pytest --full")
     ap.add_argument("--report-json", default="reports/conformance.json")
     ap.add_argument("--report-md", default="reports/conformance.md")
+    ap.add_argument("--state-dir", default="reports/.external-state",
+                    help="progress kept for resuming after a hang or crash (shared by all "
+                         "nodes for multi-node resumes)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run recorded in --state-dir (a relaunch by hand; "
+                         "torchrun's restarts resume by themselves)")
+    ap.add_argument("--no-pack", action="store_true",
+                    help="one instance at a time (to measure what packing gains)")
     ap.add_argument("--perf", action="store_true",
-                    help="time every passing instance like nccl-tests (see the README)")
+                    help="time every passing instance like nccl-tests (see the README); "
+                         "instances then run one at a time, so that timings do not compete")
     ap.add_argument("--perf-warmup", type=int, default=PerfPlan.warmup)
     ap.add_argument("--perf-iters", type=int, default=PerfPlan.iters)
     ap.add_argument("--perf-min-time", type=float, default=PerfPlan.min_time_s)
@@ -127,88 +130,238 @@ def main(argv: list[str] | None = None) -> int:
                     min_time_s=max(0.0, args.perf_min_time),
                     repeats=max(1, args.perf_repeats)) if args.perf else None
 
-    import importlib
-
     import torch
     import torch.distributed as dist
 
     from ..ordering.probes import run_probes
-    from ..program.interpreter import RankEnv, run_instance
+    from ..program.interpreter import RankEnv, prepare_groups, run_instance
     from ..program.perf import time_instance
 
-    rank = _env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-    world = _env_int("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-    local = _env_int("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
+    rank = env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+    world = env_int("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+    local = env_int("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
+    # Restart counts are per torchrun agent (an agent whose workers did not fail does not
+    # count), so rank 0 decides from the progress file and tells the others.
+    max_restarts = env_int("TORCHELASTIC_MAX_RESTARTS", default=0)
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or ""
     for mod in args.backend_module:
         importlib.import_module(mod)
-    instances = [i for i in load_instances(args.paths, args.backend)
-                 if args.keyword in i.key]
-    device = "cuda" if any(i.device == "cuda" for i in instances) else "cpu"
-    if device == "cuda":
-        torch.cuda.set_device(local)
-    dist.init_process_group(args.backend, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=max(600.0, args.deadline * 4)))
+    instances = [i for i in load_instances(args.paths, args.backend, world)
+                 if args.keyword in i.key and (args.full or "full" not in i.marks)]
     caps = probe(tuple(args.backend_module))
-    renv = RankEnv(rank=rank, world_size=world, device=device)
-    watchdog = _Watchdog(rank)
-    records: list[dict[str, Any]] = []
+    instances = [overrides.resolve(i, caps.torch_version) for i in instances]
+    if plan is not None:
+        instances = [dataclasses.replace(i, perf=plan) if not not_timed(i) else i
+                     for i in instances]
+    if caps.cuda_devices:
+        torch.cuda.set_device(local % caps.cuda_devices)
+    join(dist, args.backend, rank, world, max(600.0, args.deadline * 4))
 
-    def flush_report(running: str = "") -> None:
-        # Written before each instance so that a hang leaves the report of what came before:
-        # such a report says it is incomplete (never PASS) until the run finishes.
-        meta = {**caps.metadata(), "options": {"mode": "external", "backend": args.backend,
-                                               "launched_world_size": world,
-                                               "deadline_s": args.deadline,
-                                               "perf": dataclasses.asdict(plan) if plan
-                                               else None}}
-        session = {"complete": not running, "collected": len(instances),
+    # Skips: every rank's own reasons, gathered, so that all ranks decide the same way.
+    mine = [skip_reasons(i, caps, local, world) for i in instances]
+    host = {"host": socket.gethostname(), "local_rank": local,
+            "device": f"cuda:{torch.cuda.current_device()}" if caps.cuda_devices else "cpu"}
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, (mine, host))
+    hosts = [h for _, h in gathered]
+    reasons = []
+    for n in range(len(instances)):
+        first = next(((r, rs[n]) for r, (rs, _) in enumerate(gathered) if rs[n]), None)
+        reasons.append("" if first is None else
+                       first[1] if all(rs[n] == first[1] for rs, _ in gathered)
+                       else f"on rank {first[0]} ({hosts[first[0]]['host']}): {first[1]}")
+    rounds = schedule.plan(instances, world, [not r for r in reasons],
+                           pack=not (args.no_pack or plan))
+    state = State(args.state_dir, schedule.fingerprint(instances, world, rounds), run_id, rank,
+                  local, 0)
+
+    # Where to start: rank 0 reads the progress of an earlier attempt of the same run.
+    box: list[Any] = [None, 0, max_restarts]
+    if rank == 0:
+        resumed = state.load(any_run=args.resume)
+        if resumed is None:
+            state.reset()
+        else:  # launch n+1 of the run: files are named by launch, restarts counted
+            box[1] = resumed.last_attempt + 1
+            box[2] = max_restarts - resumed.launches
+        state.attempt = box[1]
+        state.started()
+        box[0] = resumed
+    dist.broadcast_object_list(box, src=0)
+    resumed, state.attempt, restarts_left = box
+    attempt = state.attempt
+    dist.barrier()  # the state directory exists before any rank writes into it
+    crash_file = state.open_for_faulthandler("crash")
+    faulthandler.enable(file=crash_file, all_threads=False)
+    killed_file = state.open_for_faulthandler("killed")
+    faulthandler.register(signal.SIGTERM, file=killed_file, all_threads=False, chain=True)
+    watchdog = Watchdog(rank, state)
+    records: list[dict[str, Any]] = list(resumed.records) if resumed else []
+    groups: dict[tuple[int, ...], Any] = {}
+    device = "cuda" if caps.cuda_devices else "cpu"
+
+    def block_group(members: tuple[int, ...]) -> Any:
+        if len(members) == world:
+            return None
+        if members not in groups:
+            groups[members] = dist.new_group(list(members))
+        return groups[members]
+
+    def flush_report(done: bool = False) -> None:
+        meta = {**caps.metadata(), "options": {
+            "mode": "external", "backend": args.backend, "launched_world_size": world,
+            "deadline_s": args.deadline, "packed": not (args.no_pack or plan),
+            "attempt": attempt, "hosts": sorted({h["host"] for h in hosts}),
+            "perf": dataclasses.asdict(plan) if plan else None}}
+        # Until the run reaches its end the report says it is incomplete (never PASS): a
+        # hang may end this launch, and what is left is resumed by the next one.
+        session = {"complete": done, "collected": len(instances),
                    "without_result": len(instances) - len(records),
-                   "ended_by": (f"did not finish: stopped in {running} (a hang or a crash ends "
-                                "an external run)") if running else "finished"}
+                   "ended_by": "finished" if done else
+                   "in progress (or stopped by a hang or a crash: relaunch with --resume)"}
         report = build_report(records, meta, session)
         write_report(args.report_json, report)
         write_atomic(args.report_md, markdown.render(report))
 
-    for inst in instances:
-        inst = overrides.resolve(inst, caps.torch_version)
-        if plan is not None and not not_timed(inst):
-            inst = dataclasses.replace(inst, perf=plan)
-        nodeid = inst.key
-        reason = inst.expectation.skip or caps.skip_reason(inst)
-        if not reason and inst.world_size != world:
-            reason = f"needs world size {inst.world_size}; launched with {world}"
-        if not reason and (inst.isolate or inst.expectation.kind in ("hangs", "crashes")):
-            reason = "needs an isolated process group: run it with the pytest plugin"
-        if reason:
-            if rank == 0:
-                records.append(skipped_record(inst, reason, nodeid))
-            continue
-        deadline = inst.deadline or args.deadline
-        if rank == 0:  # if this instance hangs, the report of what came before survives
-            flush_report(running=inst.key)
-        watchdog.arm(inst, deadline)
-        t0 = time.monotonic()
-        result = run_instance(inst, renv, run_probes, time_instance)
-        gathered: list[RankResult | None] = [None] * world if rank == 0 else []
-        dist.gather_object(result, gathered if rank == 0 else None, dst=0)
-        watchdog.disarm()
+    def run_round(index: int, slots: tuple[schedule.Slot, ...], alone: str,
+                  retry: bool) -> list[dict[str, Any]]:
+        for s in slots:  # new_group is collective over the world: same order everywhere
+            block_group(s.members)
+        if alone == schedule.ALONE_GROUPS:
+            for s in slots:
+                prepare_groups(instances[s.index], RankEnv(
+                    rank=0, world_size=len(s.members), device=device, groups=groups,
+                    members=s.members if len(s.members) < world else None))
         if rank == 0:
-            run = PoolRun(kind="done", results={r.rank: r for r in gathered if r is not None},
-                          elapsed=time.monotonic() - t0)
-            verdict: InstanceResult = judge(inst, run, deadline)
-            verdict.duration = run.elapsed
-            if plan is not None and verdict.outcome == "passed":
-                verdict.perf = (aggregate(inst, run.results) if inst.perf
-                                else {"not_timed": not_timed(inst)})
-            records.append(instance_record(inst, verdict, nodeid))
-            print(f"{verdict.outcome.upper():8} {inst.key}", flush=True)
+            state.begin(index, [(s.index, s.members) for s in slots], retry)
+        state.trace(index, -1)
+        dist.barrier()  # the round is on disk before any rank can fail in it
+        start = time.monotonic()
+        deadlines = {s.index: instances[s.index].deadline or args.deadline for s in slots}
+        slot = next((s for s in slots if rank in s.members), None)
+        payload: Any = None
+        if slot is not None:
+            inst = instances[slot.index]
+            watchdog.arm(inst.key, start + deadlines[slot.index])
+            renv = RankEnv(rank=slot.members.index(rank), world_size=len(slot.members),
+                           device=device, groups=groups, seq=index * world + slot.members[0],
+                           members=slot.members if len(slot.members) < world else None,
+                           world_group=block_group(slot.members),
+                           progress=StepTrace(state, index))
+            result = run_instance(inst, renv, run_probes, time_instance)
+            payload = (slot.index, result, time.monotonic() - start)
+            state.save_pending(index, payload)
+        watchdog.arm(f"round {index} (waiting for the other instances)",
+                     start + max(deadlines.values()) + ROUND_GRACE_S)
+        everyone: list[Any] = [None] * world if rank == 0 else []
+        dist.gather_object(payload, everyone if rank == 0 else None, dst=0)
+        watchdog.disarm()
+        out: list[dict[str, Any]] = []
+        if rank == 0:
+            for s in slots:
+                inst = instances[s.index]
+                mine = [p for p in everyone if p is not None and p[0] == s.index]
+                run = PoolRun(kind="done", results={p[1].rank: p[1] for p in mine},
+                              elapsed=max((p[2] for p in mine), default=0.0))
+                out.append(_record(inst, run, deadlines[s.index], s, index))
+        return out
+
+    def _record(inst: Instance, run: PoolRun, deadline: float, slot: schedule.Slot,
+                index: int) -> dict[str, Any]:
+        verdict: InstanceResult = judge(inst, run, deadline)
+        verdict.duration = run.elapsed
+        if plan is not None and verdict.outcome == "passed":
+            verdict.perf = (aggregate(inst, run.results) if inst.perf
+                            else {"not_timed": not_timed(inst)})
+        rec = instance_record(inst, verdict, inst.key)
+        rec["placement"] = _placement(slot, index, hosts)
+        print(f"{verdict.outcome.upper():8} {inst.key}", flush=True)
+        return rec
+
+    def recover(inflight: dict[str, Any]) -> tuple[schedule.Slot, ...]:
+        """Records of the round that failed; the slots to run again (collateral only)."""
+        index = inflight["round"]
+        seen_all: list[Any] = [None] * world if rank == 0 else []
+        dist.gather_object(state.previous(index), seen_all if rank == 0 else None, dst=0)
+        again: list[schedule.Slot] = []
+        if rank == 0:
+            seen = {d["rank"]: d for lst in seen_all for d in lst or []}
+            new: list[dict[str, Any]] = []
+            for i, members in inflight["slots"]:
+                slot = schedule.Slot(i, tuple(members))
+                inst = instances[i]
+                deadline = inst.deadline or args.deadline
+                run = recovered_run(inst, slot.members, seen)
+                if run is None and inflight.get("retry"):
+                    # Stopped twice without a failure of its own: report, do not loop.
+                    run = PoolRun(kind="hang", states=[
+                        RankState(n, "killed", stderr_tail="stopped by the launcher twice "
+                                  "while other instances failed") for n in range(len(members))])
+                if run is None:
+                    pending = [seen[g]["pending"] for g in members
+                               if "pending" in seen.get(g, {})]
+                    if len(pending) == len(members):
+                        run = PoolRun(kind="done", results={p[1].rank: p[1] for p in pending},
+                                      elapsed=max(p[2] for p in pending))
+                if run is None:
+                    again.append(slot)
+                    continue
+                new.append(_record(inst, run, deadline, slot, index))
+            records.extend(new)
+            state.commit(index, new)
+        box = [again]
+        dist.broadcast_object_list(box, src=0)
+        return tuple(box[0])
+
+    if rank == 0 and not resumed:  # the skips are part of the progress (round -1)
+        skipped = [skipped_record(inst, reason, inst.key)
+                   for inst, reason in zip(instances, reasons, strict=True) if reason]
+        records.extend(skipped)
+        state.commit(-1, skipped)
+    flushed = [time.monotonic()]
+    start_round = resumed.next_round if resumed else 0
+    if resumed and resumed.inflight is not None:
+        again = recover(resumed.inflight)
+        if again:
+            got = run_round(start_round, again, "", retry=True)
+            if rank == 0:
+                records.extend(got)
+                state.commit(start_round, got)
+        start_round += 1
+    for index in range(start_round, len(rounds)):
+        rnd = rounds[index]
+        if rank == 0 and (rnd.alone or time.monotonic() - flushed[0] > REPORT_EVERY_S):
+            # The report of what finished so far, now and then (rewriting it every round
+            # made a run quadratic); the progress file has every record at all times.
+            flush_report()
+            flushed[0] = time.monotonic()
+        if rnd.alone == schedule.ALONE_RESTART and restarts_left <= 0:
+            if rank == 0:
+                got = [skipped_record(instances[s.index], "must run alone and needs a restart "
+                                      "afterwards: launch with torchrun --max-restarts N",
+                                      instances[s.index].key) for s in rnd.slots]
+                records.extend(got)
+                state.commit(index, got)
+            continue
+        got = run_round(index, rnd.slots, rnd.alone, retry=False)
+        if rank == 0:
+            records.extend(got)
+            state.commit(index, got)
+        if rnd.alone == schedule.ALONE_RESTART:
+            # It may have left the process group unusable: relaunch for a clean one.
+            dist.barrier()
+            sys.stdout.flush()
+            os._exit(EXIT_RESTART)
     if rank == 0:
-        flush_report()
+        state.finished()
+        flush_report(done=True)
         bad = [r for r in records if r["outcome"] in ("failed", "error", "hang", "crash")]
         print(f"collective-harness (external, {world} ranks): {len(records)} instances, "
               f"{len(bad)} not conforming; report: {args.report_json}", flush=True)
     dist.destroy_process_group()
-    return 1 if rank == 0 and any(r["outcome"] in ("failed", "error") for r in records) else 0
+    # The run is complete: every rank ends well, or a launcher with restarts would start it
+    # again. Whether the backend conformed is the report's to say (gate it).
+    return 0
 
 
 if __name__ == "__main__":

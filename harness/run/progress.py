@@ -1,0 +1,238 @@
+"""What external-ranks mode keeps on disk so that a relaunch resumes instead of starting over.
+
+A hang or a crash in external mode ends the processes: there is no pool around them to kill
+and restart. The launcher restarts them instead (torchrun's ``--max-restarts``; or the person
+runs the same command again with ``--resume``), and the run goes on after the round that
+failed. Two kinds of files make that possible, all under the state directory:
+
+- rank 0's *progress*: a header naming the run (a fingerprint of the instances, the world size
+  and the schedule), one JSON line per finished round with its records, and the round in
+  flight. Rank 0 may be on another node after a restart, so for multi-node resumes the state
+  directory must be on a filesystem every node sees (the usual home or scratch directory).
+- each rank's *own* files for the round in flight, named by its global rank and the launch
+  attempt: its result once it has one (``pending``), the step it is in (``trace``), its Python
+  stack when its deadline passed (``hang``), the fatal-error dump of a crash (``crash``, from
+  faulthandler), and its stack when the launcher stopped it (``killed``, faulthandler on
+  SIGTERM). After a restart the first rank of each node reads every file of the previous
+  attempt it can see and rank 0 merges them, so node-local state directories work too (as
+  long as the nodes are the same).
+
+Nothing here judges: :func:`recovered_run` turns the files into the raw run of a failed
+instance, and :mod:`harness.run.external` has it judged like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..model import Instance, PoolRun, RankResult, RankState
+
+PROGRESS = "progress.jsonl"
+INFLIGHT = "inflight.json"
+KINDS = ("pending", "trace", "hang", "crash", "killed")
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+@dataclass
+class Resume:
+    """What rank 0 found of an earlier attempt of the same run."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    next_round: int = 0
+    inflight: dict[str, Any] | None = None  # the round that did not finish
+    last_attempt: int = 0  # the launch that wrote the newest files
+    launches: int = 0  # how many launches of this run started
+    complete: bool = False  # the run reached its end (a new launch starts over)
+
+
+class State:
+    """The state directory of one run, seen from one rank."""
+
+    def __init__(self, root: str, fingerprint: str, run_id: str, rank: int, local_rank: int,
+                 attempt: int) -> None:
+        self.root = Path(root)
+        self.fingerprint = fingerprint
+        self.run_id = run_id
+        self.rank = rank
+        self.local_rank = local_rank
+        self.attempt = attempt
+
+    # -- rank 0: the run's progress ----------------------------------------------------------
+
+    def reset(self) -> None:
+        """Start a new run: forget every file of an earlier one (rank 0, before anything)."""
+        if self.root.exists():
+            shutil.rmtree(self.root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        header = {"fingerprint": self.fingerprint, "run_id": self.run_id}
+        _write(self.root / PROGRESS, (json.dumps(header) + "\n").encode())
+
+    def load(self, any_run: bool = False) -> Resume | None:
+        """The progress of an earlier launch of this run, or None (none, another run, or a
+        run that completed). ``any_run``: the launcher's run id need not match (a resume by
+        hand: srun knows nothing of the earlier job)."""
+        try:
+            lines = (self.root / PROGRESS).read_text(encoding="utf-8").splitlines()
+            header = json.loads(lines[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        if header.get("fingerprint") != self.fingerprint or not (
+                any_run or (self.run_id and header.get("run_id") == self.run_id)):
+            return None
+        out = Resume()
+        for line in lines[1:]:
+            entry = json.loads(line)
+            if "attempt" in entry:
+                out.last_attempt = max(out.last_attempt, entry["attempt"])
+                out.launches += 1
+                continue
+            if entry.get("complete"):
+                out.complete = True
+                continue
+            out.records += entry["records"]
+            out.next_round = entry["round"] + 1
+        try:
+            inflight = json.loads((self.root / INFLIGHT).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            inflight = None
+        if inflight and inflight.get("round") == out.next_round:
+            out.inflight = inflight
+        return None if out.complete else out
+
+    def finished(self) -> None:
+        """The run reached its end: a later launch of it starts over."""
+        self._append({"complete": True})
+
+    def started(self) -> None:
+        """Note that launch ``attempt`` started (a resume by hand counts on from it)."""
+        self._append({"attempt": self.attempt})
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        with open(self.root / PROGRESS, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry, ensure_ascii=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def begin(self, round_index: int, slots: list[tuple[int, tuple[int, ...]]],
+              retry: bool = False) -> None:
+        """Record the round about to run (which instance on which global ranks)."""
+        data = {"round": round_index, "attempt": self.attempt, "retry": retry,
+                "slots": [[i, list(m)] for i, m in slots]}
+        _write(self.root / INFLIGHT, json.dumps(data).encode())
+
+    def commit(self, round_index: int, records: list[dict[str, Any]]) -> None:
+        """The round finished (or was recovered): its records, durably."""
+        self._append({"round": round_index, "records": records})
+        (self.root / INFLIGHT).unlink(missing_ok=True)
+
+    # -- every rank: its own files ----------------------------------------------------------
+
+    def path(self, kind: str, attempt: int | None = None) -> Path:
+        """This rank's file of ``kind`` for ``attempt`` (default: the current one)."""
+        a = self.attempt if attempt is None else attempt
+        return self.root / f"rank{self.rank}.a{a}.{kind}"
+
+    def open_for_faulthandler(self, kind: str) -> Any:
+        """An open file faulthandler writes into (kept open for the process's life)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return open(self.path(kind), "w")
+
+    def save_pending(self, round_index: int, payload: Any) -> None:
+        _write(self.path("pending"), pickle.dumps((self.rank, round_index, payload)))
+
+    def trace(self, round_index: int, step: int) -> None:
+        _write(self.path("trace"), f"{self.rank} {round_index} {step}\n".encode())
+
+    def write_text(self, kind: str, text: str) -> None:
+        _write(self.path(kind), text.encode("utf-8", "replace"))
+
+    def previous(self, round_index: int) -> list[dict[str, Any]]:
+        """What the previous attempt's rank files visible here say about ``round_index``.
+
+        One entry per rank that got as far as that round: ``rank`` (its global rank then),
+        ``step``, and ``pending``/``hang``/``crash``/``killed`` where it left them. Only the
+        first rank of a node reads (the others return nothing): rank 0 merges by ``rank``.
+        """
+        prev = self.attempt - 1
+        if prev < 0 or self.local_rank != 0:
+            return []
+        out: list[dict[str, Any]] = []
+        for trace in sorted(self.root.glob(f"rank*.a{prev}.trace")):
+            try:
+                rank, rnd, step = (int(x) for x in trace.read_text().split())
+            except (OSError, ValueError):
+                continue
+            if rnd != round_index:
+                continue
+            info: dict[str, Any] = {"rank": rank, "step": step, "host": socket.gethostname()}
+            base = str(trace)[: -len(".trace")]
+            try:
+                _r, rnd, payload = pickle.loads(Path(base + ".pending").read_bytes())
+                if rnd == round_index:
+                    info["pending"] = payload
+            except (OSError, pickle.PickleError, EOFError, ValueError):
+                pass
+            for kind in ("hang", "crash", "killed"):
+                try:
+                    text = Path(f"{base}.{kind}").read_text(encoding="utf-8",
+                                                            errors="replace")
+                except OSError:
+                    continue
+                if text.strip():
+                    info[kind] = text
+            out.append(info)
+        return out
+
+
+def recovered_run(inst: Instance, members: tuple[int, ...], seen: dict[int, dict[str, Any]]
+                  ) -> PoolRun | None:
+    """A failed slot's run from the files its ranks left, or None if it was only collateral
+    (every member finished, or was stopped by the launcher without a failure of its own)."""
+    results: dict[int, RankResult] = {}
+    states: list[RankState] = []
+    failed = False
+    for i, g in enumerate(members):
+        info = seen.get(g, {})
+        step = info.get("step", -1)
+        desc = inst.steps[step].describe() if 0 <= step < len(inst.steps) else ""
+        pending = info.get("pending")
+        if pending is not None:
+            results[i] = pending[1]
+            states.append(RankState(i, "finished"))
+        elif "hang" in info:
+            failed = True
+            states.append(RankState(i, "blocked", step=step, step_desc=desc,
+                                    stack=info["hang"].strip()))
+        elif "crash" in info:
+            failed = True
+            states.append(RankState(i, "died", step=step, step_desc=desc,
+                                    signal="a fatal signal (faulthandler)",
+                                    stderr_tail=info["crash"].strip()[-4000:]))
+        elif "killed" in info:
+            states.append(RankState(i, "killed", step=step, step_desc=desc,
+                                    stack=info["killed"].strip()))
+        elif info.get("rank") is not None:
+            # In the round, no result, no dump of any kind: it ended by itself (os._exit).
+            failed = True
+            states.append(RankState(i, "died", step=step, step_desc=desc,
+                                    stderr_tail="the process ended without a result or a "
+                                    "fatal-error dump (it exited)"))
+        else:
+            states.append(RankState(i, "killed", stderr_tail="no file of this rank was found "
+                                    "after the restart (another node's disk?)"))
+    if not failed:
+        return None
+    kind = "crash" if any(s.state == "died" for s in states) else "hang"
+    return PoolRun(kind=kind, results=results, states=states)  # type: ignore[arg-type]
