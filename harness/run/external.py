@@ -195,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable(file=crash_file, all_threads=False)
     killed_file = state.open_for_faulthandler("killed")
     faulthandler.register(signal.SIGTERM, file=killed_file, all_threads=False, chain=True)
-    watchdog = Watchdog(rank, state)
     records: list[dict[str, Any]] = list(resumed.records) if resumed else []
     groups: dict[tuple[int, ...], Any] = {}
     device = "cuda" if caps.cuda_devices else "cpu"
@@ -222,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         report = build_report(records, meta, session)
         write_report(args.report_json, report)
         write_atomic(args.report_md, markdown.render(report))
+
+    # Rank 0's last words before a deadline ends it: the report of what finished so far.
+    watchdog = Watchdog(rank, state, flush_report if rank == 0 else None)
 
     def run_round(index: int, slots: tuple[schedule.Slot, ...], alone: str,
                   retry: bool) -> list[dict[str, Any]]:
@@ -343,7 +345,12 @@ def main(argv: list[str] | None = None) -> int:
                 records.extend(got)
                 state.commit(index, got)
             continue
-        got = run_round(index, rnd.slots, rnd.alone, retry=False)
+        try:
+            got = run_round(index, rnd.slots, rnd.alone, retry=False)
+        except BaseException:
+            if rank == 0:  # a peer died (the launcher may restart us): keep what finished
+                flush_report()
+            raise
         if rank == 0:
             records.extend(got)
             state.commit(index, got)

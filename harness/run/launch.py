@@ -8,6 +8,7 @@ outlives its deadline, since there is no pool around it to do so.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
 import os
@@ -16,6 +17,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .progress import State
@@ -39,9 +41,11 @@ class Watchdog:
     """Ends this rank when the instance it runs (or the round it waits for) outlives its
     deadline: there is no pool to recover it, so the launcher restarts the ranks."""
 
-    def __init__(self, rank: int, state: State) -> None:
+    def __init__(self, rank: int, state: State,
+                 last_words: Callable[[], None] | None = None) -> None:
         self.rank = rank
         self.state = state
+        self.last_words = last_words  # rank 0: write the report of what finished
         self.deadline = float("inf")
         self.current = ""
         threading.Thread(target=self._watch, name="external-watchdog", daemon=True).start()
@@ -62,6 +66,9 @@ class Watchdog:
                 frame = sys._current_frames().get(threading.main_thread().ident or 0)
                 stack = "".join(traceback.format_stack(frame)) if frame else "(no stack)"
                 self.state.write_text("hang", stack)
+                if self.last_words is not None:
+                    with contextlib.suppress(Exception):  # the stack is written already
+                        self.last_words()
                 # The first rank to exit makes the launcher stop the rest: let the other
                 # ranks stuck in this instance reach their own deadline and dump too.
                 time.sleep(EXIT_GRACE_S)
