@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
 from . import ops
+from .casefile import patterns
 from .model import Instance, InstanceResult, PoolRun, RankResult, RankState
 from .ordering import verdicts as ordering
 
@@ -165,8 +164,8 @@ def _check_raises(inst: Instance, raised: list[RankResult], ranks: list[RankResu
                   run: PoolRun) -> InstanceResult:
     exp = inst.expectation
     where = _where(inst)
-    pattern = re.compile(exp.match)
-    mismatched = [r for r in raised if not pattern.search(f"{r.exc_type}: {r.exc_message}")]
+    mismatched = [r for r in raised
+                  if not patterns.search(exp.match, f"{r.exc_type}: {r.exc_message}")]
     missing = [r for r in (exp.ranks or ()) if r not in {x.rank for x in raised}]
     if mismatched or missing:
         lines = [f"{where}: expected an error matching {exp.match!r}"]

@@ -8,7 +8,9 @@ not match the world size, a root rank outside the world) happen here, still at c
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 from typing import Any
 
 from .. import dtypes, ops
@@ -17,7 +19,9 @@ from ..expr import Expr, parse
 from ..model import Case, Expectation, Fill, Instance, Override, Step, TensorSpec, Tolerance
 from ..ordering.plan import plan_instances
 from . import opargs
+from .bounds import check_instance
 from .fields import as_list, expr_names, parse_fill
+from .limits import Limits
 from .steps import is_ordering_step, make_step
 
 DEFAULT_DEVICE = {"nccl": "cuda", "gloo": "cpu", "mpi": "cpu", "ucc": "cpu"}
@@ -404,12 +408,38 @@ def _jsonish(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def expand(case: Case, backend: str) -> list[Instance]:
-    """All instances of ``case`` for ``backend``; raises CaseFileError on axis conflicts."""
+def _deadline(case: Case, limits: Limits) -> float | None:
+    """The case's own deadline, capped by the operator's (a case may lower, never exceed it)."""
+    value = case.raw.get("deadline")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and value > 0):
+        raise case.error(("deadline",), f"deadline {value!r} must be a positive number of "
+                         "seconds")
+    return float(min(value, limits.deadline))
+
+
+def expand(case: Case, backend: str, limits: Limits | None = None) -> list[Instance]:
+    """All instances of ``case`` for ``backend``; raises CaseFileError on axis conflicts and
+    on anything beyond the operator's ``limits``."""
+    lim = limits or Limits()
     if "backends" in case.raw and backend not in case.raw["backends"]:
         return []
     ex = _Expander(case, backend)
     axes = ex.axes()
+    count = math.prod(len(v) for _, _, v in axes)
+    if count > lim.instances_per_file:
+        raise case.error(("name",), f"the case expands to {count} instances; a case file may "
+                         f"have at most {lim.instances_per_file}",
+                         "list fewer axis values, or raise --max-instances-per-file / ini "
+                         "collective_max_instances_per_file")
+    for ws in next(v for name, _, v in axes if name == "world_size"):
+        if ws > lim.world_size:  # before any instance is built: some checks loop over ranks
+            raise case.error(("world_size",), f"world_size {ws} is above this session's limit "
+                             f"of {lim.world_size}", "raise it with --max-world-size / ini "
+                             "collective_max_world_size")
+    deadline = _deadline(case, lim)
     out: list[Instance] = []
     seen: set[str] = set()
     for values in itertools.product(*(v for _, _, v in axes)):
@@ -420,9 +450,11 @@ def expand(case: Case, backend: str) -> list[Instance]:
                              "an axis lists the same value twice")
         seen.add(inst_id)
         try:
-            out.append(ex.instance(point, inst_id))
+            inst = ex.instance(point, inst_id)
         except ExprError as exc:
             raise case.error(("name",), f"at {inst_id}: {exc}") from None
+        check_instance(case, inst, lim)
+        out.append(dataclasses.replace(inst, deadline=deadline))
     return plan_instances(case.raw.get("ordering", "sample"), out)
 
 

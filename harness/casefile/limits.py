@@ -31,7 +31,7 @@ class Limits:
     world_size: int = 0  # 0: machine_world_size()
     buffer_bytes: int = 256 * MIB  # one tensor on one rank
     instance_bytes: int = 1024 * MIB  # every buffer of every rank of one instance
-    object_bytes: int = MIB  # payload of one object (the objects generator's size)
+    object_bytes: int = 16 * MIB  # payload of one object (the objects generator's size)
     deadline: float = 600.0  # the most a case's own `deadline:` may ask for, in seconds
     sleep: float = 60.0  # sleeps and delays one rank of one instance may ask for, in seconds
 

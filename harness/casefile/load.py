@@ -74,7 +74,7 @@ class _Loader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser,
         self.depth = 0
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
-        mark = self.peek_event().start_mark
+        mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
         pos = Pos(self.file, mark.line + 1, mark.column + 1)
         self.budget -= 1
         if self.budget < 0:
@@ -86,7 +86,7 @@ class _Loader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser,
             raise CaseFileError(pos, f"values nested more than {MAX_DEPTH} levels deep",
                                 hint="case files are shallow: flatten this value")
         try:
-            return super().compose_node(parent, index)  # type: ignore[no-untyped-call,no-any-return]
+            return super().compose_node(parent, index)
         finally:
             self.depth -= 1
 

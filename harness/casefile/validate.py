@@ -8,19 +8,25 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from importlib import resources
 from typing import Any
 
 import jsonschema
 
 from .. import dtypes, ops
-from ..errors import CaseFileError, CaseFileErrors
+from ..errors import CaseFileError, CaseFileErrors, quote
 from ..model import Case
-from . import opargs
+from . import opargs, patterns
 from .fields import as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
 
+# pytest's own marks change what a run reports (xfail turns a failure into exit 0, skipif drops
+# the record), so a case file, which may be untrusted, cannot carry them.
+PYTEST_MARKS = ("skip", "skipif", "xfail", "usefixtures", "parametrize", "filterwarnings",
+                "tryfirst", "trylast", "timeout", "flaky", "forked", "order", "run",
+                "dependency", "no_cover", "asyncio", "anyio", "django_db", "collective")
 STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future", "raise",
                 "abort", "exit", "segfault")
 # Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
@@ -68,12 +74,12 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
         instance: Any = err.instance
         extras = [k for k in instance if k not in schema.get("properties", {})]
         if allowed:
-            return (f"unknown key {extras[0]!r}", suggest(extras[0], allowed))
-        return (f"unknown key {extras[0]!r}", "")
+            return (f"unknown key {quote(extras[0], 80)}", suggest(str(extras[0])[:80], allowed))
+        return (f"unknown key {quote(extras[0], 80)}", "")
     if v == "required":
         return (err.message.replace("is a required property", "is required here"), "")
     if v == "enum":
-        return (f"{err.instance!r} is not allowed",
+        return (f"{quote(err.instance, 80)} is not allowed",
                 suggest(str(err.instance), [str(x) for x in schema.get("enum", [])]))
     if v == "anyOf" or v == "oneOf":
         inst = err.instance
@@ -85,10 +91,12 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
         return (f"{_short(inst)} does not fit here", _expected_types(err))
     if v == "type":
         return (f"{_short(err.instance)} is not of type {err.validator_value}", "")
+    if v == "uniqueItems":
+        return (f"{_short(err.instance)} lists the same rank twice", "list each rank once")
     if v == "pattern" and err.path and isinstance(err.instance, str):
-        return (f"{err.instance!r} is not a valid name here",
+        return (f"{quote(err.instance, 80)} is not a valid name here",
                 "use letters, digits, '_' (and '.', '-' in case names)")
-    return (err.message, "")
+    return (quote(err.message, 300)[1:-1], "")
 
 
 def _expected_types(err: jsonschema.ValidationError) -> str:
@@ -104,8 +112,7 @@ def _expected_types(err: jsonschema.ValidationError) -> str:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return quote(value, 60)
 
 
 def schema_errors(doc: Document) -> list[CaseFileError]:
@@ -226,6 +233,7 @@ def check_case(case: Case) -> None:
                                            f"{key!r}", suggest(key, (*op.args, "group"))))
     if has_steps:
         guard(check_steps, case)
+    errs.extend(check_safety(case))
     for i, dim in enumerate(raw.get("shape", [])):
         if isinstance(dim, str):
             guard(check_expr, case, ("shape", i), dim)
@@ -238,6 +246,52 @@ def check_case(case: Case) -> None:
         guard(opargs.check_splits, case, ("args", "splits"), raw["args"]["splits"])
     if errs:
         raise CaseFileErrors(errs)
+
+
+def _pattern_error(case: Case, path: Path, pattern: Any) -> CaseFileError | None:
+    if not isinstance(pattern, str):
+        return None
+    try:
+        patterns.compile_pattern(pattern)
+    except patterns.PatternError as exc:
+        return case.error(path, f"bad pattern {quote(pattern)}: {exc}")
+    return None
+
+
+def check_safety(case: Case) -> list[CaseFileError]:
+    """Patterns that compile, marks that cannot change pytest's verdict, finite numbers."""
+    raw = case.raw
+    errs: list[CaseFileError] = []
+    sources: list[tuple[Path, Any]] = [(("raises",), raw.get("raises"))]
+    sources += [(("overrides", i, "raises"), o.get("raises"))
+                for i, o in enumerate(raw.get("overrides", [])) if isinstance(o, dict)]
+    for path, value in sources:
+        if isinstance(value, dict):
+            path, value = (*path, "match"), value.get("match")
+        err = _pattern_error(case, path, value)
+        if err is not None:
+            errs.append(err)
+    for i, mark in enumerate(raw.get("marks", [])):
+        if mark in PYTEST_MARKS:
+            errs.append(case.error(("marks", i), f"mark {mark!r} is pytest's own and cannot be "
+                                   "set by a case file",
+                                   "use expected outcomes (raises, hangs, crashes, overrides "
+                                   "with xfail/skip and a reason) instead"))
+    tolerances: list[tuple[Path, Any]] = [(("tolerance",), raw.get("tolerance"))]
+    tolerances += [(("overrides", i, "tolerance"), o.get("tolerance"))
+                   for i, o in enumerate(raw.get("overrides", [])) if isinstance(o, dict)]
+    for path, tol in tolerances:
+        for key, value in (tol or {}).items():
+            if isinstance(value, float) and not math.isfinite(value):
+                errs.append(case.error((*path, key), f"tolerance {key} must be finite, got "
+                                       f"{value!r}", "an infinite tolerance accepts any value"))
+    for idx, step in enumerate(raw.get("steps", [])):
+        for key in ("sleep", "delay", "delay_stream", "timeout"):
+            value = step.get(key) if isinstance(step, dict) else None
+            if isinstance(value, float) and not math.isfinite(value):
+                errs.append(case.error(("steps", idx, key), f"{key} must be a finite number of "
+                                       f"seconds, got {value!r}"))
+    return errs
 
 
 def check_steps(case: Case) -> None:
