@@ -93,7 +93,7 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
         return (f"{_short(err.instance)} is not of type {err.validator_value}", "")
     if v == "uniqueItems":
         return (f"{_short(err.instance)} lists the same rank twice", "list each rank once")
-    if v == "pattern" and err.path and isinstance(err.instance, str):
+    if v == "pattern" and isinstance(err.instance, str):
         return (f"{quote(err.instance, 80)} is not a valid name here",
                 "use letters, digits, '_' (and '.', '-' in case names)")
     return (quote(err.message, 300)[1:-1], "")
