@@ -14,11 +14,11 @@ from typing import Any
 
 import jsonschema
 
-from .. import dtypes, ops
-from ..errors import CaseFileError, CaseFileErrors, quote
+from .. import dtypes, expr, ops
+from ..errors import CaseFileError, CaseFileErrors, ExprError, quote
 from ..model import Case
 from . import opargs, patterns
-from .fields import as_list, check_expr, check_fill, suggest
+from .fields import KEYWORDS, as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
 
@@ -27,6 +27,7 @@ from .steps import check_step
 PYTEST_MARKS = ("skip", "skipif", "xfail", "usefixtures", "parametrize", "filterwarnings",
                 "tryfirst", "trylast", "timeout", "flaky", "forked", "order", "run",
                 "dependency", "no_cover", "asyncio", "anyio", "django_db", "collective")
+OVERRIDE_NAMES = ("rank", "world_size", "i")  # what overrides.resolve gives an expression
 STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future", "raise",
                 "abort", "exit", "segfault")
 # Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
@@ -258,6 +259,18 @@ def _pattern_error(case: Case, path: Path, pattern: Any) -> CaseFileError | None
     return None
 
 
+def _override_exprs(case: Case, path: Path, value: Any) -> list[CaseFileError]:
+    """Expressions in an override's ``expected`` (resolved at run time, so checked now)."""
+    if isinstance(value, dict):
+        return [e for k, v in value.items() for e in _override_exprs(case, (*path, k), v)]
+    if isinstance(value, str) and value not in KEYWORDS:
+        try:
+            expr.parse(value, OVERRIDE_NAMES)
+        except ExprError as exc:
+            return [case.error(path, f"bad expression {quote(value)}: {exc}")]
+    return []
+
+
 def check_safety(case: Case) -> list[CaseFileError]:
     """Patterns that compile, marks that cannot change pytest's verdict, finite numbers."""
     raw = case.raw
@@ -285,6 +298,9 @@ def check_safety(case: Case) -> list[CaseFileError]:
             if isinstance(value, float) and not math.isfinite(value):
                 errs.append(case.error((*path, key), f"tolerance {key} must be finite, got "
                                        f"{value!r}", "an infinite tolerance accepts any value"))
+    for i, o in enumerate(raw.get("overrides", [])):
+        if isinstance(o, dict) and "expected" in o:
+            errs.extend(_override_exprs(case, ("overrides", i, "expected"), o["expected"]))
     for idx, step in enumerate(raw.get("steps", [])):
         for key in ("sleep", "delay", "delay_stream", "timeout"):
             value = step.get(key) if isinstance(step, dict) else None
