@@ -101,11 +101,14 @@ def test_node_budget_stops_the_parser_part_way(tmp_path: Path) -> None:
 
 
 def test_instance_count_is_checked_before_instances_are_built(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     built: list[Any] = []
     monkeypatch.setattr(expand, "check_instance", lambda *a: built.append(a))  # each instance
     text = error_of(HOSTILE / "bounds_instance_explosion.yaml", "cases/x.yaml")
     assert "expands to 1000000000 instances" in text and not built
+    small = tmp_path / "small.yaml"  # the counter works: a small matrix is built and counted
+    small.write_text(GOOD.replace("world_size: 2", "world_size: [1, 2]"))
+    assert collect(small, "small.yaml") == 2 and len(built) == 2
 
 
 def test_limits_are_the_operators(tmp_path: Path) -> None:
