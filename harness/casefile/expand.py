@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from .. import dtypes, ops
-from ..errors import CaseFileError, ExprError
+from ..errors import CaseFileError, ExprError, quote
 from ..expr import Expr, parse
 from ..model import Case, Expectation, Fill, Instance, Override, Step, TensorSpec, Tolerance
 from ..ordering.plan import plan_instances
@@ -24,6 +24,7 @@ from .fields import as_list, expr_names, parse_fill
 from .limits import Limits
 from .steps import is_ordering_step, make_step
 
+MAX_ID = 200  # test ids are printed on every line of pytest's output
 DEFAULT_DEVICE = {"nccl": "cuda", "gloo": "cpu", "mpi": "cpu", "ucc": "cpu"}
 # Op arguments whose list value is a matrix axis (each value its own instance).
 AXIS_ARGS = ("src", "dst", "group", "form", "inplace")
@@ -428,6 +429,10 @@ def expand(case: Case, backend: str, limits: Limits | None = None) -> list[Insta
         return []
     ex = _Expander(case, backend)
     axes = ex.axes()
+    for name, _, axis_values in axes:
+        if not axis_values:  # an empty list would silently make no instance at all
+            raise case.error(tuple(name.split(".")), f"{name} lists no values",
+                             "give at least one value")
     count = math.prod(len(v) for _, _, v in axes)
     if count > lim.instances_per_file:
         raise case.error(("name",), f"the case expands to {count} instances; a case file may "
@@ -445,6 +450,9 @@ def expand(case: Case, backend: str, limits: Limits | None = None) -> list[Insta
     for values in itertools.product(*(v for _, _, v in axes)):
         point = {name: v for (name, _, _), v in zip(axes, values, strict=True)}
         inst_id = ex.id_for(point, axes)
+        if len(inst_id) > MAX_ID:
+            raise case.error(("name",), f"instance id {quote(inst_id, 80)} is longer than "
+                             f"{MAX_ID} characters", "use short param values")
         if inst_id in seen:
             raise case.error(("name",), f"two points of the matrix get the same id {inst_id!r}",
                              "an axis lists the same value twice")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -329,7 +330,11 @@ def load_file(path: str, display: str | None = None, limits: Limits | None = Non
     lim = limits or Limits()
     name = display or path
     try:
-        size = os.stat(path).st_size
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+            raise CaseFileError(Pos(name, 1, 1), "not a regular file",
+                                hint="case files are plain files")
+        size = st.st_size
         if size > lim.file_bytes:
             raise CaseFileError(Pos(name, 1, 1), f"the file is {size} bytes; case files may "
                                 f"have at most {lim.file_bytes}",

@@ -92,6 +92,8 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
         return (f"{_short(inst)} does not fit here", _expected_types(err))
     if v == "type":
         return (f"{_short(err.instance)} is not of type {err.validator_value}", "")
+    if v == "maxLength":
+        return (f"{quote(err.instance, 60)} is longer than {err.validator_value} characters", "")
     if v == "uniqueItems":
         return (f"{_short(err.instance)} lists the same rank twice", "list each rank once")
     if v == "pattern" and isinstance(err.instance, str):
@@ -301,6 +303,10 @@ def check_safety(case: Case) -> list[CaseFileError]:
     for i, o in enumerate(raw.get("overrides", [])):
         if isinstance(o, dict) and "expected" in o:
             errs.extend(_override_exprs(case, ("overrides", i, "expected"), o["expected"]))
+    timeout = raw.get("args", {}).get("timeout") if isinstance(raw.get("args"), dict) else None
+    if isinstance(timeout, float) and not math.isfinite(timeout):
+        errs.append(case.error(("args", "timeout"), f"timeout must be a finite number of "
+                               f"seconds, got {timeout!r}"))
     for idx, step in enumerate(raw.get("steps", [])):
         for key in ("sleep", "delay", "delay_stream", "timeout"):
             value = step.get(key) if isinstance(step, dict) else None
