@@ -30,7 +30,7 @@ class Limits:
     instances_per_session: int = 50_000
     world_size: int = 0  # 0: machine_world_size()
     buffer_bytes: int = 64 * MIB  # one tensor on one rank
-    instance_bytes: int = 256 * MIB  # every buffer of every rank of one instance
+    instance_bytes: int = 1024 * MIB  # every buffer of every rank of one instance
     object_bytes: int = 16 * MIB  # payload of one object (the objects generator's size)
     deadline: float = 600.0  # the most a case's own `deadline:` may ask for, in seconds
     sleep: float = 60.0  # sleeps and delays one rank of one instance may ask for, in seconds
