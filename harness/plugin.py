@@ -229,7 +229,7 @@ def is_case_file(file_path: Path, config: pytest.Config) -> bool:
     """Whether a YAML file is a case file: named on the command line, or inside a directory
     whose name matches ``collective_case_dirs`` (default ``cases``). Decided from the path
     alone, never from the content, so a malformed case file is reported, never skipped."""
-    if file_path.suffix not in CASE_SUFFIXES:
+    if file_path.suffix.lower() not in CASE_SUFFIXES:
         return False
     here = config.invocation_params.dir
     for arg in config.args:

@@ -36,6 +36,9 @@ _FLOAT_RE = re.compile(
     r"^[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"
 )
 _LEADING_ZERO_RE = re.compile(r"^[-+]?0[0-9_]+$")
+# Escapes in double-quoted strings ("\0", "\ud800") reach what the reader lets through: control
+# characters break JUnit XML, and a lone surrogate cannot be written as UTF-8 at session end.
+_BAD_CHAR_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 _YAML11_BOOLS = {"yes", "no", "on", "off"}
 
 _STR = "tag:yaml.org,2002:str"
@@ -115,8 +118,16 @@ class Document:
         return CaseFileError(pos or self.pos(path), message, json_path(path), hint)
 
 
+def _check_text(pos: Pos, value: str, path: Path) -> None:
+    bad = _BAD_CHAR_RE.search(value)
+    if bad:
+        raise CaseFileError(pos, f"the string holds the character U+{ord(bad.group()):04X}",
+                            json_path(path), "case files hold printable text only")
+
+
 def _scalar(doc: Document, node: ScalarNode, path: Path) -> Any:
     value: str = node.value
+    _check_text(doc.pos(path), value, path)
     if node.tag != _STR and node.tag not in _STD_TAGS and node.tag != "?":
         raise doc.error(path, f"YAML tag {quote(node.tag)} is not allowed in case files",
                         "case files may only hold plain data: strings, numbers, lists, maps")
@@ -243,6 +254,7 @@ def _build_collection(doc: Document, node: Node, path: Path, state: _Build) -> A
             kpos = Pos(doc.file, knode.start_mark.line + 1, knode.start_mark.column + 1)
             if not isinstance(knode, ScalarNode):
                 raise CaseFileError(kpos, "mapping keys must be plain scalars", json_path(path))
+            _check_text(kpos, knode.value, path)
             # Keys are names or rank numbers: only a plain decimal integer becomes an int.
             key: Any = knode.value
             if knode.tag == "?" and _INT_RE.match(key):
