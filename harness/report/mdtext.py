@@ -12,7 +12,7 @@ from typing import Any
 
 TEXT_LIMIT = 500
 # Characters that start Markdown (or HTML) constructs inside a line; escaped with a backslash.
-_SPECIAL = re.compile(r"([\\`*_\[\]|~#!])")
+_SPECIAL = re.compile(r"([\\`*\[\]|~#!])")  # not "_": op names read all_reduce
 
 
 def escape(value: Any, limit: int = TEXT_LIMIT) -> str:
