@@ -260,8 +260,7 @@ class CaseFile(pytest.File):
         try:
             doc = load.load_file(str(self.path), display, hs.limits)
             cases = validate.load_cases(doc)
-            instances = [inst for case in cases
-                         for inst in expand.expand(case, hs.backend, hs.limits)]
+            instances = expand.expand_all(cases, hs.backend, hs.limits)
             if len(instances) > hs.limits.instances_per_file:
                 raise CaseFileError(Pos(display, 1, 1), f"the file expands to "
                                     f"{len(instances)} instances; the limit is "

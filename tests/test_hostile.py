@@ -37,7 +37,7 @@ def collect(path: Path, display: str, limits: Limits | None = None) -> int:
     """What the plugin does at collection: load, validate, expand. Returns the instance count."""
     lim = limits or Limits()
     doc = load.load_file(str(path), display, lim)
-    return sum(len(expand.expand(case, "gloo", lim)) for case in validate.load_cases(doc))
+    return len(expand.expand_all(validate.load_cases(doc), "gloo", lim))
 
 
 def error_of(path: Path, display: str, limits: Limits | None = None) -> str:

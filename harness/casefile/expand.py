@@ -405,6 +405,15 @@ class _Expander:
         return tuple(out)
 
 
+def expand_all(cases: list[Case], backend: str, limits: Limits | None = None) -> list[Instance]:
+    """The instances of every case of one file, the per-file limit checked before each case
+    is built."""
+    out: list[Instance] = []
+    for case in cases:
+        out += expand(case, backend, limits, len(out))
+    return out
+
+
 def _jsonish(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
@@ -421,9 +430,11 @@ def _deadline(case: Case, limits: Limits) -> float | None:
     return float(min(value, limits.deadline))
 
 
-def expand(case: Case, backend: str, limits: Limits | None = None) -> list[Instance]:
+def expand(case: Case, backend: str, limits: Limits | None = None, before: int = 0
+           ) -> list[Instance]:
     """All instances of ``case`` for ``backend``; raises CaseFileError on axis conflicts and
-    on anything beyond the operator's ``limits``."""
+    on anything beyond the operator's ``limits`` (``before``: instances the file's earlier
+    cases already expanded to, so the per-file limit holds before anything is built)."""
     lim = limits or Limits()
     if "backends" in case.raw and backend not in case.raw["backends"]:
         return []
@@ -434,9 +445,10 @@ def expand(case: Case, backend: str, limits: Limits | None = None) -> list[Insta
             raise case.error(tuple(name.split(".")), f"{name} lists no values",
                              "give at least one value")
     count = math.prod(len(v) for _, _, v in axes)
-    if count > lim.instances_per_file:
-        raise case.error(("name",), f"the case expands to {count} instances; a case file may "
-                         f"have at most {lim.instances_per_file}",
+    if before + count > lim.instances_per_file:
+        so_far = f" (after {before} from earlier cases)" if before else ""
+        raise case.error(("name",), f"the case expands to {count} instances{so_far}; a case "
+                         f"file may have at most {lim.instances_per_file}",
                          "list fewer axis values, or raise --max-instances-per-file / ini "
                          "collective_max_instances_per_file")
     for ws in next(v for name, _, v in axes if name == "world_size"):

@@ -64,8 +64,7 @@ def load_instances(paths: list[str], backend: str) -> list[Instance]:
     for f in case_files(paths):
         try:
             doc = load.load_file(str(f), str(f))
-            for case in validate.load_cases(doc):
-                instances += expand.expand(case, backend)
+            instances += expand.expand_all(validate.load_cases(doc), backend)
         except (CaseFileError, CaseFileErrors) as exc:
             raise SystemExit(str(exc)) from None
     return instances
