@@ -465,6 +465,9 @@ def expand(case: Case, backend: str, limits: Limits | None = None, before: int =
         if len(inst_id) > MAX_ID:
             raise case.error(("name",), f"instance id {quote(inst_id, 80)} is longer than "
                              f"{MAX_ID} characters", "use short param values")
+        if not inst_id.isprintable() or any(c.isspace() or c in "[]:" for c in inst_id):
+            raise case.error(("name",), f"instance id {quote(inst_id, 80)} holds a space, a "
+                             "line break, '[', ']' or ':'", "use plain param values")
         if inst_id in seen:
             raise case.error(("name",), f"two points of the matrix get the same id {inst_id!r}",
                              "an axis lists the same value twice")
