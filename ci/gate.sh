@@ -13,7 +13,9 @@ baseline="$2"
 shift 2
 mkdir -p reports
 rm -f reports/conformance.json reports/gate.md reports/gate.json
-.venv/bin/python -m pytest cases/ --backend "$backend" -p no:cacheprovider -q -rfE \
+# --noconftest: case directories may come from untrusted pull requests (ci/pr-cases.sh); a
+# conftest.py there must never run. The plugin is loaded through its entry point.
+.venv/bin/python -m pytest cases/ --backend "$backend" -p no:cacheprovider --noconftest -q -rfE \
   --junitxml=reports/junit.xml -o junit_family=xunit1 "$@"
 status=$?
 echo "pytest exit status: $status"

@@ -3,6 +3,46 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+# A message quotes at most this much of any value taken from a case file: a hostile file must
+# not turn one error into megabytes of terminal output.
+QUOTE_LIMIT = 200
+MESSAGE_LIMIT = 1000
+MAX_LISTED = 50
+
+
+def quote(value: Any, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` cut to about ``limit`` characters (long values end with ``...``)."""
+    if isinstance(value, str) and len(value) > 4 * limit:
+        value = value[:4 * limit]  # repr of a huge string would cost its whole length first
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * limit:
+        return f"<an integer of {value.bit_length()} bits>"
+    text = repr(value) if not isinstance(value, (list, dict, tuple)) else _short_repr(value, limit)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _short_repr(value: Any, limit: int) -> str:
+    # Containers from a hostile file may be huge or deeply nested: render only a prefix.
+    out = ""
+    seq = list(value.items())[:limit] if isinstance(value, dict) else list(value)[:limit]
+    parts: list[str] = []
+    for item in seq:
+        if isinstance(item, tuple) and isinstance(value, dict):
+            parts.append(f"{quote(item[0], 40)}: {quote(item[1], 60)}")
+        else:
+            parts.append(quote(item, 60) if not isinstance(item, (list, dict, tuple))
+                         else "[...]" if not isinstance(item, dict) else "{...}")
+        out = ", ".join(parts)
+        if len(out) > limit:
+            break
+    open_, close = ("{", "}") if isinstance(value, dict) else ("[", "]")
+    return open_ + out + close
+
+
+def clip(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -22,9 +62,9 @@ class CaseFileError(Exception):
 
     def __init__(self, pos: Pos, message: str, path: str = "", hint: str = "") -> None:
         self.pos = pos
-        self.path = path
-        self.message = message
-        self.hint = hint
+        self.path = clip(path, QUOTE_LIMIT)
+        self.message = clip(message)
+        self.hint = clip(hint)
         super().__init__(self.render())
 
     def render(self) -> str:
@@ -44,7 +84,10 @@ class CaseFileErrors(Exception):
 
     def render(self) -> str:
         head = f"{len(self.errors)} problem(s) in case file {self.errors[0].pos.file}:"
-        return "\n".join([head, *(e.render() for e in self.errors)])
+        shown = [e.render() for e in self.errors[:MAX_LISTED]]
+        if len(self.errors) > MAX_LISTED:
+            shown.append(f"... and {len(self.errors) - MAX_LISTED} more")
+        return "\n".join([head, *shown])
 
 
 class ExprError(ValueError):

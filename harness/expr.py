@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ExprError
+from .errors import ExprError, quote
 
 MAX_LENGTH = 400
 MAX_NODES = 200
@@ -89,6 +89,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "max": _max,
     "abs": abs,
 }
+ARITY = {"where": 3, "min": 2, "max": 2, "abs": 1}
 
 _ALLOWED_NODES = (
     ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.IfExp, ast.BoolOp, ast.Name,
@@ -140,6 +141,10 @@ def parse(source: str, allowed_names: Iterable[str]) -> Expr:
                                 + ", ".join(sorted(FUNCTIONS)))
             if node.keywords:
                 raise ExprError("keyword arguments are not allowed in expressions")
+            want = ARITY[node.func.id]
+            if len(node.args) != want or any(isinstance(a, ast.Starred) for a in node.args):
+                raise ExprError(f"{node.func.id}() takes {want} argument"
+                                f"{'s' if want > 1 else ''}, got {len(node.args)}")
         if isinstance(node, ast.Name) and not _is_callee(tree, node):
             if node.id not in allowed:
                 raise ExprError(f"unknown name {node.id!r}; available here: "
@@ -155,40 +160,72 @@ def _is_callee(tree: ast.AST, name: ast.Name) -> bool:
 def _check_int(value: Any) -> Any:
     if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
         raise ExprError(f"integer result exceeds {MAX_INT_BITS} bits")
+    if isinstance(value, complex):
+        raise ExprError("the result is not a real number")
     return value
 
 
+def _number(name: str, value: Any) -> Any:
+    """Expressions are numeric only: a string param would turn ``*`` into repetition."""
+    if _is_tensor(value) or (isinstance(value, int | float) and not isinstance(value, complex)):
+        return value
+    raise ExprError(f"{name!r} is {type(value).__name__} {quote(value, 60)}; expressions "
+                    "work on numbers only")
+
+
+def _bounded_operands(op: ast.operator, left: Any, right: Any) -> None:
+    if _is_tensor(right):
+        return
+    if isinstance(op, ast.Pow) and abs(right) > MAX_POW_EXPONENT:
+        raise ExprError(f"exponent {quote(right, 60)} is larger than {MAX_POW_EXPONENT}")
+    if isinstance(op, ast.LShift | ast.RShift):
+        if not isinstance(right, int) or not 0 <= right <= MAX_INT_BITS:
+            raise ExprError(f"shift {quote(right, 60)} must be a whole number from 0 to "
+                            f"{MAX_INT_BITS}")
+        if not _is_tensor(left) and not isinstance(left, int):
+            raise ExprError("shifts take whole numbers")
+
+
 def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
+    try:
+        return _eval_node(node, env)
+    except ExprError:
+        raise
+    except ZeroDivisionError:
+        raise ExprError("division by zero") from None
+    except OverflowError:
+        raise ExprError("the result is too large") from None
+    except KeyError as exc:
+        raise ExprError(f"name {quote(exc.args[0], 60)} has no value here") from None
+    except (ArithmeticError, TypeError, ValueError) as exc:
+        raise ExprError(f"cannot evaluate: {quote(str(exc))[1:-1]}") from None
+
+
+def _eval_node(node: ast.AST, env: Mapping[str, Any]) -> Any:
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Name):
-        return env[node.id]
+        return _number(node.id, env[node.id])
     if isinstance(node, ast.BinOp):
-        left, right = _eval(node.left, env), _eval(node.right, env)
-        if isinstance(node.op, ast.Pow) and not _is_tensor(right) and abs(right) > MAX_POW_EXPONENT:
-            raise ExprError(f"exponent {right} is larger than {MAX_POW_EXPONENT}")
-        if isinstance(node.op, ast.LShift) and not _is_tensor(right) and right > MAX_INT_BITS:
-            raise ExprError(f"shift {right} is larger than {MAX_INT_BITS}")
-        try:
-            return _check_int(_BINOPS[type(node.op)](left, right))
-        except ZeroDivisionError:
-            raise ExprError("division by zero") from None
+        left, right = _eval_node(node.left, env), _eval_node(node.right, env)
+        _bounded_operands(node.op, left, right)
+        return _check_int(_BINOPS[type(node.op)](left, right))
     if isinstance(node, ast.UnaryOp):
-        operand = _eval(node.operand, env)
+        operand = _eval_node(node.operand, env)
         if isinstance(node.op, ast.Not):
             return ~operand.bool() if _is_tensor(operand) else not operand
         return _UNARY[type(node.op)](operand)
     if isinstance(node, ast.Compare):
         result: Any = None
-        left = _eval(node.left, env)
+        left = _eval_node(node.left, env)
         for op, comp in zip(node.ops, node.comparators, strict=True):
-            right = _eval(comp, env)
+            right = _eval_node(comp, env)
             part = _CMP[type(op)](left, right)
             result = part if result is None else result & part
             left = right
         return result
     if isinstance(node, ast.BoolOp):
-        values = [_eval(v, env) for v in node.values]
+        values = [_eval_node(v, env) for v in node.values]
         if any(_is_tensor(v) for v in values):
             out = values[0]
             for v in values[1:]:
@@ -198,8 +235,9 @@ def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
             return all(values)
         return any(values)
     if isinstance(node, ast.IfExp):
-        return _where(_eval(node.test, env), _eval(node.body, env), _eval(node.orelse, env))
+        return _where(_eval_node(node.test, env), _eval_node(node.body, env),
+                      _eval_node(node.orelse, env))
     if isinstance(node, ast.Call):
         assert isinstance(node.func, ast.Name)
-        return FUNCTIONS[node.func.id](*(_eval(a, env) for a in node.args))
+        return FUNCTIONS[node.func.id](*(_eval_node(a, env) for a in node.args))
     raise ExprError(f"{type(node).__name__} is not allowed")  # unreachable after parse()

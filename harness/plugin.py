@@ -7,9 +7,10 @@ only when the first case runs, never at import or collection time.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
+import math
 import os
-import re
 import signal
 import time
 import traceback
@@ -20,7 +21,9 @@ import pytest
 
 from . import ops
 from .casefile import expand, load, overrides, validate
-from .errors import CaseFileError, CaseFileErrors
+from .casefile.limits import OPTIONS as LIMIT_OPTIONS
+from .casefile.limits import Limits
+from .errors import CaseFileError, CaseFileErrors, Pos, clip
 from .gate import baseline, compare
 from .model import Instance, InstanceResult
 from .ordering import plan as ordering
@@ -39,7 +42,7 @@ from .run.capabilities import probe
 from .run.pool import ForeignAnswerError, PoolKey, PoolManager, PoolStartError, check_deadline
 from .verdict import judge
 
-CASES_RE = re.compile(r"^cases\s*:", re.MULTILINE)
+CASE_SUFFIXES = (".yaml", ".yml")
 BAD_OUTCOMES = ("failed", "error", "hang", "crash")
 RECORD_ATTR = "collective_record"
 OUTCOME_ATTR = "collective_outcome"
@@ -100,6 +103,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     metavar="N", help="rank pools kept alive at once (default 2)")
     ordering.add_options(group, parser)
     perfplan.add_options(group, parser)
+    for _field, flag, ini, text in LIMIT_OPTIONS:
+        group.addoption(flag, dest=ini, default=None, metavar="N",
+                        help=f"limit: {text} (ini {ini})")
+        parser.addini(ini, f"limit: {text}", default="")
+    parser.addini("collective_case_dirs", "directory names (globs) whose YAML files are case "
+                  "files, at any depth (YAML files named on the command line always are)",
+                  type="linelist", default=["cases"])
     parser.addini("collective_backend", "default backend", default="gloo")
     parser.addini("collective_backend_modules", "modules to import before init",
                   type="linelist", default=[])
@@ -126,8 +136,10 @@ class HarnessSession:
         self.backend: str = opt("collective_backend") or str(config.getini("collective_backend"))
         mods = opt("collective_backend_modules") or config.getini("collective_backend_modules")
         self.backend_modules: tuple[str, ...] = tuple(mods)
-        self.deadline: float = float(opt("collective_deadline")
-                                     or config.getini("collective_deadline"))
+        self.deadline: float = _seconds("--deadline", opt("collective_deadline")
+                                        or config.getini("collective_deadline"))
+        self.limits = _limits(config, self.deadline)
+        self.collected_count = 0  # instances collected so far (the per-session limit)
         ws = opt("collective_world_sizes")
         self.world_sizes = {int(x) for x in ws.split(",")} if ws else None
         self.full: bool = opt("collective_full")
@@ -166,6 +178,43 @@ class HarnessSession:
 _SESSION = pytest.StashKey[HarnessSession]()
 
 
+def _seconds(name: str, value: Any) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"{name}: {str(value)[:60]!r} is not a number of seconds"
+                                ) from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise pytest.UsageError(f"{name}: must be a positive, finite number of seconds, got "
+                                f"{str(value)[:60]!r}")
+    return seconds
+
+
+def _limits(config: pytest.Config, deadline: float) -> Limits:
+    """The operator's limits from the command line, else the ini file, else the defaults.
+
+    The deadline cap defaults to the session deadline: a case's own ``deadline:`` may lower it
+    and may raise it only when the operator sets ``--max-deadline`` above ``--deadline``.
+    """
+    values: dict[str, Any] = {"deadline": deadline}
+    for field, flag, ini, _text in LIMIT_OPTIONS:
+        raw = config.getoption(ini) or str(config.getini(ini))
+        if not raw:
+            continue
+        if field == "deadline":
+            values[field] = _seconds(flag, raw)
+            continue
+        try:
+            number = float(raw) if field == "sleep" else int(raw)
+        except ValueError:
+            raise pytest.UsageError(f"{flag} / {ini}: {raw[:60]!r} is not a number") from None
+        values[field] = number
+    try:
+        return Limits(**values)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
 def _hs(config: pytest.Config) -> HarnessSession:
     return config.stash[_SESSION]
 
@@ -199,15 +248,25 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 # -- collection -----------------------------------------------------------------------------
 
+def is_case_file(file_path: Path, config: pytest.Config) -> bool:
+    """Whether a YAML file is a case file: named on the command line, or inside a directory
+    whose name matches ``collective_case_dirs`` (default ``cases``). Decided from the path
+    alone, never from the content, so a malformed case file is reported, never skipped."""
+    if file_path.suffix.lower() not in CASE_SUFFIXES:
+        return False
+    here = config.invocation_params.dir
+    for arg in config.args:
+        named = Path(arg.split("::", 1)[0])
+        if (here / named).resolve() == file_path.resolve():
+            return True
+    dirs = [str(d) for d in config.getini("collective_case_dirs")]
+    return any(fnmatch.fnmatchcase(part, pattern) for part in file_path.parent.parts
+               for pattern in dirs)
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    if file_path.suffix not in (".yaml", ".yml"):
+    if not is_case_file(file_path, parent.config):
         return None
-    try:
-        head = file_path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    if not CASES_RE.search(head):
-        return None  # not a case file (workflow files, configs...)
     return CaseFile.from_parent(parent, path=file_path)
 
 
@@ -222,12 +281,32 @@ class CaseFile(pytest.File):
         except ValueError:
             display = str(self.path)
         try:
-            doc = load.load_file(str(self.path), display)
+            doc = load.load_file(str(self.path), display, hs.limits)
             cases = validate.load_cases(doc)
-            instances = [inst for case in cases
-                         for inst in expand.expand(case, hs.backend, hs.launched)]
+            instances = expand.expand_all(cases, hs.backend, hs.limits,
+                                               launched=hs.launched)
+            if len(instances) > hs.limits.instances_per_file:
+                raise CaseFileError(Pos(display, 1, 1), f"the file expands to "
+                                    f"{len(instances)} instances; the limit is "
+                                    f"{hs.limits.instances_per_file}",
+                                    hint="raise --max-instances-per-file / ini "
+                                    "collective_max_instances_per_file")
+            if hs.collected_count + len(instances) > hs.limits.instances_per_session:
+                raise CaseFileError(Pos(display, 1, 1), f"collecting its {len(instances)} "
+                                    f"instances would exceed this session's limit of "
+                                    f"{hs.limits.instances_per_session}",
+                                    hint="raise --max-instances / ini collective_max_instances")
         except (CaseFileError, CaseFileErrors) as exc:
             raise self.CollectError(str(exc)) from None
+        except RecursionError:
+            raise self.CollectError(f"{display}:1:1: the file is nested too deeply to read"
+                                    ) from None
+        except Exception as exc:  # a harness bug must still name the file, not dump a trace
+            raise self.CollectError(
+                f"{display}:1:1: internal error of collective-harness while reading this "
+                f"file: {type(exc).__name__}: {clip(str(exc), 200)} (please report it)"
+            ) from None
+        hs.collected_count += len(instances)
         items: list[pytest.Item] = []
         for inst in instances:
             item = CaseItem.from_parent(self, name=f"{inst.case}[{inst.id}]", instance=inst)

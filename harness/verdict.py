@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
 from . import ops
+from .casefile import patterns
 from .model import Instance, InstanceResult, Outcome, PoolRun, RankResult, RankState
 from .ordering import verdicts as ordering
 
@@ -226,7 +225,6 @@ def _check_raises(inst: Instance, raised: list[RankResult], ranks: list[RankResu
     """
     exp = inst.expectation
     where = _where(inst)
-    pattern = re.compile(exp.match)
     did = rank_outcomes(inst, run)
     must = set(exp.ranks) if exp.ranks is not None else set(did)
     lines: list[str] = []
@@ -235,7 +233,7 @@ def _check_raises(inst: Instance, raised: list[RankResult], ranks: list[RankResu
         problem = ""
         if state == "raised":
             res = run.results[r]
-            if not pattern.search(f"{res.exc_type}: {res.exc_message}"):
+            if not patterns.search(exp.match, f"{res.exc_type}: {res.exc_message}"):
                 problem = "does not match the pattern"
             elif r not in must and "raised" not in exp.others:
                 problem = f"not allowed: the other ranks may only {_may(exp.others)}"

@@ -174,7 +174,8 @@ def pools(tmp_path: Path) -> dict[str, str]:
 
 def _instances(text: str, world: int) -> list[Instance]:
     doc = yamlload.load_text(textwrap.dedent(text), "c.yaml")
-    return [i for c in validate.load_cases(doc) for i in expand.expand(c, "gloo", world)]
+    return [i for c in validate.load_cases(doc)
+            for i in expand.expand(c, "gloo", launched=world)]
 
 
 def test_schedule_packs_disjoint_blocks_and_runs_poisoning_instances_alone_last() -> None:

@@ -96,7 +96,8 @@ def test_exitfirst_and_failure_message(pytester: pytest.Pytester) -> None:
 
 
 def test_collection_does_not_import_torch(tmp_path: Path) -> None:
-    (tmp_path / "c.yaml").write_text(CASES)
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "c.yaml").write_text(CASES)
     code = textwrap.dedent(f"""
         import sys, pytest
         pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", {str(tmp_path)!r}])

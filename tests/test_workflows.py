@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -74,17 +75,80 @@ def test_each_workflow_gates_summarises_and_keeps_artifacts(path: Path) -> None:
     assert all(s["uses"].split("@")[1].startswith("v") for s in steps(doc) if "uses" in s)
 
 
-def test_gpu_workflow_never_runs_fork_pull_requests() -> None:
+def test_gpu_workflow_runs_pull_requests_from_the_base_branch_with_only_their_cases() -> None:
+    """README "Running untrusted cases": the workflow, harness, CI scripts and baseline are the
+    base branch's; only cases/**/*.yaml comes from the pull request; no conftest.py runs."""
     doc = load(GPU)
-    assert "pull_request_target" not in doc["on"]  # would run fork code with secrets
+    text = GPU.read_text()
+    # pull_request would run the pull request's own copy of this workflow
+    assert "pull_request" not in doc["on"] and "pull_request_target" in doc["on"]
+    assert doc["permissions"] == {"contents": "read"} and "secrets." not in text
     (job,) = doc["jobs"].values()
     assert job["runs-on"] == ["self-hosted", "linux", "x64", "gpu"]
-    assert job["if"] == ("github.event_name != 'pull_request' || "
-                         "github.event.pull_request.head.repo.full_name == github.repository")
-    assert "bash ci/gate.sh nccl ci/baselines/nccl-cuda.json" in [s.get("run") for s in
-                                                                  job["steps"]]
+    assert "head.repo.full_name == github.repository" in job["if"]
+    assert "contains(github.event.pull_request.labels.*.name, 'gpu-conformance')" in job["if"]
+    checkout = job["steps"][0]
+    assert checkout["uses"].startswith("actions/checkout@")
+    assert "ref" not in checkout.get("with", {})  # the base branch, never the head
+    assert checkout["with"]["persist-credentials"] is False
+    take = job["steps"][1]
+    assert take["if"] == "github.event_name == 'pull_request_target'"
+    assert take["run"] == 'bash ci/pr-cases.sh "$PR_REPO" "$PR_SHA"'  # no ${{ }} in the script
+    runs = [s.get("run", "") for s in job["steps"]]
+    gate = runs.index("bash ci/gate.sh nccl ci/baselines/nccl-cuda.json")
+    assert runs.index(take["run"]) < gate
+    assert all("${{" not in r for r in runs)  # event data reaches scripts only through env
+    assert "--noconftest" in (REPO / "ci" / "gate.sh").read_text()
+    assert "${{ github.event.pull_request.number || github.ref }}" in doc["concurrency"]["group"]
     cpu = load(CPU)
     assert all(j["runs-on"] == "ubuntu-latest" for j in cpu["jobs"].values())
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=cwd,
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_pr_cases_takes_only_regular_case_yaml_files(tmp_path: Path) -> None:
+    """ci/pr-cases.sh against a hostile pull request: changed harness code, a conftest.py,
+    a pytest.ini and a symlink beside the cases; only the YAML case files are taken."""
+    base = tmp_path / "base"
+    (base / "cases").mkdir(parents=True)
+    (base / "ci").mkdir()
+    (base / "harness").mkdir()
+    shutil.copy(REPO / "ci" / "pr-cases.sh", base / "ci" / "pr-cases.sh")
+    (base / "harness" / "x.py").write_text("SAFE = True\n")
+    (base / "cases" / "old.yaml").write_text("cases: []\n")
+    (base / "cases" / "kept.yaml").write_text("base version\n")
+    _git(base, "init", "-q")
+    _git(base, "add", "-A")
+    _git(base, "commit", "-qm", "base")
+    pr = tmp_path / "pr"
+    _git(tmp_path, "clone", "-q", str(base), str(pr))
+    (pr / "harness" / "x.py").write_text("import os; os.system('evil')\n")
+    (pr / "cases" / "conftest.py").write_text("import os; os.system('evil')\n")
+    (pr / "cases" / "pytest.ini").write_text("[pytest]\naddopts = -p evil\n")
+    (pr / "cases" / "old.yaml").unlink()
+    (pr / "cases" / "kept.yaml").write_text("pr version\n")
+    (pr / "cases" / "sub").mkdir()
+    (pr / "cases" / "sub" / "new.yml").write_text("cases: [new]\n")
+    (pr / "cases" / "link.yaml").symlink_to("/etc/hostname")
+    (pr / "ci" / "pr-cases.sh").write_text("echo evil\n")
+    _git(pr, "add", "-A")
+    _git(pr, "commit", "-qm", "pr")
+    sha = _git(pr, "rev-parse", "HEAD")
+    proc = subprocess.run(["bash", "ci/pr-cases.sh", str(pr), sha], cwd=base,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (base / "harness" / "x.py").read_text() == "SAFE = True\n"
+    assert "evil" not in (base / "ci" / "pr-cases.sh").read_text()
+    files = sorted(str(p.relative_to(base)) for p in (base / "cases").rglob("*"))
+    assert files == ["cases/kept.yaml", "cases/sub", "cases/sub/new.yml"]
+    assert (base / "cases" / "kept.yaml").read_text() == "pr version\n"
+    assert "not a regular file" in proc.stdout
+    bad = subprocess.run(["bash", "ci/pr-cases.sh", str(pr), "HEAD; echo x"], cwd=base,
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 2
 
 
 # -- every command referenced exists -------------------------------------------------------------

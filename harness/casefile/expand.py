@@ -8,18 +8,23 @@ not match the world size, a root rank outside the world) happen here, still at c
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 from typing import Any
 
 from .. import dtypes, ops
-from ..errors import CaseFileError, ExprError
+from ..errors import CaseFileError, ExprError, quote
 from ..expr import Expr, parse
 from ..model import Case, Expectation, Fill, Instance, Override, Step, TensorSpec, Tolerance
 from ..ordering.plan import plan_instances
 from . import opargs
+from .bounds import check_instance
 from .fields import as_list, expr_names, parse_fill
+from .limits import Limits
 from .steps import is_ordering_step, make_step
 
+MAX_ID = 200  # test ids are printed on every line of pytest's output
 DEFAULT_DEVICE = {"nccl": "cuda", "gloo": "cpu", "mpi": "cpu", "ucc": "cpu"}
 # Op arguments whose list value is a matrix axis (each value its own instance).
 AXIS_ARGS = ("src", "dst", "group", "form", "inplace")
@@ -434,33 +439,84 @@ class _Expander:
         return tuple(out)
 
 
+def expand_all(cases: list[Case], backend: str, limits: Limits | None = None, *,
+               launched: int = DEFAULT_LAUNCHED) -> list[Instance]:
+    """The instances of every case of one file, the per-file limit checked before each case
+    is built."""
+    out: list[Instance] = []
+    for case in cases:
+        out += expand(case, backend, limits, len(out), launched=launched)
+    return out
+
+
 def _jsonish(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def expand(case: Case, backend: str, launched: int = DEFAULT_LAUNCHED) -> list[Instance]:
-    """All instances of ``case`` for ``backend``; raises CaseFileError on axis conflicts.
+def _deadline(case: Case, limits: Limits) -> float | None:
+    """The case's own deadline, capped by the operator's (a case may lower, never exceed it)."""
+    value = case.raw.get("deadline")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and value > 0):
+        raise case.error(("deadline",), f"deadline {value!r} must be a positive number of "
+                         "seconds")
+    return float(min(value, limits.deadline))
+
+
+def expand(case: Case, backend: str, limits: Limits | None = None, before: int = 0, *,
+           launched: int = DEFAULT_LAUNCHED) -> list[Instance]:
+    """All instances of ``case`` for ``backend``; raises CaseFileError on axis conflicts and
+    on anything beyond the operator's ``limits`` (``before``: instances the file's earlier
+    cases already expanded to, so the per-file limit holds before anything is built).
 
     ``launched`` is what ``world_size: launched`` means: the launched world size in
     external-ranks mode, ``--launched-world-size`` (default 4) with the harness's own pools.
     """
+    lim = limits or Limits()
     if "backends" in case.raw and backend not in case.raw["backends"]:
         return []
     ex = _Expander(case, backend, launched)
     axes = ex.axes()
+    for name, _, axis_values in axes:
+        if not axis_values:  # an empty list would silently make no instance at all
+            raise case.error(tuple(name.split(".")), f"{name} lists no values",
+                             "give at least one value")
+    count = math.prod(len(v) for _, _, v in axes)
+    if before + count > lim.instances_per_file:
+        so_far = f" (after {before} from earlier cases)" if before else ""
+        raise case.error(("name",), f"the case expands to {count} instances{so_far}; a case "
+                         f"file may have at most {lim.instances_per_file}",
+                         "list fewer axis values, or raise --max-instances-per-file / ini "
+                         "collective_max_instances_per_file")
+    for ws in next(v for name, _, v in axes if name == "world_size"):
+        if ws > lim.world_size:  # before any instance is built: some checks loop over ranks
+            raise case.error(("world_size",), f"world_size {ws} is above this session's limit "
+                             f"of {lim.world_size}", "raise it with --max-world-size / ini "
+                             "collective_max_world_size")
+    deadline = _deadline(case, lim)
     out: list[Instance] = []
     seen: set[str] = set()
     for values in itertools.product(*(v for _, _, v in axes)):
         point = {name: v for (name, _, _), v in zip(axes, values, strict=True)}
         inst_id = ex.id_for(point, axes)
+        if len(inst_id) > MAX_ID:
+            raise case.error(("name",), f"instance id {quote(inst_id, 80)} is longer than "
+                             f"{MAX_ID} characters", "use short param values")
+        if not inst_id.isprintable() or any(c.isspace() or c in "[]:" for c in inst_id):
+            raise case.error(("name",), f"instance id {quote(inst_id, 80)} holds a space, a "
+                             "line break, '[', ']' or ':'", "use plain param values")
         if inst_id in seen:
             raise case.error(("name",), f"two points of the matrix get the same id {inst_id!r}",
                              "an axis lists the same value twice")
         seen.add(inst_id)
         try:
-            out.append(ex.instance(point, inst_id))
+            inst = ex.instance(point, inst_id)
         except ExprError as exc:
             raise case.error(("name",), f"at {inst_id}: {exc}") from None
+        check_instance(case, inst, lim)
+        out.append(dataclasses.replace(inst, deadline=deadline))
     return plan_instances(case.raw.get("ordering", "sample"), out)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from ..errors import CaseFileErrors, ExprError
+from ..errors import CaseFileErrors, ExprError, quote
 from ..expr import parse
 from ..model import Case, Fill
 
@@ -41,7 +41,7 @@ def check_expr(case: Case, path: Path, source: str, extra: tuple[str, ...] = ())
     try:
         parse(source, (*expr_names(case), *extra))
     except ExprError as exc:
-        raise CaseFileErrors([case.error(path, f"bad expression {source!r}: {exc}")]) from None
+        raise CaseFileErrors([case.error(path, f"bad expression {quote(source)}: {exc}")]) from None
 
 
 def check_fill(case: Case, path: Path, value: Any, expected: bool, depth: int = 0) -> None:

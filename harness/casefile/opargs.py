@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..errors import CaseFileErrors, ExprError
+from ..errors import CaseFileErrors, ExprError, quote
 from ..expr import parse
 from ..model import Case, Fill
 from .fields import KEYWORDS
@@ -78,7 +78,7 @@ def check_splits(case: Case, path: Path, value: Any) -> None:
             try:
                 parse(cell, (*_names(case), *SPLIT_NAMES))
             except ExprError as exc:
-                raise CaseFileErrors([case.error(where, f"bad expression {cell!r}: {exc}")]
+                raise CaseFileErrors([case.error(where, f"bad expression {quote(cell)}: {exc}")]
                                      ) from None
         elif cell < 0:
             raise CaseFileErrors([case.error(where, "split sizes cannot be negative")])

@@ -8,19 +8,26 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from importlib import resources
 from typing import Any
 
 import jsonschema
 
-from .. import dtypes, ops
-from ..errors import CaseFileError, CaseFileErrors
+from .. import dtypes, expr, ops
+from ..errors import CaseFileError, CaseFileErrors, ExprError, quote
 from ..model import Case
-from . import opargs
-from .fields import as_list, check_expr, check_fill, suggest
+from . import opargs, patterns
+from .fields import KEYWORDS, as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
 
+# pytest's own marks change what a run reports (xfail turns a failure into exit 0, skipif drops
+# the record), so a case file, which may be untrusted, cannot carry them.
+PYTEST_MARKS = ("skip", "skipif", "xfail", "usefixtures", "parametrize", "filterwarnings",
+                "tryfirst", "trylast", "timeout", "flaky", "forked", "order", "run",
+                "dependency", "no_cover", "asyncio", "anyio", "django_db", "collective")
+OVERRIDE_NAMES = ("rank", "world_size", "i")  # what overrides.resolve gives an expression
 STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future", "raise",
                 "abort", "exit", "segfault")
 # Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
@@ -68,12 +75,12 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
         instance: Any = err.instance
         extras = [k for k in instance if k not in schema.get("properties", {})]
         if allowed:
-            return (f"unknown key {extras[0]!r}", suggest(extras[0], allowed))
-        return (f"unknown key {extras[0]!r}", "")
+            return (f"unknown key {quote(extras[0], 80)}", suggest(str(extras[0])[:80], allowed))
+        return (f"unknown key {quote(extras[0], 80)}", "")
     if v == "required":
         return (err.message.replace("is a required property", "is required here"), "")
     if v == "enum":
-        return (f"{err.instance!r} is not allowed",
+        return (f"{quote(err.instance, 80)} is not allowed",
                 suggest(str(err.instance), [str(x) for x in schema.get("enum", [])]))
     if v == "anyOf" or v == "oneOf":
         inst = err.instance
@@ -94,10 +101,14 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
         needs = ", ".join(repr(n) for n in err.validator_value.get(key, ()))
         return (f"{key!r} needs {needs}", "without 'ranks' every rank must raise, so there "
                 "are no other ranks to describe" if key == "others" else "")
+    if v == "maxLength":
+        return (f"{quote(err.instance, 60)} is longer than {err.validator_value} characters", "")
+    if v == "uniqueItems":
+        return (f"{_short(err.instance)} lists the same rank twice", "list each rank once")
     if v == "pattern" and err.path and isinstance(err.instance, str):
-        return (f"{err.instance!r} is not a valid name here",
+        return (f"{quote(err.instance, 80)} is not a valid name here",
                 "use letters, digits, '_' (and '.', '-' in case names)")
-    return (err.message, "")
+    return (quote(err.message, 300)[1:-1], "")
 
 
 def _expected_types(err: jsonschema.ValidationError) -> str:
@@ -113,8 +124,7 @@ def _expected_types(err: jsonschema.ValidationError) -> str:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return quote(value, 60)
 
 
 def schema_errors(doc: Document) -> list[CaseFileError]:
@@ -235,6 +245,7 @@ def check_case(case: Case) -> None:
                                            f"{key!r}", suggest(key, (*op.args, "group"))))
     if has_steps:
         guard(check_steps, case)
+    errs.extend(check_safety(case))
     for i, dim in enumerate(raw.get("shape", [])):
         if isinstance(dim, str):
             guard(check_expr, case, ("shape", i), dim)
@@ -247,6 +258,71 @@ def check_case(case: Case) -> None:
         guard(opargs.check_splits, case, ("args", "splits"), raw["args"]["splits"])
     if errs:
         raise CaseFileErrors(errs)
+
+
+def _pattern_error(case: Case, path: Path, pattern: Any) -> CaseFileError | None:
+    if not isinstance(pattern, str):
+        return None
+    try:
+        patterns.compile_pattern(pattern)
+    except patterns.PatternError as exc:
+        return case.error(path, f"bad pattern {quote(pattern)}: {exc}")
+    return None
+
+
+def _override_exprs(case: Case, path: Path, value: Any) -> list[CaseFileError]:
+    """Expressions in an override's ``expected`` (resolved at run time, so checked now)."""
+    if isinstance(value, dict):
+        return [e for k, v in value.items() for e in _override_exprs(case, (*path, k), v)]
+    if isinstance(value, str) and value not in KEYWORDS:
+        try:
+            expr.parse(value, OVERRIDE_NAMES)
+        except ExprError as exc:
+            return [case.error(path, f"bad expression {quote(value)}: {exc}")]
+    return []
+
+
+def check_safety(case: Case) -> list[CaseFileError]:
+    """Patterns that compile, marks that cannot change pytest's verdict, finite numbers."""
+    raw = case.raw
+    errs: list[CaseFileError] = []
+    sources: list[tuple[Path, Any]] = [(("raises",), raw.get("raises"))]
+    sources += [(("overrides", i, "raises"), o.get("raises"))
+                for i, o in enumerate(raw.get("overrides", [])) if isinstance(o, dict)]
+    for path, value in sources:
+        if isinstance(value, dict):
+            path, value = (*path, "match"), value.get("match")
+        err = _pattern_error(case, path, value)
+        if err is not None:
+            errs.append(err)
+    for i, mark in enumerate(raw.get("marks", [])):
+        if mark in PYTEST_MARKS:
+            errs.append(case.error(("marks", i), f"mark {mark!r} is pytest's own and cannot be "
+                                   "set by a case file",
+                                   "use expected outcomes (raises, hangs, crashes, overrides "
+                                   "with xfail/skip and a reason) instead"))
+    tolerances: list[tuple[Path, Any]] = [(("tolerance",), raw.get("tolerance"))]
+    tolerances += [(("overrides", i, "tolerance"), o.get("tolerance"))
+                   for i, o in enumerate(raw.get("overrides", [])) if isinstance(o, dict)]
+    for path, tol in tolerances:
+        for key, value in (tol or {}).items():
+            if isinstance(value, float) and not math.isfinite(value):
+                errs.append(case.error((*path, key), f"tolerance {key} must be finite, got "
+                                       f"{value!r}", "an infinite tolerance accepts any value"))
+    for i, o in enumerate(raw.get("overrides", [])):
+        if isinstance(o, dict) and "expected" in o:
+            errs.extend(_override_exprs(case, ("overrides", i, "expected"), o["expected"]))
+    timeout = raw.get("args", {}).get("timeout") if isinstance(raw.get("args"), dict) else None
+    if isinstance(timeout, float) and not math.isfinite(timeout):
+        errs.append(case.error(("args", "timeout"), f"timeout must be a finite number of "
+                               f"seconds, got {timeout!r}"))
+    for idx, step in enumerate(raw.get("steps", [])):
+        for key in ("sleep", "delay", "delay_stream", "timeout"):
+            value = step.get(key) if isinstance(step, dict) else None
+            if isinstance(value, float) and not math.isfinite(value):
+                errs.append(case.error(("steps", idx, key), f"{key} must be a finite number of "
+                                       f"seconds, got {value!r}"))
+    return errs
 
 
 def check_steps(case: Case) -> None:

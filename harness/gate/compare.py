@@ -247,6 +247,7 @@ def render_text(res: GateResult, max_list: int = 200) -> str:
 
 
 def _md_escape(text: str) -> str:
+    text = " ".join(text.split())  # a newline in a case's reason would start a new block
     return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
             .replace("|", "\\|").replace("`", "'"))
 
@@ -271,7 +272,8 @@ def render_markdown(res: GateResult, max_list: int = 100) -> str:
         for c in items[:max_list]:
             where = f" ({c.where})" if c.where else ""
             reason = f" — {_md_escape(c.reason)}" if c.reason else ""
-            out.append(f"- `{c.key}`{where}: {c.was or 'absent'} → {c.now or 'absent'}{reason}")
+            out.append(f"- `{_md_escape(c.key)}`{where}: {c.was or 'absent'} → "
+                       f"{c.now or 'absent'}{reason}")
         if len(items) > max_list:
             out.append(f"- … and {len(items) - max_list} more (see the gate's JSON artifact)")
         out.append("")

@@ -6,6 +6,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from . import headline, ordering_table, perf_md
+from .mdtext import code, escape
 
 SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "hang": "⏳", "crash": "☠️",
            "xfail": "⚠️", "xpass": "❗", "skipped": "⏭️", "limitation": "🚫"}
@@ -78,6 +79,7 @@ def matrix(records: list[dict[str, Any]]) -> list[str]:
     for r in records:
         by_cell[(r["op"], r["dtype"])][cell_outcome(r)] += 1
     ops = sorted({r["op"] for r in records})
+    # op and dtype names come from the harness's own tables (validated at collection)
     lines = ["| op | " + " | ".join(dtypes) + " |", "|---|" + "---|" * len(dtypes)]
     for op in ops:
         lines.append(f"| {op} | " + " | ".join(cell(by_cell.get((op, d), Counter()))
@@ -95,12 +97,14 @@ def render(report: dict[str, Any]) -> str:
         counts = Counter(cell_outcome(r) for r in recs)
         summary = {**{k: counts.get(k, 0) for k in SYMBOLS}, "total": len(recs)}
         devices = ", ".join(sorted({r["device"] for r in recs}))
-        out.append(f"# Conformance: {backend} on {devices or '-'} (torch {meta['torch']})")
+        out.append(f"# Conformance: {escape(backend)} on {escape(devices or '-')} "
+                   f"(torch {escape(meta['torch'])})")
         out.append("")
         out.append(verdict_line(summary, session if isinstance(session, dict) else None))
         out.append("")
         out.append(f"World sizes: {', '.join(map(str, sorted({r['world_size'] for r in recs})))}"
-                   f" · host {meta.get('hostname', '?')} · {meta.get('created', '')}")
+                   f" · host {escape(meta.get('hostname', '?'))} · "
+                   f"{escape(meta.get('created', ''))}")
         out.append("")
         out.append("Legend: " + " ".join(f"{s} {o}" for o, s in SYMBOLS.items()
                                          if o != "limitation")
@@ -116,7 +120,7 @@ def render(report: dict[str, Any]) -> str:
             out.append("")
             for r in bad[:MAX_FAILURES]:
                 first = r["message"].splitlines()[0] if r["message"] else ""
-                out.append(f"- **{r['outcome']}** `{r['key']}` — {first}")
+                out.append(f"- **{escape(r['outcome'])}** {code(r['key'])} — {escape(first)}")
             if len(bad) > MAX_FAILURES:
                 out.append(f"- … and {len(bad) - MAX_FAILURES} more (see the JSON report)")
             out.append("")
@@ -126,13 +130,13 @@ def render(report: dict[str, Any]) -> str:
             out.append("## Documented divergences and limitations")
             out.append("")
             for op, reason in known:
-                out.append(f"- `{op}`: {reason}")
+                out.append(f"- {code(op)}: {escape(reason)}")
             out.append("")
         skipped = Counter(r["reason"] or r["message"] for r in recs if r["outcome"] == "skipped")
         if skipped:
             out.append("## Skipped")
             out.append("")
             for reason, n in skipped.most_common():
-                out.append(f"- {n} x {reason}")
+                out.append(f"- {n} x {escape(reason)}")
             out.append("")
     return ("\n".join(out) + perf_md.render(report)).rstrip() + "\n"

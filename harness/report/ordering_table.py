@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
+from .mdtext import code, escape
+
 COLUMNS = (("pre_op", "pre-op"), ("post_wait", "post-wait"), ("completion", "completion"),
            ("host_blocking", "host blocking"), ("declared", "declared reads"))
 SYMBOLS = {"violated": "❌", "known": "⚠️", "inconclusive": "❔", "ok": "✅"}
@@ -56,6 +58,7 @@ def render(records: list[dict[str, Any]]) -> list[str]:
                     for key, _ in COLUMNS if "known" in r["ordering"][key]})
     if known:
         lines += ["Documented ordering divergences (overrides):", ""]
-        lines += [f"- `{op}` {key.replace('_', '-')}: {reason}" for op, key, reason in known]
+        lines += [f"- {code(op)} {key.replace('_', '-')}: {escape(reason)}"
+                  for op, key, reason in known]
         lines.append("")
     return lines

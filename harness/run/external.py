@@ -71,8 +71,8 @@ def load_instances(paths: list[str], backend: str, launched: int) -> list[Instan
     for f in case_files(paths):
         try:
             doc = load.load_file(str(f), str(f))
-            for case in validate.load_cases(doc):
-                instances += expand.expand(case, backend, launched=launched)
+            instances += expand.expand_all(validate.load_cases(doc), backend,
+                                           launched=launched)
         except (CaseFileError, CaseFileErrors) as exc:
             raise SystemExit(str(exc)) from None
     return instances
