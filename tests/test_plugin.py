@@ -57,7 +57,7 @@ def test_ids_verbose_and_reports(pytester: pytest.Pytester) -> None:
     assert rec["op"] == "all_reduce" and rec["line"] == 3 and len(rec["ranks"]) == 2
     assert all(c["ok"] for r in rec["ranks"] for c in r["checks"])
     md = (pytester.path / "reports" / "conformance.md").read_text()
-    assert "| all_reduce | ✅ 4 | ✅ 4 |" in md and "**Verdict: PASS**" in md
+    assert "| all_reduce | ✅\u00a04 | ✅\u00a04 |" in md and "**Verdict: PASS**" in md
 
 
 def test_selection_flags(pytester: pytest.Pytester) -> None:
