@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -206,7 +207,11 @@ class CaseFile(pytest.File):
             raise self.CollectError(str(exc)) from None
         items: list[pytest.Item] = []
         for inst in instances:
-            item = CaseItem.from_parent(self, name=f"{inst.case}[{inst.id}]", instance=inst)
+            # The id is given in pytest's own form (name, then the bracketed parameters), so
+            # the ids the cache records for --lf/--ff/--sw parse back to these items' ids.
+            name = f"{inst.case}[{inst.id}]"
+            item = CaseItem.from_parent(self, name=name, nodeid=f"{self.nodeid}::{name}",
+                                        instance=inst)
             items.append(item)
         return items
 
@@ -387,18 +392,17 @@ def write_reports(config: pytest.Config, hs: HarnessSession) -> None:
     write_json(str(paths[0]), report)
     write_atomic(str(paths[1]), markdown.render(report))
     write_atomic(str(paths[2]), html.render(report))
-    tr = config.pluginmanager.get_plugin("terminalreporter")
-    if tr is not None:
-        tr.ensure_newline()
-        shown = [os.path.relpath(p) for p in paths]
-        tr.write_line(f"collective-harness: report written to {', '.join(shown[:-1])} and "
-                      f"{shown[-1]}")
+    shown = [os.path.relpath(p) for p in paths]
+    # Printed in the terminal summary, on a line of its own (after -q's progress dots too).
+    config.stash[_WRITTEN] = (f"collective-harness: report written to "
+                              f"{', '.join(shown[:-1])} and {shown[-1]}")
 
 
 # -- gating against a baseline (--baseline) ------------------------------------------------------
 
 _BASELINE = pytest.StashKey[Any]()
 _GATE = pytest.StashKey[Any]()
+_WRITTEN = pytest.StashKey[str]()
 
 
 def _load_baseline(config: pytest.Config) -> None:
@@ -407,11 +411,20 @@ def _load_baseline(config: pytest.Config) -> None:
     if not path or hasattr(config, "workerinput"):
         return
     try:
-        base = baseline.load(str(config.rootpath / path))
+        base = baseline.load(str(config.rootpath / path), _refresh_hint(config, path))
         base.path = path  # shown as the user wrote it
         config.stash[_BASELINE] = base
     except baseline.BaselineError as exc:
         raise pytest.UsageError(f"--baseline: {exc}") from None
+
+
+def _refresh_hint(config: pytest.Config, path: str) -> str:
+    """The commands that (re)create the baseline ``path`` from the paths this run was given."""
+    report = (config.getoption("collective_report_json")
+              or str(config.getini("collective_report_json")))
+    run = shlex.join(["pytest", *(list(config.args) or ["."]), "--backend", _hs(config).backend,
+                      "--report-json", report])
+    return baseline.refresh_hint(path, report, run)
 
 
 def _gate_session(session: pytest.Session, hs: HarnessSession, base: Any) -> None:
@@ -424,6 +437,7 @@ def _gate_session(session: pytest.Session, hs: HarnessSession, base: Any) -> Non
                        config.getoption("collective_baseline_match"))
     res.report_label = f"of this session ({', '.join(res.report_backends) or 'no instances'})"
     res.baseline_label = f"{base.path} ({', '.join(base.backends)}, torch {base.torch or '?'})"
+    res.refresh_hint = _refresh_hint(config, base.path)
     config.stash[_GATE] = res
     known = sum(r["outcome"] in BAD_OUTCOMES for r in hs.records)
     if not res.ok and session.exitstatus == pytest.ExitCode.OK:
@@ -435,6 +449,10 @@ def _gate_session(session: pytest.Session, hs: HarnessSession, base: Any) -> Non
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
                             config: pytest.Config) -> None:
+    written = config.stash.get(_WRITTEN, None)
+    if written is not None:
+        terminalreporter.ensure_newline()
+        terminalreporter.write_line(written)
     res = config.stash.get(_GATE, None)
     if res is None:
         return

@@ -220,7 +220,9 @@ def test_gate_input_errors_exit_2(gloo_run: Run, tmp_path: Path) -> None:
     assert proc.returncode == 2 and "report not found" in proc.stderr
     proc = gate_cli(str(gloo_run.json), str(tmp_path / "b.json"))
     assert proc.returncode == 2 and "baseline file not found" in proc.stderr
-    assert "--update" in proc.stderr
+    # the hint names the files given, never the project's own baseline
+    assert f"collective-gate {gloo_run.json} {tmp_path / 'b.json'} --update" in proc.stderr
+    assert "ci/baselines" not in proc.stderr
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema_version": 1}')
     proc = gate_cli(str(bad), str(tmp_path / "b.json"))
@@ -254,6 +256,11 @@ def test_pytest_baseline_bad_path_is_a_usage_error(tmp_path: Path) -> None:
     assert run.returncode == 4
     assert "--baseline: " in run.output and "baseline file not found" in run.output
     assert "collective-harness: reports written" not in run.output  # nothing ran
+    # how to create *this* baseline from the paths given, not the bundled suite's
+    assert ("create it with: pytest cases --backend gloo --report-json "
+            "reports/conformance.json && collective-gate reports/conformance.json nope.json "
+            "--update") in run.output, run.output
+    assert "ci/baselines" not in run.output
 
 
 def test_console_script_is_declared() -> None:

@@ -232,3 +232,58 @@ def test_bundled_seed_cases_end_to_end(tmp_path: Path) -> None:
 
 if sys.platform != "linux":  # pragma: no cover
     pytestmark = pytest.mark.skip(reason="rank pools need Linux")
+
+
+def test_xdist_is_a_core_dependency() -> None:
+    """`pip install -e .` alone must make the README's `pytest cases/ -n 2` work."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("pytest-xdist") for d in project["dependencies"])
+
+
+HABITS = """
+cases:
+  - name: good
+    op: all_reduce
+    world_size: [1, 2]
+    shape: [2]
+    input: "rank + i"
+  - name: bad
+    op: broadcast
+    world_size: 2
+    dtype: [float32, int64]
+    args: {src: 0}
+    shape: [2]
+    input: "i"
+    expected: [7, 7]
+"""
+
+
+def test_quiet_report_line_starts_its_own_line(pytester: pytest.Pytester) -> None:
+    write(pytester, "h.yaml", HABITS)
+    result = pytester.runpytest("cases/", "-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=2)
+    lines = result.stdout.lines
+    written = [ln for ln in lines if "report written to" in ln]
+    assert len(written) == 1 and written[0].startswith("collective-harness: report written")
+
+
+def test_last_failed_failed_first_and_stepwise(pytester: pytest.Pytester) -> None:
+    write(pytester, "h.yaml", HABITS)
+    first = pytester.runpytest("cases/", "-q", "--no-report")
+    first.assert_outcomes(passed=2, failed=2)
+    lf = pytester.runpytest("cases/", "--lf", "-v", "--no-report")
+    lf.assert_outcomes(failed=2)
+    lf.stdout.fnmatch_lines(["*run-last-failure: rerun previous 2 failures*",
+                             "*bad[[]gloo-ws2-float32-sync-src0[]] FAILED*"])
+    assert "known failures not in selected tests" not in lf.stdout.str()
+    ff = pytester.runpytest("cases/", "--ff", "-v", "--no-report")
+    ff.assert_outcomes(passed=2, failed=2)
+    ran = [ln.split(" ")[0] for ln in ff.stdout.lines if ln.startswith("cases/h.yaml::")]
+    assert [r.split("::")[1].split("[")[0] for r in ran] == ["bad", "bad", "good", "good"]
+    # --sw stops at the first failure and resumes from it on the next run
+    sw = pytester.runpytest("cases/", "--sw", "-v", "--no-report", "-p", "no:randomly")
+    sw.assert_outcomes(failed=1, passed=2)
+    again = pytester.runpytest("cases/", "--sw", "-v", "--no-report")
+    again.stdout.fnmatch_lines(["*stepwise: skipping 2 already passed items*"])

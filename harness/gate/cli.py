@@ -91,8 +91,10 @@ def gate_files(report_path: str, baseline_path: str, match: Match = "auto",
                policy: dict[str, Level] | None = None) -> GateResult:
     """Load both files and compare them."""
     report = _load_report(report_path)
-    base = bl.load(baseline_path)
+    hint = bl.refresh_hint(baseline_path, report_path)
+    base = bl.load(baseline_path, hint)
     res = compare(bl.entries_from_report(report), base, match, policy)
+    res.refresh_hint = hint
     res.report_label = _label(report_path, res.report_backends, report["metadata"]["torch"])
     res.baseline_label = _label(baseline_path, res.baseline_backends, base.torch)
     return res
