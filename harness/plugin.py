@@ -202,9 +202,21 @@ class CaseFile(pytest.File):
         try:
             doc = load.load_file(str(self.path), display)
             cases = validate.load_cases(doc)
-            instances = [inst for case in cases for inst in expand.expand(case, hs.backend)]
         except (CaseFileError, CaseFileErrors) as exc:
             raise self.CollectError(str(exc)) from None
+        # Expansion problems (per world size, say) of every case, reported together.
+        instances: list[Instance] = []
+        problems: list[CaseFileError] = []
+        for case in cases:
+            try:
+                instances += expand.expand(case, hs.backend)
+            except CaseFileError as exc:
+                problems.append(exc)
+            except CaseFileErrors as exc:
+                problems += exc.errors
+        if problems:
+            raise self.CollectError(str(CaseFileErrors(problems) if len(problems) > 1
+                                        else problems[0]))
         items: list[pytest.Item] = []
         for inst in instances:
             # The id is given in pytest's own form (name, then the bracketed parameters), so

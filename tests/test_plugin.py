@@ -88,10 +88,11 @@ def test_exitfirst_and_failure_message(pytester: pytest.Pytester) -> None:
     res = pytester.runpytest("cases/", "-x", "--no-report")
     res.assert_outcomes(failed=1)
     res.stdout.fnmatch_lines([
-        "[[]FAILED[]] cases/bad.yaml:3: wrong[[]gloo-ws2-float32-sum-sync[]]: wrong values "
+        # the line of the expectation that was not met, not the case's "- name:" line
+        "[[]FAILED[]] cases/bad.yaml:8: wrong[[]gloo-ws2-float32-sum-sync[]]: wrong values "
         "on rank(s) 0, 1",
-        "  rank 0, tensor 'input' (expr): 4 of 4 element(s) wrong; first: [[]0[]] expected 0.0 "
-        "got 1.0, *",
+        "  rank 0, buffer 'tensor' (expr): 4 of 4 element(s) wrong (max abs error 1, max rel "
+        "error *, max * ulp; compared bit for bit); first: [[]0[]] expected 0.0 got 1.0, *",
     ])
 
 
@@ -200,7 +201,7 @@ def test_third_party_backend_module(tmp_path: Path) -> None:
                      "-q", "--no-report"], tmp_path, COLLECTIVE_FAULT="wrong_value")
     assert bad.returncode == 1
     assert "c.yaml::sum_basic[faulty-ws2-float32-sum-sync]" in bad.stdout
-    assert "rank 1, tensor 'input' (auto): 1 of 4 element(s) wrong" in bad.stdout
+    assert "rank 1, buffer 'tensor' (auto): 1 of 4 element(s) wrong" in bad.stdout
     report = load_report(tmp_path / "reports" / "conformance.json")
     assert report["metadata"]["options"]["backend_modules"] == ["fault_backend"]
 
@@ -287,3 +288,99 @@ def test_last_failed_failed_first_and_stepwise(pytester: pytest.Pytester) -> Non
     sw.assert_outcomes(failed=1, passed=2)
     again = pytester.runpytest("cases/", "--sw", "-v", "--no-report")
     again.stdout.fnmatch_lines(["*stepwise: skipping 2 already passed items*"])
+
+
+def test_rank_errors_grouped_without_harness_frames(pytester: pytest.Pytester) -> None:
+    write(pytester, "f8.yaml", """
+        cases:
+          - name: f8
+            op: all_reduce
+            world_size: 4
+            dtype: float8_e5m2
+            shape: [2]
+            input: "1"
+        """)
+    result = pytester.runpytest("cases/", "-p", "no:cacheprovider", "--no-report")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    # one block for the four identical errors, naming the user's op call
+    result.stdout.fnmatch_lines(["*rank(s) 0-3 raised", "*ranks 0-3: *Error: *",
+                                 "*in step 0: all_reduce(tensor=tensor)*",
+                                 "*harness frame(s) left out*"])
+    assert out.count("Traceback (most recent call last)") == 1, out
+    assert "harness/program/" not in out and "harness/run/" not in out
+    assert "distributed_c10d.py" in out  # torch's frames stay
+
+
+def test_reduce_op_per_step_runs(pytester: pytest.Pytester) -> None:
+    write(pytester, "steps.yaml", """
+        cases:
+          - name: mixed
+            world_size: [2, 3]
+            dtype: int64
+            tensors:
+              a: {shape: [3], init: "rank + 1 + i"}
+              b: {shape: [3], init: "rank + 1 + i"}
+            steps:
+              - {op: all_reduce, tensor: a, reduce_op: max}
+              - {op: all_reduce, tensor: b}
+            expected:
+              a: "world_size + i"
+              b: "world_size * (world_size + 1) // 2 + world_size * i"
+        """)
+    result = pytester.runpytest("cases/", "-q", "-p", "no:cacheprovider", "--no-report")
+    result.assert_outcomes(passed=2)
+
+
+def test_every_expansion_problem_of_a_file_at_once(pytester: pytest.Pytester) -> None:
+    write(pytester, "bad.yaml", """
+        cases:
+          - {name: a, op: broadcast, world_size: 2, args: {src: 5}, shape: [2], input: "i"}
+          - {name: b, op: all_reduce, world_size: 2, shape: [2], input: {3: [1, 2]}}
+        """)
+    result = pytester.runpytest("cases/", "--collect-only", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert "2 problem(s)" in out, out
+    assert "bad.yaml:3:" in out and "bad.yaml:4:" in out
+
+
+def test_value_failure_points_at_the_expected_line(pytester: pytest.Pytester) -> None:
+    text = textwrap.dedent("""
+        cases:
+          - name: explicit
+            op: broadcast
+            world_size: 2
+            args: {src: 0}
+            shape: [2]
+            input: "i"
+            expected: [7, 7]
+          - name: derived
+            op: all_reduce
+            world_size: 2
+            shape: [2]
+            input: "rank + i"
+            expected: auto
+            overrides:
+              - {when: {backend: gloo}, expected: [0, 0], reason: test}
+          - name: prog
+            world_size: 2
+            tensors:
+              t: {shape: [2], init: "i"}
+            steps:
+              - {op: all_reduce, tensor: t}
+            expected:
+              t: [5, 5]
+        """)
+    write(pytester, "lines.yaml", text)
+    lines = text.splitlines()
+
+    def line_of(fragment: str, after: str) -> int:
+        start = next(i for i, ln in enumerate(lines) if after in ln)
+        return next(i for i, ln in enumerate(lines) if i > start and fragment in ln) + 1
+
+    result = pytester.runpytest("cases/", "-p", "no:cacheprovider", "--no-report")
+    out = result.stdout.str()
+    assert f"cases/lines.yaml:{line_of('expected:', 'explicit')}: explicit[" in out, out
+    assert f"cases/lines.yaml:{line_of('t: [5, 5]', 'prog')}: prog[" in out, out
+    # the shorthand all_reduce's one buffer is named by its role, not 'input'
+    assert "buffer 'tensor' (explicit)" in out and "tensor 'input'" not in out
