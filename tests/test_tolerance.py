@@ -72,3 +72,22 @@ def test_tolerance_parse() -> None:
     assert Tolerance.parse("auto") == Tolerance(auto=True)
     assert Tolerance.parse({"ulp": 2}) == Tolerance(ulp=2)
     assert Tolerance.parse(None) is None
+
+
+@pytest.mark.parametrize("fault", ["wrong_value", "missing_contribution"])
+def test_tolerance_auto_still_catches_wrong_sums(pytester: pytest.Pytester,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 fault: str) -> None:
+    """The auto bound is per element and tight: a sum off by one, or missing a rank's
+    contribution, fails even though rounding noise passes."""
+    from tests.helpers import REPO
+
+    monkeypatch.setenv("COLLECTIVE_FAULT", fault)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    _write(pytester, RANDOM.format(tolerance="    tolerance: auto"))
+    result = pytester.runpytest_subprocess(
+        "cases/", "-q", "-p", "no:cacheprovider", "--no-report", "--backend", "faulty",
+        "--backend-module", "tests.fault_backend", "-k", "sum and ws3", timeout=300)
+    result.assert_outcomes(failed=3)
+    result.stdout.fnmatch_lines(["*wrong (max abs error *; tolerance auto: 2 rounding(s) over "
+                                 "3 ranks in *"])
