@@ -436,3 +436,16 @@ def test_screenshot_shows_red_for_failures_green_for_passes(gloo_run: Run, fault
     # cells (the legend has one red swatch on both pages)
     assert counts["pass"][0] > 1000 and counts["fail"][0] > 300
     assert counts["fail"][1] > counts["pass"][1] + 1000, counts
+
+
+def test_failure_block_shows_first_wrong_element() -> None:
+    report = synthetic()
+    bad = next(r for r in report["records"] if r["outcome"] == "failed")
+    bad["ranks"][1]["checks"] = [{"tensor": "tensor", "ok": False, "expectation": "auto",
+                                  "wrong": 1, "total": 4, "digest": "",
+                                  "first_wrong": [{"index": 2, "expected": "3.0",
+                                                   "got": "5.0"}]}]
+    dom = Dom(html.render(report))
+    (shown,) = dom.select("p", "first-wrong")
+    assert shown["text"] == ("first wrong: rank 1 'tensor'[2]: expected 3.0 got 5.0 "
+                             "(1 of 4 wrong)")

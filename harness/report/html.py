@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import dtypes
 from . import ordering_table
-from .markdown import BAD, devices_label
+from .markdown import BAD, devices_label, first_wrong
 from .oneline import one_line
 
 
@@ -234,7 +234,7 @@ def _families(backend: str, recs: list[dict[str, Any]]) -> list[str]:
     for r in recs:
         fams[r.get("family") or r["op"]].append(r)
     out = ['<table class="families"><thead><tr><th>family</th><th>ops</th><th>instances</th>'
-           "<th>outcomes</th><th></th></tr></thead><tbody>"]
+           "<th>outcomes</th><th>counts</th></tr></thead><tbody>"]
     for fam in sorted(fams):
         group = fams[fam]
         counts = Counter(shown(r) for r in group)
@@ -375,8 +375,10 @@ def _failures(recs: list[dict[str, Any]]) -> list[str]:
                    f'<summary>{_badge(r["outcome"])} '
                    f'<code>{_e(r["case"])}[{_e(r["id"])}]</code> <span class="meta">'
                    f'{_e(r["file"])}:{r["line"]}</span> — {_e(first)}</summary>')
+        wrong = first_wrong(r)
         out.append(f'<p class="meta">{_e(r.get("description", ""))}</p>'
-                   f"<pre>{_e(r['message'])}</pre>")
+                   + (f'<p class="first-wrong">first wrong: <code>{_e(wrong)}</code></p>'
+                      if wrong else "") + f"<pre>{_e(r['message'])}</pre>")
         if r.get("ordering"):
             out.append("<table><tbody>" + "".join(
                 f"<tr><td><code>{_e(k)}</code></td>{_prop_cell(v)}</tr>"
