@@ -373,8 +373,8 @@ def _auto_tolerance(inst: Instance, renv: RankEnv, env: dict[str, Any], how: str
     reference exists (explicit expectations) it allows 2 ulp per rank.
     """
     n = _group_size(inst, renv)
-    if not (dtype.is_floating_point or dtype.is_complex):
-        return None, None, ""
+    if not (dtype.is_floating_point or dtype.is_complex) or how in ("unchanged", "untouched"):
+        return None, None, ""  # integers, and buffers that must come back as they were
     if how != "auto" or inst.shorthand is None:
         return Tolerance(ulp=2.0 * n), None, f"tolerance auto: {2 * n} ulp (no reference)"
     if inst.reduce_op not in ORDER_SENSITIVE or not ops.get(inst.op).reduces:
