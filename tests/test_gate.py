@@ -209,7 +209,7 @@ def test_faulty_backend_fails_naming_each_regression(faulty_run: Run, gloo_basel
                 "bc[faulty-ws2-int64-sync-src0]"]
     for line, key in zip(regressions, expected, strict=True):
         assert line.startswith(f"  cases/cases.yaml::{key} (cases/cases.yaml:")
-        assert ": passed -> failed: wrong values on rank(s) 1: rank 1, tensor" in line
+        assert ": passed -> failed: wrong values on rank(s) 1: rank 1, buffer" in line
     assert md.read_text().startswith("## ❌ Conformance gate: FAIL: 5 regression")
     data = json.loads((tmp_path / "gate.json").read_text())
     assert data["ok"] is False and data["counts"]["regression"] == 5
