@@ -176,6 +176,11 @@ def test_one_line_reasons() -> None:
     skipped = {**record("a", "skipped", "whatever"), "reason": "no CUDA device"}
     assert one_line(skipped) == "no CUDA device"
     assert len(one_line(record("a", "failed", "x" * 1000))) == 300
+    # the message may name another line of the case (the expectation that was not met)
+    at_expected = record("a", "failed", "c.yaml:9: a[gloo-ws2]: wrong values on rank(s) 1\n"
+                                        "  rank 1, buffer 'out': 1 of 4 wrong")
+    assert one_line(at_expected) == ("wrong values on rank(s) 1: rank 1, buffer 'out': 1 of 4 "
+                                     "wrong")
 
 
 # -- real runs -----------------------------------------------------------------------------------

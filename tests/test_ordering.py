@@ -84,7 +84,7 @@ def test_each_fault_fails_its_ordering_check(pytester: pytest.Pytester,
             assert "the values were right" in rec["message"]
             others = {c: rec["ordering"][c]["status"] for c in CONTRACT if c != check}
             assert others == dict.fromkeys(others, "ok"), (rec["key"], others)
-    assert f"| all_reduce | 1 | {'✅' if check != 'pre_op' else '❌'} 1 |" in md
+    assert f"| all_reduce | 1 | {'✅' if check != 'pre_op' else '❌'}\u00a01 |" in md
     # A program's declared read right after wait() catches the early wait() too.
     declared = _declared(report)
     if fault == "early_wait":
