@@ -100,8 +100,28 @@ class Step:
 
 @dataclass(frozen=True)
 class Tolerance:
+    """How far a float result may be from its expectation: ``|got - exp| <= atol + rtol *
+    |exp|`` or within ``ulp`` units in the last place of ``exp`` (either suffices). ``auto``:
+    derived per element from the dtype and the group size (see README "Tolerances")."""
+
     atol: float = 0.0
     rtol: float = 0.0
+    ulp: float = 0.0
+    auto: bool = False
+
+    @classmethod
+    def parse(cls, raw: Any) -> Tolerance | None:
+        """From a case's ``tolerance:`` value (schema-valid): ``auto`` or a mapping."""
+        if raw == "auto":
+            return cls(auto=True)
+        return cls(**raw) if raw else None
+
+    def describe(self) -> str:
+        if self.auto:
+            return "tolerance auto"
+        parts = [f"{k} {v:g}" for k, v in (("atol", self.atol), ("rtol", self.rtol),
+                                           ("ulp", self.ulp)) if v]
+        return "tolerance " + (", ".join(parts) or "exact")
 
 
 @dataclass(frozen=True)
@@ -223,6 +243,9 @@ class Instance:
     premul_factor: float = 2.0
     ordering: OrderingPlan | None = None  # async-contract checks (harness.ordering.plan)
     perf: PerfPlan | None = None  # time it after the checks (--perf; harness.perf.plan)
+    # Per buffer, the YAML line a value failure points at: its ``expected:`` entry, else the
+    # ``input:`` it is derived from (``expected: auto``), else its declaration.
+    value_lines: tuple[tuple[str, int], ...] = ()
 
     @property
     def case_id(self) -> str:

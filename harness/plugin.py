@@ -11,6 +11,7 @@ import fnmatch
 import json
 import math
 import os
+import shlex
 import signal
 import time
 import traceback
@@ -283,8 +284,18 @@ class CaseFile(pytest.File):
         try:
             doc = load.load_file(str(self.path), display, hs.limits)
             cases = validate.load_cases(doc)
-            instances = expand.expand_all(cases, hs.backend, hs.limits,
+            instances: list[Instance] = []
+            problems: list[CaseFileError] = []
+            for case in cases:  # expansion problems of every case, reported together
+                try:
+                    instances += expand.expand(case, hs.backend, hs.limits, len(instances),
                                                launched=hs.launched)
+                except CaseFileError as exc:
+                    problems.append(exc)
+                except CaseFileErrors as exc:
+                    problems += exc.errors
+            if problems:
+                raise CaseFileErrors(problems) if len(problems) > 1 else problems[0]
             if len(instances) > hs.limits.instances_per_file:
                 raise CaseFileError(Pos(display, 1, 1), f"the file expands to "
                                     f"{len(instances)} instances; the limit is "
@@ -309,7 +320,11 @@ class CaseFile(pytest.File):
         hs.collected_count += len(instances)
         items: list[pytest.Item] = []
         for inst in instances:
-            item = CaseItem.from_parent(self, name=f"{inst.case}[{inst.id}]", instance=inst)
+            # The id is given in pytest's own form (name, then the bracketed parameters), so
+            # the ids the cache records for --lf/--ff/--sw parse back to these items' ids.
+            name = f"{inst.case}[{inst.id}]"
+            item = CaseItem.from_parent(self, name=name, nodeid=f"{self.nodeid}::{name}",
+                                        instance=inst)
             items.append(item)
         return items
 
@@ -675,19 +690,18 @@ def write_reports(config: pytest.Config, hs: HarnessSession,
              for kind in ("json", "md", "html")]
     write_all([(str(paths[0]), json_text(report)), (str(paths[1]), markdown.render(report)),
                (str(paths[2]), html.render(report))])
-    tr = config.pluginmanager.get_plugin("terminalreporter")
-    if tr is not None:
-        tr.ensure_newline()
-        shown = [os.path.relpath(p) for p in paths]
-        tr.write_line(f"collective-harness: {report['summary']['headline']}")
-        tr.write_line(f"collective-harness: report written to {', '.join(shown[:-1])} and "
-                      f"{shown[-1]}")
+    shown = [os.path.relpath(p) for p in paths]
+    # Printed in the terminal summary, on lines of their own (after -q's progress dots too).
+    config.stash[_WRITTEN] = (f"collective-harness: {report['summary']['headline']}\n"
+                              f"collective-harness: report written to "
+                              f"{', '.join(shown[:-1])} and {shown[-1]}")
 
 
 # -- gating against a baseline (--baseline) ------------------------------------------------------
 
 _BASELINE = pytest.StashKey[Any]()
 _GATE = pytest.StashKey[Any]()
+_WRITTEN = pytest.StashKey[str]()
 
 
 def _load_baseline(config: pytest.Config) -> None:
@@ -696,11 +710,20 @@ def _load_baseline(config: pytest.Config) -> None:
     if not path or hasattr(config, "workerinput"):
         return
     try:
-        base = baseline.load(str(config.rootpath / path))
+        base = baseline.load(str(config.rootpath / path), _refresh_hint(config, path))
         base.path = path  # shown as the user wrote it
         config.stash[_BASELINE] = base
     except baseline.BaselineError as exc:
         raise pytest.UsageError(f"--baseline: {exc}") from None
+
+
+def _refresh_hint(config: pytest.Config, path: str) -> str:
+    """The commands that (re)create the baseline ``path`` from the paths this run was given."""
+    report = (config.getoption("collective_report_json")
+              or str(config.getini("collective_report_json")))
+    run = shlex.join(["pytest", *(list(config.args) or ["."]), "--backend", _hs(config).backend,
+                      "--report-json", report])
+    return baseline.refresh_hint(path, report, run)
 
 
 def _gate_session(session: pytest.Session, hs: HarnessSession, base: Any,
@@ -716,6 +739,7 @@ def _gate_session(session: pytest.Session, hs: HarnessSession, base: Any,
     compare.check_session(res, report)
     res.report_label = f"of this session ({', '.join(res.report_backends) or 'no instances'})"
     res.baseline_label = f"{base.path} ({', '.join(base.backends)}, torch {base.torch or '?'})"
+    res.refresh_hint = _refresh_hint(config, base.path)
     config.stash[_GATE] = res
     known = sum(r["outcome"] in BAD_OUTCOMES for r in hs.records)
     if not res.ok and session.exitstatus == pytest.ExitCode.OK:
@@ -728,6 +752,11 @@ def _gate_session(session: pytest.Session, hs: HarnessSession, base: Any,
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
                             config: pytest.Config) -> None:
+    written = config.stash.get(_WRITTEN, None)
+    if written is not None:
+        terminalreporter.ensure_newline()
+        for line in written.splitlines():
+            terminalreporter.write_line(line)
     chars = str(getattr(config.option, "reportchars", "") or "")
     limits = terminalreporter.stats.get("limitation", [])
     if limits and ("L" in chars or "A" in chars):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+
 from . import ops
 from .casefile import patterns
 from .model import Instance, InstanceResult, Outcome, PoolRun, RankResult, RankState
@@ -10,8 +13,22 @@ from .ordering import verdicts as ordering
 MAX_TB_LINES = 25
 
 
-def _where(inst: Instance) -> str:
-    return f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]"
+def _where(inst: Instance, line: int | None = None) -> str:
+    return f"{inst.file}:{line or inst.line}: {inst.case}[{inst.id}]"
+
+
+def _value_line(inst: Instance, results: dict[int, RankResult]) -> int | None:
+    """The YAML line of the first buffer with a wrong value (its ``expected:``/``input:``)."""
+    lines = dict(inst.value_lines)
+    for _, res in sorted(results.items()):
+        for c in res.checks:
+            if not c.ok and c.tensor in lines:
+                return lines[c.tensor]
+    return None
+
+
+def _step_line(inst: Instance, step: int) -> int | None:
+    return inst.steps[step].line if 0 <= step < len(inst.steps) else None
 
 
 def _indent(text: str, prefix: str = "      ") -> str:
@@ -23,6 +40,50 @@ def _tb(text: str) -> str:
     if len(lines) > MAX_TB_LINES:
         lines = ["...", *lines[-MAX_TB_LINES:]]
     return "\n".join(lines)
+
+
+# Frames of files under this directory are the harness's own machinery, not the user's call.
+HARNESS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_FRAME = re.compile(r'\s*File "([^"]+)", line \d+')
+
+
+def trim_traceback(text: str) -> str:
+    """``text`` without the harness's own frames (the rank loop, the interpreter, the op
+    table's call): what is left starts at torch's entry point, and a line says how many
+    frames were cut. The op call itself is named by the step description beside it."""
+    out: list[str] = []
+    skipping = False
+    cut = 0
+    for ln in text.rstrip().splitlines():
+        frame = _FRAME.match(ln)
+        if frame:
+            skipping = frame.group(1).startswith(HARNESS_DIR)
+            cut += skipping
+            if skipping:
+                continue
+        elif skipping and ln.startswith("    "):
+            continue  # the source line and ^^^ markers of a cut frame
+        else:
+            skipping = False
+        out.append(ln)
+    if cut and out and out[0].startswith("Traceback"):
+        out.insert(1, f"  ({cut} harness frame(s) left out)")
+    return "\n".join(out)
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """``[0, 1, 2, 3, 5]`` -> ``0-3, 5``."""
+    out: list[str] = []
+    for r in sorted(ranks):
+        if out and out[-1].split("-")[-1] == str(r - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{r}"
+        else:
+            out.append(str(r))
+    return ", ".join(out)
+
+
+def _step_desc(inst: Instance, step: int) -> str:
+    return inst.steps[step].describe() if 0 <= step < len(inst.steps) else f"step {step}"
 
 
 def describe_state(st: RankState, results: dict[int, RankResult]) -> str:
@@ -59,7 +120,7 @@ def _value_failures(inst: Instance, results: dict[int, RankResult]) -> list[str]
                 continue
             first = ", ".join(f"[{i}] expected {e} got {g}" for i, e, g in c.first_wrong)
             extra = f" ({c.note})" if c.note else ""
-            lines.append(f"  rank {rank}, tensor {c.tensor!r} ({c.expectation}): {c.wrong} of "
+            lines.append(f"  rank {rank}, buffer {c.tensor!r} ({c.expectation}): {c.wrong} of "
                          f"{c.total} element(s) wrong{extra}" + (f"; first: {first}" if first
                                                                 else ""))
     return lines
@@ -182,13 +243,20 @@ def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
     if exp.kind == "raises":
         return _check_raises(inst, raised, ranks, run)
     if raised:
-        head = f"{where}: rank(s) {', '.join(str(r.rank) for r in raised)} raised"
+        where = _where(inst, _step_line(inst, raised[0].step))
+        head = f"{where}: rank(s) {rank_ranges([r.rank for r in raised])} raised"
         if exp.kind in ("hangs", "crashes"):
             head += f" while {'a hang' if exp.kind == 'hangs' else 'a rank to crash'} was expected"
         parts = [head]
+        # Ranks that raised the same thing in the same step share one block.
+        groups: dict[tuple[int, str, str, str], list[int]] = {}
         for r in raised:
-            parts.append(f"  rank {r.rank} raised in step {r.step}: {r.exc_type}: "
-                         f"{r.exc_message}\n{_indent(_tb(r.traceback))}")
+            key = (r.step, r.exc_type, r.exc_message, trim_traceback(r.traceback))
+            groups.setdefault(key, []).append(r.rank)
+        for (step, exc_type, message, tb), members in groups.items():
+            who = f"rank {members[0]}" if len(members) == 1 else f"ranks {rank_ranges(members)}"
+            parts.append(f"  {who}: {exc_type}: {message}\n"
+                         f"    in step {step}: {_step_desc(inst, step)}\n{_indent(_tb(tb))}")
         others = [s for s in run.states if s.state != "raised"]
         if others:
             parts.append("  other ranks (stopped after the fail-fast grace period):")
@@ -210,6 +278,7 @@ def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
         wrong_ranks = sorted({r.rank for r in ranks if any(not c.ok for c in r.checks)})
         head = (f"wrong values on rank(s) {', '.join(map(str, wrong_ranks))}" if wrong_ranks
                 else "ranks disagree")
+        where = _where(inst, _value_line(inst, run.results))
         return InstanceResult("failed", f"{where}: {head}\n" + "\n".join(bad + split),
                               ranks, run.states)
     return InstanceResult("passed", f"{where}: passed", ranks, run.states)

@@ -43,19 +43,19 @@ def _results(digests: dict[int, str], tensor: str) -> dict[int, RankResult]:
 
 def test_identical_digests_agree() -> None:
     inst = _instances()["ar"]
-    assert disagreements(inst, _results({0: "aa", 1: "aa", 2: "aa"}, "input")) == []
+    assert disagreements(inst, _results({0: "aa", 1: "aa", 2: "aa"}, "tensor")) == []
 
 
 def test_a_rank_with_other_bytes_is_reported() -> None:
     inst = _instances()["ar"]
-    lines = disagreements(inst, _results({0: "aa", 1: "bb", 2: "aa"}, "input"))
+    lines = disagreements(inst, _results({0: "aa", 1: "bb", 2: "aa"}, "tensor"))
     assert len(lines) == 1 and "rank(s) 1 hold bb" in lines[0] and "0, 2 hold aa" in lines[0]
 
 
 def test_only_group_members_must_agree() -> None:
     inst = _instances()["sub"]
-    assert disagreements(inst, _results({0: "x", 1: "aa", 2: "y", 3: "aa"}, "input")) == []
-    assert disagreements(inst, _results({0: "x", 1: "aa", 2: "y", 3: "cc"}, "input"))
+    assert disagreements(inst, _results({0: "x", 1: "aa", 2: "y", 3: "aa"}, "tensor")) == []
+    assert disagreements(inst, _results({0: "x", 1: "aa", 2: "y", 3: "cc"}, "tensor"))
 
 
 def test_ops_whose_outputs_differ_per_rank_are_not_compared() -> None:

@@ -223,3 +223,58 @@ def test_defaults_errors_point_at_the_defaults_block() -> None:
       - {name: a, op: all_reduce, input: [1]}
     """)
     assert "cases/x.yaml:3:10: at defaults.dtype: unknown dtype 'floaty'" in message
+
+
+def test_schema_and_other_problems_of_a_file_come_in_one_report() -> None:
+    message = problems("""
+    cases:
+      - {name: a, op: all_reduce, input: [1], tolerence: {atol: 1}}
+      - {name: b, op: all_reduce, dtype: f32, input: [1]}
+      - {name: c, op: all_reduce, input: "rank +", expected: auto}
+    """)
+    assert "3 problem(s)" in message, message
+    assert "unknown key 'tolerence'" in message and "unknown dtype 'f32'" in message
+    assert "bad expression 'rank +'" in message
+
+
+def test_step_reduce_op_and_premul_expression_are_checked() -> None:
+    message = problems("""
+    cases:
+      - name: p
+        world_size: 2
+        tensors: {t: {shape: [2], init: "i"}}
+        steps:
+          - {op: all_reduce, tensor: t, reduce_op: maxx}
+          - {op: broadcast, tensor: t, src: 0, reduce_op: sum}
+          - {op: all_reduce, tensor: t, premul_factor: "1 / "}
+        expected: {t: unspecified}
+    """)
+    assert "unknown reduce op 'maxx'" in message and "did you mean 'max'" in message
+    assert "broadcast does not reduce: 'reduce_op' does not apply" in message
+    assert "bad expression '1 / '" in message
+
+
+def test_premul_factor_expression_per_instance() -> None:
+    doc = yamlload.load_text(textwrap.dedent("""
+    cases:
+      - name: mean
+        op: all_reduce
+        world_size: [2, 4]
+        reduce_op: premul_sum
+        args: {premul_factor: "1 / world_size"}
+        shape: [2]
+        input: "i"
+      - name: steps
+        world_size: 4
+        tensors: {t: {shape: [2], init: "i"}}
+        steps:
+          - {op: all_reduce, tensor: t, reduce_op: premul_sum, premul_factor: "2 / world_size"}
+          - {op: all_reduce, tensor: t, reduce_op: max}
+        expected: {t: unspecified}
+    """), "cases/x.yaml")
+    cases = validate.load_cases(doc)
+    mean = expand.expand(cases[0], "gloo")
+    assert [i.premul_factor for i in mean] == [0.5, 0.25]
+    (prog,) = expand.expand(cases[1], "gloo")
+    assert [dict(s.args).get("reduce_op") for s in prog.steps] == ["premul_sum", "max"]
+    assert dict(prog.steps[0].args)["premul_factor"] == 0.5

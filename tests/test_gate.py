@@ -176,6 +176,11 @@ def test_one_line_reasons() -> None:
     skipped = {**record("a", "skipped", "whatever"), "reason": "no CUDA device"}
     assert one_line(skipped) == "no CUDA device"
     assert len(one_line(record("a", "failed", "x" * 1000))) == 300
+    # the message may name another line of the case (the expectation that was not met)
+    at_expected = record("a", "failed", "c.yaml:9: a[gloo-ws2]: wrong values on rank(s) 1\n"
+                                        "  rank 1, buffer 'out': 1 of 4 wrong")
+    assert one_line(at_expected) == ("wrong values on rank(s) 1: rank 1, buffer 'out': 1 of 4 "
+                                     "wrong")
 
 
 # -- real runs -----------------------------------------------------------------------------------
@@ -209,7 +214,7 @@ def test_faulty_backend_fails_naming_each_regression(faulty_run: Run, gloo_basel
                 "bc[faulty-ws2-int64-sync-src0]"]
     for line, key in zip(regressions, expected, strict=True):
         assert line.startswith(f"  cases/cases.yaml::{key} (cases/cases.yaml:")
-        assert ": passed -> failed: wrong values on rank(s) 1: rank 1, tensor" in line
+        assert ": passed -> failed: wrong values on rank(s) 1: rank 1, buffer" in line
     assert md.read_text().startswith("## ❌ Conformance gate: FAIL: 5 regression")
     data = json.loads((tmp_path / "gate.json").read_text())
     assert data["ok"] is False and data["counts"]["regression"] == 5
@@ -220,7 +225,9 @@ def test_gate_input_errors_exit_2(gloo_run: Run, tmp_path: Path) -> None:
     assert proc.returncode == 2 and "report not found" in proc.stderr
     proc = gate_cli(str(gloo_run.json), str(tmp_path / "b.json"))
     assert proc.returncode == 2 and "baseline file not found" in proc.stderr
-    assert "--update" in proc.stderr
+    # the hint names the files given, never the project's own baseline
+    assert f"collective-gate {gloo_run.json} {tmp_path / 'b.json'} --update" in proc.stderr
+    assert "ci/baselines" not in proc.stderr
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema_version": 1}')
     proc = gate_cli(str(bad), str(tmp_path / "b.json"))
@@ -254,6 +261,11 @@ def test_pytest_baseline_bad_path_is_a_usage_error(tmp_path: Path) -> None:
     assert run.returncode == 4
     assert "--baseline: " in run.output and "baseline file not found" in run.output
     assert "collective-harness: reports written" not in run.output  # nothing ran
+    # how to create *this* baseline from the paths given, not the bundled suite's
+    assert ("create it with: pytest cases --backend gloo --report-json "
+            "reports/conformance.json && collective-gate reports/conformance.json nope.json "
+            "--update") in run.output, run.output
+    assert "ci/baselines" not in run.output
 
 
 def test_console_script_is_declared() -> None:

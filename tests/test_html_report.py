@@ -9,13 +9,13 @@ are counted. They are skipped, with the reason, only where no Chromium is instal
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
 import struct
 import subprocess
 import zlib
-from collections import Counter
 from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from harness import dtypes
 from harness.report import html
 from harness.report.records import build_report, validate_report
 from tests.runs import Run
@@ -110,7 +111,7 @@ class Dom(HTMLParser):
                 and (not cls or cls in e["attrs"].get("class", "").split())]
 
 
-def test_matrix_cells_chips_and_links() -> None:
+def test_grid_cells_counts_and_links() -> None:
     page = html.render(synthetic())
     dom = Dom(page)
     cells = dom.select("td", "cell")
@@ -121,26 +122,58 @@ def test_matrix_cells_chips_and_links() -> None:
         ("send", "float32")]
     assert len(dom.select("td", "empty")) == 2
     by_cell = {(c["attrs"]["data-op"], c["attrs"]["data-dtype"]): c for c in cells}
-    assert by_cell[("all_reduce", "float32")]["attrs"]["data-outcome"] == "failed"
+    ar = by_cell[("all_reduce", "float32")]
+    # one cell per op x dtype, colored by its worst outcome, the instance count inside and
+    # every outcome's count on hover
+    assert ar["attrs"]["data-outcome"] == "failed" and "o-failed" in ar["attrs"]["class"]
+    assert ar["text"].strip() == "4" and ar["attrs"]["data-count"] == "4"
+    assert ar["attrs"]["title"] == "all_reduce \u00d7 float32: 1 failed, 1 xfail, 2 passed"
     assert by_cell[("broadcast", "int64")]["attrs"]["data-outcome"] == "hang"
-    chips = [c for c in dom.select("a", "chip")]
-    combos = [(c["attrs"]["data-world-size"], c["attrs"]["data-async"], c["attrs"]["data-outcome"],
-               c["text"]) for c in chips]
-    assert combos == [
-        ("2", "False", "passed", "2s"), ("2", "True", "failed", "2a"),
-        ("4", "False", "xfail", "4s"),  # worst of passed + xfail
-        ("2", "False", "passed", "2s"),
-        ("2", "None", "hang", "2"), ("4", "None", "skipped", "4"),
-        ("2", "None", "passed", "2")]
     ids = {e["attrs"]["id"] for e in dom.elements if "id" in e["attrs"]}
     hrefs = [e["attrs"]["href"] for e in dom.select("a") if e["attrs"].get("href")]
     assert hrefs and all(h.startswith("#") and h[1:] in ids for h in hrefs)
-    # a failing chip leads straight to that failure's detail
-    failed_chip = next(c for c in chips if c["attrs"]["data-outcome"] == "failed")
-    href = failed_chip["attrs"]["href"][1:]
-    target = next(e for e in dom.elements if e["attrs"].get("id") == href)
-    assert target["tag"] == "details" and "failure" in target["attrs"]["class"]
-    assert target["attrs"]["data-key"] == "cases/x.yaml::ar[gloo-ws2-float32-async]"
+    # a click on a cell opens its drill-down, whose failing instance links to the failure
+    link = next(e for e in dom.select("a") if e["attrs"].get("href") == "#" + html.anchor(
+        "d", "gloo", "all_reduce", "float32"))
+    assert link["text"] == "4"
+    drill = next(e for e in dom.select("details", "drill")
+                 if e["attrs"]["id"] == html.anchor("d", "gloo", "all_reduce", "float32"))
+    assert "1 failed, 1 xfail, 2 passed" in drill["text"]
+    failure_id = html.anchor("f", "cases/x.yaml::ar[gloo-ws2-float32-async]")
+    assert any(e["attrs"].get("href") == f"#{failure_id}" for e in dom.select("a"))
+    # dtype columns are grouped: floating before integer, each group's header spans it
+    groups = [(e["text"], e["attrs"]["colspan"]) for e in dom.select("th", "gs")
+              if "colspan" in e["attrs"]]
+    assert groups == [("floating", "1"), ("integer", "1")]
+    # ops are grouped under their family rows; each family is summarized above the grid
+    fams = [e["attrs"]["data-family"] for e in dom.elements if "data-family" in e["attrs"]]
+    assert fams == ["all_reduce", "broadcast", "send"]
+
+
+def test_dtype_groups_and_natural_order() -> None:
+    assert html.dtype_groups(["int64", "bool", "float32", "bfloat16", "uint8", "complex64",
+                              "object", "float8_e5m2", "mystery"]) == [
+        ("floating", ["bfloat16", "float32", "float8_e5m2"]),
+        ("integer", ["uint8", "int64"]),
+        ("other", ["bool", "complex64", "object", "mystery"])]
+    ids = ["n1000", "n1048576", "n1", "n65536"]
+    assert sorted(ids, key=html.natural_key) == ["n1", "n1000", "n65536", "n1048576"]
+    report = synthetic()
+    base = report["records"][0]
+    report["records"] = [{**base, "key": f"k{n}", "case": "sizes", "id": f"gloo-ws2-f32-n{n}"}
+                         for n in (1000, 1048576, 1, 65536)]
+    page = html.render(report)
+    assert [m for m in re.findall(r"sizes\[gloo-ws2-f32-(n\d+)\]", page)] == [
+        "n1", "n1000", "n65536", "n1048576"]
+
+
+def test_heading_names_devices_that_ran() -> None:
+    report = synthetic()
+    skipped = {**report["records"][0], "key": "k-cuda", "device": "cuda", "outcome": "skipped",
+               "reason": "needs CUDA"}
+    report["records"].append(skipped)
+    dom = Dom(html.render(report))
+    assert dom.select("h2")[0]["text"] == "gloo on cpu (cuda: 1 skipped, none ran)"
 
 
 def test_failures_detail_ordering_and_escaping() -> None:
@@ -154,14 +187,34 @@ def test_failures_detail_ordering_and_escaping() -> None:
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)" in page
     ordering = dom.select("table", "ordering")
     assert len(ordering) == 1
-    assert "post_wait" in ordering[0]["text"] and "false: 1" in ordering[0]["text"]
-    assert "returns_early: 2" in ordering[0]["text"] and "declared" not in ordering[0]["text"]
-    assert len(dom.select("td", "prop-false")) >= 2  # summary row and the failure's own table
+    row = next(e for e in dom.select("tr") if e["attrs"].get("data-filter-op") == "all_reduce"
+               and "instances" not in e["text"] and "2" in e["text"] and "ok" in e["text"])
+    assert "violated 1, ok 1" in row["text"] and "returns early x2" in row["text"]
+    assert len(dom.select("td", "st-violated")) == 1
+    assert len(dom.select("td", "prop-false")) == 1  # the failure's own table
     # without ordering data the section is simply absent
     plain = synthetic()
     for r in plain["records"]:
         r.pop("ordering", None)
     assert not Dom(html.render(plain)).select("table", "ordering")
+
+
+def test_documented_ordering_divergence_is_not_shown_as_a_failure() -> None:
+    """A violation an override documents reads "known" (as in the Markdown), never as a red
+    "false" under a PASS banner."""
+    report = synthetic()
+    report["records"] = [r for r in report["records"] if r["outcome"] == "passed"]
+    for r in report["records"]:
+        if r.get("ordering"):
+            r["ordering"]["completion"] = {"status": "violated", "known": "gloo completes early",
+                                           "detail": ""}
+    dom = Dom(html.render(report))
+    assert dom.select("p", "verdict")[0]["text"].startswith("PASS")
+    assert not dom.select("td", "st-violated") and not dom.select("td", "prop-false")
+    assert len(dom.select("td", "st-known")) == 1
+    page = html.render(report)
+    assert "gloo completes early" in page and "false" not in Dom(page).select(
+        "table", "ordering")[0]["text"]
 
 
 def test_page_is_self_contained() -> None:
@@ -192,12 +245,28 @@ PASSED_RGB = (0x2D, 0xA4, 0x4E)
 FAILED_RGB = (0xCF, 0x22, 0x2E)
 PROBE = """<script>window.addEventListener('load', function () {
   var css = function (el) { return getComputedStyle(el).backgroundColor; };
-  var out = {cells: document.querySelectorAll('table.matrix td.cell').length,
-             chips: [], open: [], failures: document.querySelectorAll('details.failure').length};
-  document.querySelectorAll('table.matrix a.chip').forEach(function (a) {
-    var r = a.getBoundingClientRect();
-    out.chips.push([a.dataset.outcome, css(a), r.width > 0 && r.height > 0]); });
+  var box = function (el) { var r = el.getBoundingClientRect();
+    return [r.left, r.top, r.right, r.bottom]; };
+  var out = {cells: [], open: [], failures: document.querySelectorAll('details.failure').length,
+             legend: [], width: document.documentElement.clientWidth};
+  document.querySelectorAll('table.grid td.cell').forEach(function (td) {
+    out.cells.push([td.dataset.outcome, css(td), box(td)]); });
   document.querySelectorAll('details[open]').forEach(function (d) { out.open.push(d.id); });
+  document.querySelectorAll('.legend .item').forEach(function (it) {
+    out.legend.push([it.textContent, box(it.querySelector('.sw')), box(it)]); });
+  var wrap = document.querySelector('.gridwrap');
+  if (wrap) { out.wrap = box(wrap);
+    var op = wrap.querySelector('th.op'), head = wrap.querySelector('tr.dtypes th');
+    var before = [box(op)[0] - box(wrap)[0], box(head)[1] - box(wrap)[1]];
+    wrap.scrollLeft = 200; wrap.scrollTop = 200;
+    out.sticky = [before, [box(op)[0] - box(wrap)[0], box(head)[1] - box(wrap)[1]],
+                  [wrap.scrollLeft, wrap.scrollTop]]; }
+  var sec = document.querySelector('section.backend'), q = sec && sec.querySelector('input.q');
+  if (q && window.FILTER !== undefined) { q.value = window.FILTER;
+    q.dispatchEvent(new Event('input', {bubbles: true}));
+    out.visible = []; sec.querySelectorAll('table.grid tbody tr').forEach(function (tr) {
+      if (tr.getBoundingClientRect().height > 0) out.visible.push(
+        tr.querySelector('th').textContent); }); }
   var pre = document.createElement('pre'); pre.id = 'probe';
   pre.textContent = JSON.stringify(out); document.body.appendChild(pre); });
 </script>"""
@@ -213,10 +282,14 @@ def chromium(tmp: Path, *args: str) -> str:
     return proc.stdout
 
 
-def probe(page: str, tmp: Path, fragment: str = "") -> dict[str, Any]:
+def probe(page: str, tmp: Path, fragment: str = "", width: int = 1400,
+          filter_text: str | None = None) -> dict[str, Any]:
     path = tmp / "probe.html"
-    path.write_text(page.replace("</body>", PROBE + "</body>"))
-    dom = chromium(tmp, "--virtual-time-budget=3000", "--dump-dom",
+    setup = ("" if filter_text is None else
+             f"<script>window.FILTER = {json.dumps(filter_text)};</script>")
+    path.write_text(page.replace("</body>", setup + PROBE + "</body>"))
+    dom = chromium(tmp, "--virtual-time-budget=3000", f"--window-size={width},900",
+                   "--dump-dom",
                    path.as_uri() + (f"#{fragment}" if fragment else ""))
     match = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
     assert match, dom[-2000:]
@@ -229,28 +302,72 @@ def rgb(css: str) -> tuple[int, ...]:
 
 
 @needs_chromium
-def test_browser_renders_matrix_colors(faulty_run: Run, tmp_path: Path) -> None:
+def test_browser_renders_grid_colors(faulty_run: Run, tmp_path: Path) -> None:
     page = (faulty_run.reports / "matrix.html").read_text()
     data = probe(page, tmp_path)
-    # the gate case file: all_reduce x {float32, int64}, broadcast x int64
-    assert data["cells"] == 3 and data["failures"] == 5
-    colors = {(o, rgb(c)) for o, c, _visible in data["chips"]}
-    assert colors == {("passed", PASSED_RGB), ("failed", FAILED_RGB)}
-    assert all(visible for _o, _c, visible in data["chips"])
-    # world size 1 (sync, async) passes for both dtypes; every world-size-2 chip holds a
-    # failure (the xfail and the skip share the float32 sync chip and do not hide it)
-    assert Counter(o for o, _c, _v in data["chips"]) == {"passed": 4, "failed": 5}
+    # the gate case file: all_reduce x {float32, int64}, broadcast x int64; world size 2
+    # fails in every cell (the xfail and the skip in the float32 cell do not hide it)
+    assert len(data["cells"]) == 3 and data["failures"] == 5
+    assert {(o, rgb(c)) for o, c, _box in data["cells"]} == {("failed", FAILED_RGB)}
+    assert all(b[2] > b[0] and b[3] > b[1] for _o, _c, b in data["cells"])
     assert data["open"] == []  # failure details start folded
+
+
+def wide_report() -> dict[str, Any]:
+    """Every dtype the harness knows x 30 ops: wider and taller than the bundled library."""
+    records = []
+    for i in range(30):
+        for d in dtypes.DTYPES:
+            records.append(rec(f"c{i}", f"op_with_a_long_name_{i:02d}", d, 2, None,
+                               "failed" if (i + len(d)) % 7 == 0 else "passed"))
+    report = build_report(records, {"torch": "2.13.0+cpu", "hostname": "h", "options": {}})
+    validate_report(report)
+    return report
+
+
+@needs_chromium
+@pytest.mark.parametrize("width", [700, 1400, 1920])
+def test_grid_fits_the_screen_and_keeps_names_in_view(width: int, tmp_path: Path) -> None:
+    data = probe(html.render(wide_report()), tmp_path, width=width)
+    assert len(data["cells"]) == 30 * len(dtypes.DTYPES)
+    if width >= 1400:
+        # every cell, the object column included, is on screen without scrolling sideways
+        assert max(b[2] for _o, _c, b in data["cells"]) <= data["width"]
+    # scrolled inside the grid, op names and dtype headers stay where they were
+    before, after, scrolled = data["sticky"]
+    assert scrolled[1] > 0 and after[1] == before[1] and after[0] == before[0]
+    if width < 1000:  # too narrow for every column: it scrolls sideways, names stay put
+        assert scrolled[0] > 0
+
+
+@needs_chromium
+def test_legend_labels_sit_next_to_their_own_swatch(tmp_path: Path) -> None:
+    data = probe(html.render(synthetic()), tmp_path)
+    legend = data["legend"]
+    assert [t for t, _s, _i in legend] == list(html.SEVERITY)
+    for (_t, sw, item), (_n, next_sw, _ni) in itertools.pairwise(legend):
+        label_right = item[2]
+        gap_own = item[2] - sw[2]  # the label follows its swatch inside one item
+        assert sw[0] == item[0] and gap_own > 0
+        if next_sw[1] == sw[1]:  # same line: clearly more room before the next swatch
+            assert next_sw[0] - label_right >= 12
+
+
+@needs_chromium
+def test_filter_box_hides_other_ops(tmp_path: Path) -> None:
+    data = probe(html.render(synthetic()), tmp_path, filter_text="broad")
+    assert data["visible"] == ["broadcast", "broadcast"]  # the family row and its op
 
 
 @needs_chromium
 def test_failure_detail_is_one_click_away(tmp_path: Path) -> None:
-    """Following a failing chip's link (what a click does) opens that failure's details."""
+    """Following a failing instance's link (what a click does) opens that failure's details;
+    a grid cell's link opens its drill-down."""
     page = html.render(synthetic())
-    dom = Dom(page)
-    chip = next(c for c in dom.select("a", "chip") if c["attrs"]["data-outcome"] == "failed")
-    target = chip["attrs"]["href"][1:]
+    target = html.anchor("f", "cases/x.yaml::ar[gloo-ws2-float32-async]")
     assert probe(page, tmp_path, target)["open"] == [target]
+    drill = html.anchor("d", "gloo", "all_reduce", "float32")
+    assert probe(page, tmp_path, drill)["open"] == [drill]
 
 
 def read_png(path: Path) -> np.ndarray[Any, np.dtype[np.uint8]]:
@@ -315,7 +432,20 @@ def test_screenshot_shows_red_for_failures_green_for_passes(gloo_run: Run, fault
         img = read_png(shot)
         assert img.shape == (700, 1000, 3)
         counts[name] = (pixels_near(img, PASSED_RGB), pixels_near(img, FAILED_RGB))
-    # both pages show green chips; only the failing run's matrix adds red ones (the legend has
-    # one red swatch on both pages)
-    assert counts["pass"][0] > 1000 and counts["fail"][0] > 500
+    # both pages show green (cells and the family bars); only the failing run's grid adds red
+    # cells (the legend has one red swatch on both pages)
+    assert counts["pass"][0] > 1000 and counts["fail"][0] > 300
     assert counts["fail"][1] > counts["pass"][1] + 1000, counts
+
+
+def test_failure_block_shows_first_wrong_element() -> None:
+    report = synthetic()
+    bad = next(r for r in report["records"] if r["outcome"] == "failed")
+    bad["ranks"][1]["checks"] = [{"tensor": "tensor", "ok": False, "expectation": "auto",
+                                  "wrong": 1, "total": 4, "digest": "",
+                                  "first_wrong": [{"index": 2, "expected": "3.0",
+                                                   "got": "5.0"}]}]
+    dom = Dom(html.render(report))
+    (shown,) = dom.select("p", "first-wrong")
+    assert shown["text"] == ("first wrong: rank 1 'tensor'[2]: expected 3.0 got 5.0 "
+                             "(1 of 4 wrong)")

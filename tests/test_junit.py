@@ -60,6 +60,6 @@ def test_xunit1_points_at_the_yaml_case_and_says_what_failed(faulty_run: Run) ->
     assert props["backend"] == "faulty" and props["world_size"] == "2"
     assert props["dtype"] == "int64" and props["op"] == "broadcast"
     assert props["outcome"] == "failed" and "failure" in tags
-    assert props["detail"].startswith("wrong values on rank(s) 1: rank 1, tensor 'input'")
+    assert props["detail"].startswith("wrong values on rank(s) 1: rank 1, buffer 'tensor'")
     passed = tcs["ar[faulty-ws1-int64-sum-sync]"][1]
     assert passed["outcome"] == "passed" and "detail" not in passed

@@ -298,7 +298,8 @@ def test_async_contract_table_counts_per_op() -> None:
     lines = ordering_table.render(recs)
     assert lines[0] == "## Async contract"
     row = next(ln for ln in lines if ln.startswith("| all_reduce"))
-    assert row == "| all_reduce | 2 | ✅ 2 | ❌ 2 | ✅ 2 | ✅ 2 | - | blocks x2 |"
+    assert row == ("| all_reduce | 2 | ✅\u00a02 | ❌\u00a02 | ✅\u00a02 | ✅\u00a02 | - "
+                   "| blocks x2 |")
     assert ordering_table.render([{"op": "barrier"}]) == []
 
 

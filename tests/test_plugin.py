@@ -57,7 +57,7 @@ def test_ids_verbose_and_reports(pytester: pytest.Pytester) -> None:
     assert rec["op"] == "all_reduce" and rec["line"] == 3 and len(rec["ranks"]) == 2
     assert all(c["ok"] for r in rec["ranks"] for c in r["checks"])
     md = (pytester.path / "reports" / "conformance.md").read_text()
-    assert "| all_reduce | ✅ 4 | ✅ 4 |" in md and "**Verdict: PASS**" in md
+    assert "| all_reduce | ✅\u00a04 | ✅\u00a04 |" in md and "**Verdict: PASS**" in md
 
 
 def test_selection_flags(pytester: pytest.Pytester) -> None:
@@ -88,10 +88,11 @@ def test_exitfirst_and_failure_message(pytester: pytest.Pytester) -> None:
     res = pytester.runpytest("cases/", "-x", "--no-report")
     res.assert_outcomes(failed=1)
     res.stdout.fnmatch_lines([
-        "[[]FAILED[]] cases/bad.yaml:3: wrong[[]gloo-ws2-float32-sum-sync[]]: wrong values "
+        # the line of the expectation that was not met, not the case's "- name:" line
+        "[[]FAILED[]] cases/bad.yaml:8: wrong[[]gloo-ws2-float32-sum-sync[]]: wrong values "
         "on rank(s) 0, 1",
-        "  rank 0, tensor 'input' (expr): 4 of 4 element(s) wrong; first: [[]0[]] expected 0.0 "
-        "got 1.0, *",
+        "  rank 0, buffer 'tensor' (expr): 4 of 4 element(s) wrong (max abs error 1, max rel "
+        "error *, max * ulp; compared bit for bit); first: [[]0[]] expected 0.0 got 1.0, *",
     ])
 
 
@@ -208,7 +209,7 @@ def test_third_party_backend_module(tmp_path: Path) -> None:
                      "-q", "--no-report"], tmp_path, COLLECTIVE_FAULT="wrong_value")
     assert bad.returncode == 1
     assert "c.yaml::sum_basic[faulty-ws2-float32-sum-sync]" in bad.stdout
-    assert "rank 1, tensor 'input' (auto): 1 of 4 element(s) wrong" in bad.stdout
+    assert "rank 1, buffer 'tensor' (auto): 1 of 4 element(s) wrong" in bad.stdout
     report = load_report(tmp_path / "reports" / "conformance.json")
     assert report["metadata"]["options"]["backend_modules"] == ["fault_backend"]
 
@@ -240,3 +241,154 @@ def test_bundled_seed_cases_end_to_end(tmp_path: Path) -> None:
 
 if sys.platform != "linux":  # pragma: no cover
     pytestmark = pytest.mark.skip(reason="rank pools need Linux")
+
+
+def test_xdist_is_a_core_dependency() -> None:
+    """`pip install -e .` alone must make the README's `pytest cases/ -n 2` work."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("pytest-xdist") for d in project["dependencies"])
+
+
+HABITS = """
+cases:
+  - name: good
+    op: all_reduce
+    world_size: [1, 2]
+    shape: [2]
+    input: "rank + i"
+  - name: bad
+    op: broadcast
+    world_size: 2
+    dtype: [float32, int64]
+    args: {src: 0}
+    shape: [2]
+    input: "i"
+    expected: [7, 7]
+"""
+
+
+def test_quiet_report_line_starts_its_own_line(pytester: pytest.Pytester) -> None:
+    write(pytester, "h.yaml", HABITS)
+    result = pytester.runpytest("cases/", "-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=2)
+    lines = result.stdout.lines
+    written = [ln for ln in lines if "report written to" in ln]
+    assert len(written) == 1 and written[0].startswith("collective-harness: report written")
+
+
+def test_last_failed_failed_first_and_stepwise(pytester: pytest.Pytester) -> None:
+    write(pytester, "h.yaml", HABITS)
+    first = pytester.runpytest("cases/", "-q", "--no-report")
+    first.assert_outcomes(passed=2, failed=2)
+    lf = pytester.runpytest("cases/", "--lf", "-v", "--no-report")
+    lf.assert_outcomes(failed=2)
+    lf.stdout.fnmatch_lines(["*run-last-failure: rerun previous 2 failures*",
+                             "*bad[[]gloo-ws2-float32-sync-src0[]] FAILED*"])
+    assert "known failures not in selected tests" not in lf.stdout.str()
+    ff = pytester.runpytest("cases/", "--ff", "-v", "--no-report")
+    ff.assert_outcomes(passed=2, failed=2)
+    ran = [ln.split(" ")[0] for ln in ff.stdout.lines if ln.startswith("cases/h.yaml::")]
+    assert [r.split("::")[1].split("[")[0] for r in ran] == ["bad", "bad", "good", "good"]
+    # --sw stops at the first failure and resumes from it on the next run
+    sw = pytester.runpytest("cases/", "--sw", "-v", "--no-report", "-p", "no:randomly")
+    sw.assert_outcomes(failed=1, passed=2)
+    again = pytester.runpytest("cases/", "--sw", "-v", "--no-report")
+    again.stdout.fnmatch_lines(["*stepwise: skipping 2 already passed items*"])
+
+
+def test_rank_errors_grouped_without_harness_frames(pytester: pytest.Pytester) -> None:
+    write(pytester, "f8.yaml", """
+        cases:
+          - name: f8
+            op: all_reduce
+            world_size: 4
+            dtype: float8_e5m2
+            shape: [2]
+            input: "1"
+        """)
+    result = pytester.runpytest("cases/", "-p", "no:cacheprovider", "--no-report")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    # one block for the four identical errors, naming the user's op call
+    result.stdout.fnmatch_lines(["*rank(s) 0-3 raised", "*ranks 0-3: *Error: *",
+                                 "*in step 0: all_reduce(tensor=tensor)*",
+                                 "*harness frame(s) left out*"])
+    assert out.count("Traceback (most recent call last)") == 1, out
+    assert "harness/program/" not in out and "harness/run/" not in out
+    assert "distributed_c10d.py" in out  # torch's frames stay
+
+
+def test_reduce_op_per_step_runs(pytester: pytest.Pytester) -> None:
+    write(pytester, "steps.yaml", """
+        cases:
+          - name: mixed
+            world_size: [2, 3]
+            dtype: int64
+            tensors:
+              a: {shape: [3], init: "rank + 1 + i"}
+              b: {shape: [3], init: "rank + 1 + i"}
+            steps:
+              - {op: all_reduce, tensor: a, reduce_op: max}
+              - {op: all_reduce, tensor: b}
+            expected:
+              a: "world_size + i"
+              b: "world_size * (world_size + 1) // 2 + world_size * i"
+        """)
+    result = pytester.runpytest("cases/", "-q", "-p", "no:cacheprovider", "--no-report")
+    result.assert_outcomes(passed=2)
+
+
+def test_every_expansion_problem_of_a_file_at_once(pytester: pytest.Pytester) -> None:
+    write(pytester, "bad.yaml", """
+        cases:
+          - {name: a, op: broadcast, world_size: 2, args: {src: 5}, shape: [2], input: "i"}
+          - {name: b, op: all_reduce, world_size: 2, shape: [2], input: {3: [1, 2]}}
+        """)
+    result = pytester.runpytest("cases/", "--collect-only", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert "2 problem(s)" in out, out
+    assert "bad.yaml:3:" in out and "bad.yaml:4:" in out
+
+
+def test_value_failure_points_at_the_expected_line(pytester: pytest.Pytester) -> None:
+    text = textwrap.dedent("""
+        cases:
+          - name: explicit
+            op: broadcast
+            world_size: 2
+            args: {src: 0}
+            shape: [2]
+            input: "i"
+            expected: [7, 7]
+          - name: derived
+            op: all_reduce
+            world_size: 2
+            shape: [2]
+            input: "rank + i"
+            expected: auto
+            overrides:
+              - {when: {backend: gloo}, expected: [0, 0], reason: test}
+          - name: prog
+            world_size: 2
+            tensors:
+              t: {shape: [2], init: "i"}
+            steps:
+              - {op: all_reduce, tensor: t}
+            expected:
+              t: [5, 5]
+        """)
+    write(pytester, "lines.yaml", text)
+    lines = text.splitlines()
+
+    def line_of(fragment: str, after: str) -> int:
+        start = next(i for i, ln in enumerate(lines) if after in ln)
+        return next(i for i, ln in enumerate(lines) if i > start and fragment in ln) + 1
+
+    result = pytester.runpytest("cases/", "-p", "no:cacheprovider", "--no-report")
+    out = result.stdout.str()
+    assert f"cases/lines.yaml:{line_of('expected:', 'explicit')}: explicit[" in out, out
+    assert f"cases/lines.yaml:{line_of('t: [5, 5]', 'prog')}: prog[" in out, out
+    # the shorthand all_reduce's one buffer is named by its role, not 'input'
+    assert "buffer 'tensor' (explicit)" in out and "tensor 'input'" not in out

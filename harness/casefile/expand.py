@@ -191,12 +191,52 @@ class _Expander:
             axes=tuple((k, mode if k == "async" and mode else _jsonish(v))
                        for k, v in point.items()),
             tensors=tensors, steps=steps, expected=expected, shorthand=shorthand,
-            tolerance=Tolerance(**tol) if tol else None, expectation=expectation,
+            tolerance=Tolerance.parse(tol), expectation=expectation,
             overrides=self._overrides(), deadline=raw.get("deadline"),
             isolate=bool(raw.get("isolate") or raw.get("hangs") or raw.get("crashes")),
             marks=tuple(dict.fromkeys(marks)),
-            premul_factor=float(raw.get("args", {}).get("premul_factor", 2.0)),
+            premul_factor=self._premul(raw.get("args", {}).get("premul_factor", 2.0), env,
+                                       ("args", "premul_factor")),
+            value_lines=self._value_lines(tensors, shorthand),
         )
+
+    def _key_line(self, *path: Any) -> int | None:
+        """The line where the case's key at ``path`` is written (None when it is not)."""
+        base = self.case.origin.get(str(path[0]))
+        if base is None:
+            return None
+        pos = self.case.doc.key_positions.get((*base, *path[1:]))
+        return pos.line if pos is not None else None
+
+    def _value_lines(self, tensors: tuple[TensorSpec, ...],
+                     shorthand: tuple[str, str] | None) -> tuple[tuple[str, int], ...]:
+        out: list[tuple[str, int]] = []
+        for spec in tensors:
+            if shorthand is not None:
+                exp = self._key_line("expected") if spec.name == shorthand[1] else None
+                line = exp or self._key_line("input")
+            else:
+                line = (self._key_line("expected", spec.name) or self._key_line("expected")
+                        or self._key_line("tensors", spec.name))
+            if line is not None:
+                out.append((spec.name, line))
+        return tuple(out)
+
+    def _premul(self, value: Any, env: dict[str, Any], path: tuple[Any, ...]) -> float:
+        """A premul_sum factor: a number or an expression over world_size and params
+        (``"1 / world_size"``), evaluated per instance."""
+        if not isinstance(value, str):
+            return float(value)
+        try:
+            result = parse(value, tuple(env))(env)
+        except (ExprError, KeyError, ZeroDivisionError) as exc:
+            raise self.case.error(path, f"bad premul_factor expression {value!r}: {exc}",
+                                  "use numbers, world_size and params, e.g. "
+                                  "\"1 / world_size\"") from None
+        if isinstance(result, bool) or not isinstance(result, int | float):
+            raise self.case.error(path, f"premul_factor {value!r} gives {result!r}, not a "
+                                  "number")
+        return float(result)
 
     def _eval_shape(self, shape: list[Any], env: dict[str, Any], path: tuple[Any, ...]
                     ) -> tuple[int, ...]:
@@ -270,8 +310,11 @@ class _Expander:
             self._check_ranks(init, ws, ("input",), "input")
             in_shape = (self._object_shape(point, env, init, in_obj) if in_obj else
                         self._input_shape(point, env, init))
-            in_name = "input"
-            out_name = "input" if op.out_role == op.in_role else "output"
+            # Buffers are named by role: an in-place op's one buffer after its role ("tensor"
+            # for all_reduce: it holds the input and then the output), else input / output.
+            in_place = op.out_role == op.in_role
+            in_name = op.in_role if in_place else "input"
+            out_name = in_name if in_place else "output"
             members = list(group) if group is not None else list(range(ws))
             per_rank = (op.rank_shapes(in_shape, len(members), args)
                         if in_shape is not None and not in_obj else None)
@@ -401,6 +444,12 @@ class _Expander:
                     args.append((f"p2p.{k}.tag", entry.get("tag", 0)))
                 if "group" in s:
                     args.append(("group", tuple(s["group"])))
+                # A step's own reduce op (and premul factor) wins over the case's axis.
+                if "reduce_op" in s:
+                    args.append(("reduce_op", s["reduce_op"]))
+                if "premul_factor" in s:
+                    args.append(("premul_factor", self._premul(s["premul_factor"], env,
+                                                               ("steps", idx, "premul_factor"))))
                 asy = (s.get("async", bool(point.get("async", False)))
                        or op.name in ops.ALWAYS_ASYNC)
                 steps.append(Step("op", line, op=op.name, bufs=bufs, args=tuple(args),

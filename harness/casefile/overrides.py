@@ -91,7 +91,7 @@ def resolve(inst: Instance, torch_version: str) -> Instance:
         if patch.get("crashes"):
             exp = replace(exp, kind="crashes", reason=reason)
         if "tolerance" in patch:
-            tol = Tolerance(**patch["tolerance"])
+            tol = Tolerance.parse(patch["tolerance"])
         if "expected" in patch and inst.shorthand:
             out_name = inst.shorthand[1]
             expected = tuple((n, _override_fill(patch["expected"]) if n == out_name else f)

@@ -129,7 +129,12 @@ def _short(value: Any) -> str:
 
 def schema_errors(doc: Document) -> list[CaseFileError]:
     """All schema violations of ``doc``, sorted by position."""
-    errors: list[CaseFileError] = []
+    return [e for e, _ in _schema_problems(doc)]
+
+
+def _schema_problems(doc: Document) -> list[tuple[CaseFileError, tuple[Any, ...]]]:
+    """Schema violations with the raw document path each was found at."""
+    found: list[tuple[CaseFileError, tuple[Any, ...]]] = []
     for err in _validator().iter_errors(_jsonable(doc.data)):
         path = _doc_path(doc, tuple(err.absolute_path))
         message, hint = _schema_message(err)
@@ -141,17 +146,21 @@ def schema_errors(doc: Document) -> list[CaseFileError]:
                         and str(extra).isdigit() else extra)
             if key_path in doc.positions:
                 path, at_key = key_path, True
-        errors.append(doc.error(path, message, hint, at_key=at_key))
-    errors.sort(key=lambda e: (e.pos.line, e.pos.col))
-    return errors
+        found.append((doc.error(path, message, hint, at_key=at_key), tuple(err.absolute_path)))
+    found.sort(key=lambda f: (f[0].pos.line, f[0].pos.col))
+    return found
 
 
 def load_cases(doc: Document) -> list[Case]:
     """Validate ``doc`` and return its cases; raises :class:`CaseFileErrors` on any problem."""
     if not isinstance(doc.data, dict):
         raise CaseFileErrors([doc.error((), "a case file must be a mapping with a 'cases:' list")])
-    errors = schema_errors(doc)
-    if errors:
+    problems = _schema_problems(doc)
+    errors = [e for e, _ in problems]
+    # Cases the schema found wrong are not checked further, but every other case is, so a
+    # file's problems are all reported in one go (a mistake outside the cases stops here).
+    bad_cases = {p[1] for _, p in problems if len(p) > 1 and p[0] == "cases"}
+    if any(len(p) < 2 or p[0] != "cases" for _, p in problems):
         raise CaseFileErrors(errors)
     defaults: dict[str, Any] = doc.data.get("defaults") or {}
     cases: list[Case] = []
@@ -165,6 +174,8 @@ def load_cases(doc: Document) -> list[Case]:
         for key, value in raw_case.items():
             merged[key] = value
             origin[key] = ("cases", idx, key)
+        if idx in bad_cases:
+            continue
         line = doc.pos(("cases", idx)).line
         case = Case(file=doc.file, line=line, name=merged["name"],
                     description=str(merged.get("description", "")), raw=merged, origin=origin,
@@ -180,7 +191,7 @@ def load_cases(doc: Document) -> list[Case]:
             errors.extend(exc.errors)
         cases.append(case)
     if errors:
-        raise CaseFileErrors(errors)
+        raise CaseFileErrors(sorted(errors, key=lambda e: (e.pos.line, e.pos.col)))
     return cases
 
 
@@ -239,6 +250,8 @@ def check_case(case: Case) -> None:
                 if req not in args:
                     errs.append(case.error(("name",), f"op {op.name} needs args.{req}",
                                            f"add 'args: {{{req}: 0}}'"))
+            if isinstance(args.get("premul_factor"), str):
+                guard(check_expr, case, ("args", "premul_factor"), args["premul_factor"])
             for key in args:
                 if key not in (*op.args, "group", "premul_factor"):
                     errs.append(case.error(("args", key), f"op {op.name} takes no argument "
@@ -404,6 +417,19 @@ def check_steps(case: Case) -> None:
                     check_expr(case, (*path, key), step[key])
                 except CaseFileErrors as exc:
                     errs.extend(exc.errors)
+        for key in ("reduce_op", "premul_factor"):
+            if key in step and not op.reduces:
+                errs.append(case.error((*path, key), f"{op.name} does not reduce: "
+                                       f"{key!r} does not apply", "drop it from this step"))
+        if "reduce_op" in step and step["reduce_op"] not in dtypes.REDUCE_OPS:
+            errs.append(case.error((*path, "reduce_op"),
+                                   f"unknown reduce op {step['reduce_op']!r}",
+                                   suggest(str(step["reduce_op"]), dtypes.REDUCE_OPS)))
+        if isinstance(step.get("premul_factor"), str):
+            try:
+                check_expr(case, (*path, "premul_factor"), step["premul_factor"])
+            except CaseFileErrors as exc:
+                errs.extend(exc.errors)
         if op.name == "batch_isend_irecv" and "p2p" not in step:
             errs.append(case.error(path, "batch_isend_irecv needs 'p2p:' (a list of "
                                    "{op: isend|irecv, tensor: NAME, peer: RANK})"))

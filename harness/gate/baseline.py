@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -39,6 +40,16 @@ DEFAULT_POLICY: dict[str, Level] = {
 }
 REFRESH_HINT = ("pytest cases/ --backend gloo && "
                 "collective-gate reports/conformance.json ci/baselines/gloo-cpu.json --update")
+
+
+def refresh_hint(baseline_path: str, report_path: str = "reports/conformance.json",
+                 run: str = "") -> str:
+    """How to (re)create *this* baseline: the gate's ``--update`` on the paths in use, after
+    ``run`` (the pytest command that writes the report) when it is known. Never the bundled
+    suite's paths for a user's own baseline: following the hint must not overwrite them."""
+    cmd = (f"collective-gate {shlex.quote(report_path)} {shlex.quote(baseline_path)} "
+           "--update")
+    return f"{run} && {cmd}" if run else f"{cmd} (after the pytest run that writes the report)"
 
 
 class BaselineError(Exception):
@@ -94,8 +105,8 @@ class Baseline:
         return sorted({e.backend for e in self.entries})
 
 
-def _bad(path: str, what: str) -> BaselineError:
-    return BaselineError(f"{path}: {what}\n    hint: regenerate it with: {REFRESH_HINT}")
+def _bad(path: str, what: str, hint: str) -> BaselineError:
+    return BaselineError(f"{path}: {what}\n    hint: regenerate it with: {hint}")
 
 
 def parse_policy(items: dict[str, Any], where: str) -> dict[str, Level]:
@@ -112,19 +123,23 @@ def parse_policy(items: dict[str, Any], where: str) -> dict[str, Level]:
     return out
 
 
-def load(path: str) -> Baseline:
-    """Read a baseline file, with an error message a person can act on if it is malformed."""
+def load(path: str, hint: str = "") -> Baseline:
+    """Read a baseline file, with an error message a person can act on if it is malformed.
+
+    ``hint``: the command that (re)creates it, shown when it is missing or malformed (default:
+    :func:`refresh_hint` for ``path``)."""
+    hint = hint or refresh_hint(path)
     try:
         with open(path, encoding="utf-8") as fh:
             doc = json.load(fh)
     except FileNotFoundError:
         raise BaselineError(f"{path}: baseline file not found\n    hint: create it with: "
-                            f"{REFRESH_HINT}") from None
+                            f"{hint}") from None
     except json.JSONDecodeError as exc:
-        raise _bad(path, f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        raise _bad(path, f"not valid JSON (line {exc.lineno}: {exc.msg})", hint) from None
     if not isinstance(doc, dict) or doc.get("baseline_version") != BASELINE_VERSION:
         raise _bad(path, f"not a collective-harness baseline (expected \"baseline_version\": "
-                         f"{BASELINE_VERSION})")
+                         f"{BASELINE_VERSION})", hint)
     policy = dict(DEFAULT_POLICY)
     policy.update(parse_policy(doc.get("policy") or {}, f"{path}: policy"))
     entries: list[Entry] = []
@@ -134,13 +149,14 @@ def load(path: str) -> Baseline:
             unknown = [o for o in (e["outcome"], *allow) if o not in OUTCOMES]
             if unknown:
                 raise _bad(path, f"entries[{n}] ({e.get('key')}): unknown outcome "
-                                 f"{unknown[0]!r}; outcomes are {', '.join(OUTCOMES)}")
+                                 f"{unknown[0]!r}; outcomes are {', '.join(OUTCOMES)}", hint)
             entries.append(Entry(key=e["key"], case=e["case"], backend=e["backend"],
                                  axes=dict(e["axes"]), outcome=e["outcome"],
                                  reason=e.get("reason", ""), allow=allow,
                                  note=e.get("note", "")))
         except (KeyError, TypeError, AttributeError) as exc:
-            raise _bad(path, f"entries[{n}] is malformed (missing or wrong field {exc})") from None
+            raise _bad(path, f"entries[{n}] is malformed (missing or wrong field {exc})",
+                       hint) from None
     return Baseline(entries, policy, str(doc.get("torch", "")), path)
 
 

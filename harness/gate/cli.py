@@ -114,11 +114,13 @@ def gate_files(report_path: str, baseline_path: str, match: Match = "auto",
                pytest_status: int | None = None) -> GateResult:
     """Load both files and compare them (and the session behind the report)."""
     report = _load_report(report_path)
-    base = bl.load(baseline_path)
+    hint = bl.refresh_hint(baseline_path, report_path)
+    base = bl.load(baseline_path, hint)
     res = compare(bl.entries_from_report(report), base, match, policy)
     check_session(res, report)
     if pytest_status is not None:
         check_exit_status(res, pytest_status, report)
+    res.refresh_hint = hint
     res.report_label = _label(report_path, res.report_backends, report["metadata"]["torch"])
     res.baseline_label = _label(baseline_path, res.baseline_backends, base.torch)
     return res

@@ -72,6 +72,7 @@ class GateResult:
     notes: list[str] = field(default_factory=list)
     # Session-level problems: (policy key or "unexplained", message); "unexplained" always fails.
     problems: list[tuple[str, str]] = field(default_factory=list)
+    refresh_hint: str = ""  # how to refresh the baseline in use (default: the bundled one's)
 
     def of(self, category: str) -> list[Change]:
         return [c for c in self.changes if c.category == category]
@@ -242,7 +243,8 @@ def render_text(res: GateResult, max_list: int = 200) -> str:
             lines.append(f"  ... and {len(items) - max_list} more (see --json)")
     if res.of("fixed") or res.of("new"):
         lines.append("")
-        lines.append(f"To lock in fixes and new instances, refresh the baseline: {bl.REFRESH_HINT}")
+        lines.append(f"To lock in fixes and new instances, refresh the baseline: "
+                     f"{res.refresh_hint or bl.REFRESH_HINT}")
     return "\n".join(lines) + "\n"
 
 

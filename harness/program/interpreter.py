@@ -290,6 +290,8 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
     op = ops.get(step.op)
     args = step_args(step, renv.rank, renv.world_size, env)
     group, group_ranks = _group(renv, args.pop("group", None))
+    reduce_op = args.pop("reduce_op", inst.reduce_op)
+    premul = float(args.pop("premul_factor", inst.premul_factor))
     passed: dict[str, Any] = {}
     for role_name, tname in step.bufs:
         role = op.role(role_name)
@@ -308,8 +310,7 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
             written.add(tname)
     ctx = ops.CallContext(dist=dist, rank=renv.rank, world_size=renv.world_size, group=group,
                           group_ranks=group_ranks,
-                          reduce_op=_reduce_op(inst.reduce_op, inst.premul_factor)
-                          if op.reduces else None,
+                          reduce_op=_reduce_op(reduce_op, premul) if op.reduces else None,
                           async_op=step.async_op, args=_torch_args(args, renv), timing=timing)
     return op.call(ctx, passed)
 
@@ -332,13 +333,24 @@ def _special(step: Step) -> None:
         ctypes.string_at(0)  # a real SIGSEGV, to show how the harness reports one
 
 
-def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> Any:
+def _magnitude(t: torch.Tensor) -> torch.Tensor:
+    if t.is_complex():
+        return torch.complex(t.real.abs(), t.imag.abs())
+    return t.abs()
+
+
+def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any],
+               magnitude: bool = False) -> Any:
+    """The reference model's result for this rank; ``magnitude``: over every input's
+    absolute values (for sums, the sum of |x| that bounds the rounding error)."""
     assert inst.shorthand is not None
     op = ops.get(inst.op)
     in_spec = next(s for s in inst.tensors if s.name == inst.shorthand[0])
     out_spec = next(s for s in inst.tensors if s.name == inst.shorthand[1])
     inputs = [_materialize(inst, in_spec, r, renv.world_size, env)
               for r in range(renv.world_size)]
+    if magnitude:
+        inputs = [_magnitude(t) for t in inputs]
     step = inst.steps[0]
     args = step_args(step, renv.rank, renv.world_size, env)
     group = args.pop("group", None)
@@ -387,12 +399,51 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
             checks.append(objects.compare(spec.name, got, exp, how))
         else:
             tol = inst.tolerance
+            bound, tol_text = None, ""
+            if tol is not None and tol.auto:
+                tol, bound, tol_text = _auto_tolerance(inst, renv, env, how, got.dtype)
             if tol is None and how == "auto":
                 slack = ops.reference_tolerance(inst.reduce_op, _group_size(inst, renv),
                                                 spec.dtype)
                 tol = Tolerance(*slack) if slack else None
-            checks.append(tensors.compare(spec.name, got, exp.to(got.dtype), how, tol))
+            checks.append(tensors.compare(spec.name, got, exp.to(got.dtype), how, tol, bound,
+                                          tol_text))
     return checks
+
+
+# Reductions whose result depends on the order of the operations (rounding).
+ORDER_SENSITIVE = ("sum", "avg", "premul_sum", "product")
+
+
+def _auto_tolerance(inst: Instance, renv: RankEnv, env: dict[str, Any], how: str,
+                    dtype: torch.dtype) -> tuple[Tolerance | None, Any, str]:
+    """``tolerance: auto``: (tolerance, per-element bound, description).
+
+    For ``expected: auto`` of an order-sensitive reduction over n ranks in a float dtype with
+    unit roundoff u: every summation order's result lies within gamma_k * sum|x_i| of the
+    exact sum (Higham's bound, gamma_k = k*u / (1 - k*u), k = n - 1 roundings, n with a
+    scaling as in avg and premul_sum), plus 2 ulp for the rounding of the reference and of
+    a final scaling. Anything else (min/max, data movement, integers) stays exact; where no
+    reference exists (explicit expectations) it allows 2 ulp per rank.
+    """
+    n = _group_size(inst, renv)
+    if not (dtype.is_floating_point or dtype.is_complex) or how in ("unchanged", "untouched"):
+        return None, None, ""  # integers, and buffers that must come back as they were
+    if how != "auto" or inst.shorthand is None:
+        return Tolerance(ulp=2.0 * n), None, f"tolerance auto: {2 * n} ulp (no reference)"
+    if inst.reduce_op not in ORDER_SENSITIVE or not ops.get(inst.op).reduces:
+        return None, None, ""
+    real = torch.empty(0, dtype=dtype).real.dtype
+    u = torch.finfo(real).eps / 2
+    k = n if inst.reduce_op in ("avg", "premul_sum") else n - 1
+    gamma = k * u / (1 - k * u)
+    mag = _reference(inst, renv, env, magnitude=True).to(torch.complex128 if dtype.is_complex
+                                                         else torch.float64).abs()
+    exp = _reference(inst, renv, env)
+    bound = gamma * mag + 2 * tensors.ulp_of(exp.abs(), real)
+    return None, bound, (f"tolerance auto: {k} rounding(s) over {n} ranks in "
+                         f"{str(dtype).removeprefix('torch.')} (|error| <= {gamma:.3g} x "
+                         "sum|x| + 2 ulp)")
 
 
 def _must_agree(inst: Instance, name: str) -> bool:

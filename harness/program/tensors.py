@@ -8,6 +8,7 @@ to compute reference results locally, as nccl-tests does.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -254,9 +255,49 @@ def _fmt(x: torch.Tensor) -> str:
     return repr(x.item())
 
 
+def ulp_of(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype`` at each of ``values`` (float64; the subnormal spacing at 0)."""
+    fi = torch.finfo(dtype)
+    mag = values.abs().to(torch.float64).clamp(min=fi.tiny)
+    _, exp = torch.frexp(mag)
+    spacing = torch.ldexp(torch.ones_like(mag), exp - (_precision(dtype)))
+    return spacing.clamp(min=fi.tiny * fi.eps)
+
+
+def _precision(dtype: torch.dtype) -> int:
+    """Significand bits including the implicit one (24 for float32)."""
+    eps = torch.finfo(dtype).eps
+    return 1 + round(-math.log2(eps))
+
+
+def error_stats(got: torch.Tensor, exp: torch.Tensor) -> str:
+    """``max abs error 0.5, max rel error 0.01, max 3 ulp`` over the elements where both are
+    finite (empty when there are none, or for non-float dtypes)."""
+    if not (got.is_floating_point() or got.is_complex()):
+        return ""
+    wide = torch.complex128 if got.is_complex() else torch.float64
+    g, e = got.reshape(-1).to(wide), exp.reshape(-1).to(wide)
+    fin = torch.isfinite(g) & torch.isfinite(e)
+    if not bool(fin.any()):
+        return ""
+    g, e = g[fin], e[fin]
+    err = (g - e).abs()
+    nz = e != 0
+    rel = float((err[nz] / e[nz].abs()).max()) if bool(nz.any()) else 0.0
+    real = torch.empty(0, dtype=got.dtype).real.dtype
+    ulps = float((err / ulp_of(e.abs(), real)).max())
+    return (f"max abs error {float(err.max()):.3g}, max rel error {rel:.3g}, "
+            f"max {ulps:.3g} ulp")
+
+
 def compare(name: str, got: torch.Tensor, exp: torch.Tensor, how: str,
-            tol: Tolerance | None) -> TensorCheck:
-    """Compare bit for bit (NaN equals any NaN; bool as bytes) or within a tolerance."""
+            tol: Tolerance | None, bound: torch.Tensor | None = None,
+            tol_text: str = "") -> TensorCheck:
+    """Compare bit for bit (NaN equals any NaN; bool as bytes) or within a tolerance.
+
+    ``bound``: an allowed absolute error per element (``tolerance: auto``), described by
+    ``tol_text``. A failed float comparison notes the largest errors and the tolerance used.
+    """
     got = got.detach().cpu()
     exp = exp.detach().cpu()
     check = TensorCheck(tensor=name, ok=True, expectation=how, total=exp.numel(),
@@ -270,9 +311,21 @@ def compare(name: str, got: torch.Tensor, exp: torch.Tensor, how: str,
     if got.dtype == torch.bool and exp.dtype == torch.bool:  # keep the raw bytes
         got, exp = _dense(got), _dense(exp)
     g, e = got.reshape(-1), exp.reshape(-1)
-    if tol is not None and (tol.atol or tol.rtol) and (g.is_floating_point() or g.is_complex()):
+    floats = g.is_floating_point() or g.is_complex()
+    tolerant = floats and (bound is not None or (
+        tol is not None and (tol.atol or tol.rtol or tol.ulp)))
+    if tolerant:
         wide = torch.complex128 if g.is_complex() else torch.float64
-        eq = torch.isclose(g.to(wide), e.to(wide), rtol=tol.rtol, atol=tol.atol, equal_nan=True)
+        gw, ew = g.to(wide), e.to(wide)
+        eq = torch.zeros(g.shape, dtype=torch.bool)
+        if tol is not None and (tol.atol or tol.rtol):
+            eq |= torch.isclose(gw, ew, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
+        if tol is not None and tol.ulp:
+            real = torch.empty(0, dtype=g.dtype).real.dtype
+            eq |= (gw - ew).abs() <= tol.ulp * ulp_of(ew.abs(), real)
+        if bound is not None:
+            eq |= (gw - ew).abs() <= bound.reshape(-1).to(torch.float64)
+        eq |= (gw == ew) | (gw.isnan() & ew.isnan())  # equal infinities, NaN for NaN
     elif g.dtype == torch.bool:
         eq = g.view(torch.uint8) == e.view(torch.uint8)
     elif g.is_complex():
@@ -289,4 +342,8 @@ def compare(name: str, got: torch.Tensor, exp: torch.Tensor, how: str,
     check.ok = check.wrong == 0
     for idx in bad[:FIRST_WRONG].tolist():
         check.first_wrong.append((int(idx), _fmt(e[idx]), _fmt(g[idx])))
+    if not check.ok and floats:
+        stats = error_stats(g, e)
+        used = tol_text or (tol.describe() if tol is not None else "compared bit for bit")
+        check.note = f"{stats}; {used}" if stats else used
     return check

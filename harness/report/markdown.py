@@ -15,13 +15,43 @@ SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "hang": "⏳", "cr
 CELL_SYMBOLS = SYMBOLS
 BAD = ("failed", "error", "hang", "crash")
 MAX_FAILURES = 50
+# Between a symbol and its count: a no-break space, so GitHub never wraps "✅" and "12" onto
+# different lines of a narrow table cell (groups are separated by ordinary spaces).
+NBSP = "\u00a0"
+
+
+def devices_label(records: list[dict[str, Any]]) -> str:
+    """The devices that ran instances (``cpu``); a device whose every instance was skipped is
+    named apart (``cpu (cuda: 12 skipped, none ran)``), never as if it had run."""
+    ran = sorted({r["device"] for r in records if r["outcome"] != "skipped"})
+    skipped_only = Counter(r["device"] for r in records if r["device"] not in ran)
+    text = ", ".join(ran) or "no device"
+    if skipped_only:
+        text += " (" + "; ".join(f"{d}: {n} skipped, none ran"
+                                 for d, n in sorted(skipped_only.items())) + ")"
+    return text
+
+
+def first_wrong(record: dict[str, Any]) -> str:
+    """The first wrong element of a failed record: ``rank 1 'output'[3]: expected 4 got 6``
+    (empty when no check recorded one)."""
+    for rk in record.get("ranks", []):
+        for c in rk.get("checks", []):
+            if c.get("ok") is False and c.get("first_wrong"):
+                fw = c["first_wrong"][0]
+                return (f"rank {rk['rank']} {c['tensor']!r}[{fw['index']}]: expected "
+                        f"{fw['expected']} got {fw['got']} ({c['wrong']} of {c['total']} "
+                        "wrong)")
+            if c.get("ok") is False and c.get("note"):
+                return f"rank {rk['rank']} {c['tensor']!r}: {c['note']}"
+    return ""
 
 
 def cell(outcomes: Counter[str]) -> str:
     """``✅ 12 ❌ 1``: one symbol and count per outcome present, worst first."""
     order = ("failed", "error", "hang", "crash", "xpass", "xfail", "limitation", "passed",
              "skipped")
-    return " ".join(f"{CELL_SYMBOLS[o]} {outcomes[o]}" for o in order if outcomes.get(o))
+    return " ".join(f"{CELL_SYMBOLS[o]}{NBSP}{outcomes[o]}" for o in order if outcomes.get(o))
 
 
 def cell_outcome(record: dict[str, Any]) -> str:
@@ -96,8 +126,7 @@ def render(report: dict[str, Any]) -> str:
         recs = [r for r in report["records"] if r["backend"] == backend]
         counts = Counter(cell_outcome(r) for r in recs)
         summary = {**{k: counts.get(k, 0) for k in SYMBOLS}, "total": len(recs)}
-        devices = ", ".join(sorted({r["device"] for r in recs}))
-        out.append(f"# Conformance: {escape(backend)} on {escape(devices or '-')} "
+        out.append(f"# Conformance: {escape(backend)} on {escape(devices_label(recs))} "
                    f"(torch {escape(meta['torch'])})")
         out.append("")
         out.append(verdict_line(summary, session if isinstance(session, dict) else None))
@@ -106,10 +135,10 @@ def render(report: dict[str, Any]) -> str:
                    f" · host {escape(meta.get('hostname', '?'))} · "
                    f"{escape(meta.get('created', ''))}")
         out.append("")
-        out.append("Legend: " + " ".join(f"{s} {o}" for o, s in SYMBOLS.items()
+        out.append("Legend: " + " ".join(f"{s}{NBSP}{o}" for o, s in SYMBOLS.items()
                                          if o != "limitation")
-                   + " 🚫 limitation (rejected, crashed or hung as the case declares; not a "
-                     "pass)")
+                   + f" 🚫{NBSP}limitation (rejected, crashed or hung as the case declares; not "
+                     "a pass)")
         out.append("")
         out.extend(matrix(recs))
         out.append("")
@@ -120,7 +149,9 @@ def render(report: dict[str, Any]) -> str:
             out.append("")
             for r in bad[:MAX_FAILURES]:
                 first = r["message"].splitlines()[0] if r["message"] else ""
-                out.append(f"- **{escape(r['outcome'])}** {code(r['key'])} — {escape(first)}")
+                wrong = first_wrong(r)
+                out.append(f"- **{escape(r['outcome'])}** {code(r['key'])} — {escape(first)}"
+                           + (f"<br>first wrong: {code(wrong)}" if wrong else ""))
             if len(bad) > MAX_FAILURES:
                 out.append(f"- … and {len(bad) - MAX_FAILURES} more (see the JSON report)")
             out.append("")

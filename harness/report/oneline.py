@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -15,7 +16,10 @@ def one_line(record: dict[str, Any], limit: int = 300) -> str:
         lines = lines[1:]  # an xfail: the reason is in the baseline entry already
     if not lines:
         return str(record.get("reason") or "")
-    prefix = f"{record.get('file')}:{record.get('line')}: {record.get('case')}[{record.get('id')}]:"
-    head = lines[0].removeprefix(prefix).strip()
+    # The message names the case at the line concerned (an expectation, a step), which need
+    # not be the case's own line.
+    prefix = re.compile(rf"{re.escape(str(record.get('file')))}:\d+: "
+                        rf"{re.escape(str(record.get('case')))}\[{re.escape(str(record.get('id')))}\]:")
+    head = prefix.sub("", lines[0], count=1).strip()
     text = head if len(lines) < 2 else f"{head}: {lines[1]}"
     return text if len(text) <= limit else text[: limit - 1] + "…"

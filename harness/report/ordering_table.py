@@ -14,13 +14,37 @@ OBSERVED = {"blocks": "blocks", "returns_early": "returns early", "mixed": "mixe
 
 
 def _cell(statuses: Counter[str]) -> str:
-    text = " ".join(f"{SYMBOLS[s]} {statuses[s]}" for s in SYMBOLS if statuses.get(s))
+    text = " ".join(f"{SYMBOLS[s]}\u00a0{statuses[s]}" for s in SYMBOLS if statuses.get(s))
     return text or "-"
 
 
-def _observed(values: Counter[str]) -> str:
-    text = ", ".join(f"{OBSERVED[v]} x{n}" for v, n in values.most_common() if v in OBSERVED)
-    return text or "-"
+def status(verdict: dict[str, Any]) -> str:
+    """A check's status as the reports show it: "known" for a violation an override
+    documents, else the verdict's own status."""
+    return "known" if "known" in verdict else str(verdict["status"])
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, dict[str, Counter[str]]]:
+    """Per op: ``instances`` ({"n": count}), each check's status counts, and ``observed``
+    (blocking forms). Empty when no record has ordering data."""
+    by_op: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
+    for r in records:
+        if not r.get("ordering"):
+            continue
+        cells = by_op[r["op"]]
+        cells["instances"]["n"] += 1
+        for key, _ in COLUMNS:
+            cells[key][status(r["ordering"][key])] += 1
+        observed = r["ordering"]["host_blocking"].get("observed", "unknown")
+        if observed in OBSERVED:
+            cells["observed"][OBSERVED[observed]] += 1
+    return by_op
+
+
+def documented(records: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(op, check, reason) of every ordering divergence an override documents."""
+    return sorted({(r["op"], key, r["ordering"][key]["known"]) for r in records
+                   if r.get("ordering") for key, _ in COLUMNS if "known" in r["ordering"][key]})
 
 
 def render(records: list[dict[str, Any]]) -> list[str]:
@@ -28,15 +52,7 @@ def render(records: list[dict[str, Any]]) -> list[str]:
     recs = [r for r in records if r.get("ordering")]
     if not recs:
         return []
-    by_op: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
-    observed: dict[str, Counter[str]] = defaultdict(Counter)
-    for r in recs:
-        cells = by_op[r["op"]]
-        cells["instances"]["n"] += 1
-        for key, _ in COLUMNS:
-            verdict = r["ordering"][key]
-            cells[key]["known" if "known" in verdict else verdict["status"]] += 1
-        observed[r["op"]][r["ordering"]["host_blocking"].get("observed", "unknown")] += 1
+    by_op = summarize(recs)
     delays = sorted({r["ordering"]["delay_s"] for r in recs if r["ordering"].get("probes")})
     lines = ["## Async contract", "",
              "Ordering checks of async instances and of programs' declared reads: ✅ ok, "
@@ -50,12 +66,12 @@ def render(records: list[dict[str, Any]]) -> list[str]:
              "|---|---|" + "---|" * len(COLUMNS) + "---|"]
     for op in sorted(by_op):
         cells = by_op[op]
+        obs = ", ".join(f"{v} x{n}" for v, n in cells["observed"].most_common())
         lines.append(f"| {op} | {cells['instances']['n']} | "
                      + " | ".join(_cell(cells[key]) for key, _ in COLUMNS)
-                     + f" | {_observed(observed[op])} |")
+                     + f" | {obs or '-'} |")
     lines.append("")
-    known = sorted({(r["op"], key, r["ordering"][key]["known"]) for r in recs
-                    for key, _ in COLUMNS if "known" in r["ordering"][key]})
+    known = documented(recs)
     if known:
         lines += ["Documented ordering divergences (overrides):", ""]
         lines += [f"- {code(op)} {key.replace('_', '-')}: {escape(reason)}"

@@ -1,0 +1,93 @@
+"""Tolerances: ``auto`` for order-dependent float reductions, ``ulp``, and what a failure says."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from harness.model import Tolerance
+from harness.program import tensors
+
+pytest_plugins = ["pytester"]
+
+RANDOM = """
+cases:
+  - name: ddp_bucket
+    op: all_reduce
+    world_size: [3, 4]
+    dtype: [bfloat16, float16, float32]
+    reduce_op: [sum, avg]
+    shape: [4096]
+    input: {{generator: random, seed: 1}}
+{tolerance}
+"""
+
+
+def _write(pytester: pytest.Pytester, text: str) -> None:
+    (pytester.path / "cases").mkdir(exist_ok=True)
+    (pytester.path / "cases" / "t.yaml").write_text(textwrap.dedent(text))
+
+
+def test_random_input_passes_with_tolerance_auto(pytester: pytest.Pytester) -> None:
+    _write(pytester, RANDOM.format(tolerance="    tolerance: auto"))
+    result = pytester.runpytest("cases/", "-q", "-p", "no:cacheprovider", "--no-report")
+    result.assert_outcomes(passed=12)
+
+
+def test_bit_exact_failure_shows_errors_and_the_tolerance(pytester: pytest.Pytester) -> None:
+    """Without a tolerance random sums differ by rounding; the message says by how much."""
+    _write(pytester, RANDOM.format(tolerance=""))
+    result = pytester.runpytest("cases/", "-q", "-p", "no:cacheprovider", "--no-report",
+                                "-k", "bfloat16-sum and ws4")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*buffer 'tensor' (auto): * wrong (max abs error *, "
+                                 "max rel error *, max * ulp; compared bit for bit)*"])
+
+
+def test_ulp_tolerance_and_error_note() -> None:
+    exp = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float32)
+    one_ulp = exp + tensors.ulp_of(exp, torch.float32).to(torch.float32)
+    assert tensors.compare("t", one_ulp, exp, "auto", Tolerance(ulp=1)).ok
+    bad = exp.clone()
+    bad[2] = 4.5
+    check = tensors.compare("t", bad, exp, "auto", Tolerance(ulp=4))
+    assert not check.ok and check.wrong == 1
+    # 0.5 at 4.0 is 0.125 relative, 2**20 ulp of float32 there
+    assert check.note == ("max abs error 0.5, max rel error 0.125, max 1.05e+06 ulp; "
+                          "tolerance ulp 4")
+    check = tensors.compare("t", bad, exp, "explicit", Tolerance(atol=0.1, rtol=0.01))
+    assert check.note.endswith("; tolerance atol 0.1, rtol 0.01")
+
+
+def test_auto_bound_is_elementwise() -> None:
+    exp = torch.tensor([1.0, 100.0], dtype=torch.float32)
+    got = exp + torch.tensor([0.5, 0.5])
+    check = tensors.compare("t", got, exp, "auto", None, torch.tensor([0.1, 1.0]), "auto x")
+    assert check.wrong == 1 and check.first_wrong[0][0] == 0 and check.note.endswith("auto x")
+
+
+def test_tolerance_parse() -> None:
+    assert Tolerance.parse("auto") == Tolerance(auto=True)
+    assert Tolerance.parse({"ulp": 2}) == Tolerance(ulp=2)
+    assert Tolerance.parse(None) is None
+
+
+@pytest.mark.parametrize("fault", ["wrong_value", "missing_contribution"])
+def test_tolerance_auto_still_catches_wrong_sums(pytester: pytest.Pytester,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 fault: str) -> None:
+    """The auto bound is per element and tight: a sum off by one, or missing a rank's
+    contribution, fails even though rounding noise passes."""
+    from tests.helpers import REPO
+
+    monkeypatch.setenv("COLLECTIVE_FAULT", fault)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    _write(pytester, RANDOM.format(tolerance="    tolerance: auto"))
+    result = pytester.runpytest_subprocess(
+        "cases/", "-q", "-p", "no:cacheprovider", "--no-report", "--backend", "faulty",
+        "--backend-module", "tests.fault_backend", "-k", "sum and ws3", timeout=300)
+    result.assert_outcomes(failed=3)
+    result.stdout.fnmatch_lines(["*wrong (max abs error *; tolerance auto: 2 rounding(s) over "
+                                 "3 ranks in *"])
