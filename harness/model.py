@@ -58,10 +58,19 @@ class TensorSpec:
     layout: str = "contiguous"
     # Per-rank shapes where they differ (uneven all_to_all_single, shapes over ``rank``).
     rank_shapes: tuple[tuple[int, ...], ...] | None = None
+    # A list buffer whose entries differ in shape (all_gather_v...): per rank, the shape of
+    # each entry (None on a rank where the buffer is one plain tensor). Such a buffer is one
+    # flat tensor of all entries' elements (``rank_shapes`` gives its length); an op gets
+    # views of its consecutive pieces, reshaped.
+    entry_shapes: tuple[tuple[tuple[int, ...], ...] | None, ...] | None = None
 
     def shape_for(self, rank: int) -> tuple[int | Expr, ...] | None:
         """This rank's shape."""
         return self.rank_shapes[rank] if self.rank_shapes is not None else self.shape
+
+    def entries_for(self, rank: int) -> tuple[tuple[int, ...], ...] | None:
+        """This rank's entry shapes, or None where the buffer is one plain tensor."""
+        return self.entry_shapes[rank] if self.entry_shapes is not None else None
 
 
 @dataclass(frozen=True)

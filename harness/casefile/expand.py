@@ -16,6 +16,7 @@ from ..errors import CaseFileError, ExprError
 from ..expr import Expr, parse
 from ..model import Case, Expectation, Fill, Instance, Override, Step, TensorSpec, Tolerance
 from ..ordering.plan import plan_instances
+from . import entries as list_entries
 from . import opargs
 from .fields import as_list, expr_names, parse_fill
 from .steps import is_ordering_step, make_step
@@ -229,11 +230,13 @@ class _Expander:
             out_obj = opargs.object_form(op, op.out_role)
             init = _fill(self.case, raw["input"], bool(in_obj))
             self._check_ranks(init, ws, ("input",), "input")
-            in_shape = (self._object_shape(point, env, init, in_obj) if in_obj else
-                        self._input_shape(point, env, init))
             in_name = "input"
             out_name = "input" if op.out_role == op.in_role else "output"
             members = list(group) if group is not None else list(range(ws))
+            if "entry_shape" in raw:
+                return self._entries_shorthand(point, env, args, group, members, init)
+            in_shape = (self._object_shape(point, env, init, in_obj) if in_obj else
+                        self._input_shape(point, env, init))
             per_rank = (op.rank_shapes(in_shape, len(members), args)
                         if in_shape is not None and not in_obj else None)
             in_shapes = out_shapes = None
@@ -269,6 +272,38 @@ class _Expander:
                     ranks=tuple(group) if group is not None else None,
                     async_op=bool(point.get("async", False)) or op.name in ops.ALWAYS_ASYNC)
         return tuple(tensors), (step,), tuple(expected), shorthand
+
+    def _entries_shorthand(self, point: dict[str, Any], env: dict[str, Any],
+                           args: dict[str, Any], group: Any, members: list[int], init: Fill
+                           ) -> tuple[tuple[TensorSpec, ...], tuple[Step, ...],
+                                      tuple[tuple[str, Fill], ...], tuple[str, str]]:
+        """The op: form with ``entry_shape``: list entries of different shapes."""
+        assert self.op is not None
+        op, ws = self.op, point["world_size"]
+        in_shapes, in_entries, out_shapes, out_entries = list_entries.shorthand_layouts(
+            self.case, op, env, ws, members)
+        in_name = "input"
+        out_name = "input" if op.out_role == op.in_role else "output"
+        tensors = [TensorSpec(in_name, in_shapes[0], point["dtype"], init, "contiguous",
+                              rank_shapes=in_shapes, entry_shapes=in_entries)]
+        bufs = [(op.in_role, in_name)]
+        expected: list[tuple[str, Fill]] = []
+        if out_name != in_name:
+            tensors.append(TensorSpec(out_name, out_shapes[0], point["dtype"], Fill("poison"),
+                                      "contiguous", rank_shapes=out_shapes,
+                                      entry_shapes=out_entries))
+            bufs.append((op.out_role, out_name))
+            expected.append((in_name, Fill("unchanged")))
+        exp = parse_fill(self.case, self.raw.get("expected", "auto"))
+        self._check_ranks(exp, ws, ("expected",), "expected")
+        expected.insert(0, (out_name, exp))
+        step_args = tuple(sorted(args.items()))
+        if group is not None:
+            step_args = (*step_args, ("group", group))
+        step = Step(kind="op", line=self.case.line, op=op.name, bufs=tuple(bufs),
+                    args=step_args, ranks=tuple(group) if group is not None else None,
+                    async_op=bool(point.get("async", False)))
+        return tuple(tensors), (step,), tuple(expected), (in_name, out_name)
 
     def _object_shape(self, point: dict[str, Any], env: dict[str, Any], init: Fill,
                       form: str) -> tuple[int, ...]:
@@ -313,7 +348,12 @@ class _Expander:
             init = _fill(self.case, spec["init"], bool(is_obj))
             self._check_ranks(init, ws, ("tensors", name, "init"), f"tensors.{name}.init")
             shape, rank_shapes = None, None
-            if "shape" in spec:
+            entry_shapes: tuple[tuple[tuple[int, ...], ...] | None, ...] | None = None
+            if "entries" in spec:
+                rank_shapes, entry_shapes = list_entries.tensor_layouts(self.case, name, spec,
+                                                                        env, ws)
+                shape = rank_shapes[0]
+            elif "shape" in spec:
                 spath = ("tensors", name, "shape")
                 if opargs.uses_rank(spec["shape"]):
                     rank_shapes = tuple(self._eval_shape(spec["shape"], {**env, "rank": r}, spath)
@@ -326,8 +366,9 @@ class _Expander:
                 raise self.case.error(("tensors", name, "dtype"),
                                       f"unknown dtype {spec['dtype']!r}")
             tensors.append(TensorSpec(name, shape, dtype, init,
+                                      "contiguous" if entry_shapes else
                                       spec.get("layout", point["layout"]),
-                                      rank_shapes=rank_shapes))
+                                      rank_shapes=rank_shapes, entry_shapes=entry_shapes))
         steps: list[Step] = []
         for idx, s in enumerate(raw["steps"]):
             line = self.case.doc.pos((*self.case.origin["steps"], idx)).line

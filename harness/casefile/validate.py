@@ -16,7 +16,7 @@ import jsonschema
 from .. import dtypes, ops
 from ..errors import CaseFileError, CaseFileErrors
 from ..model import Case
-from . import opargs
+from . import entries, opargs
 from .fields import as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
@@ -224,6 +224,7 @@ def check_case(case: Case) -> None:
                 if key not in (*op.args, "group", "premul_factor"):
                     errs.append(case.error(("args", key), f"op {op.name} takes no argument "
                                            f"{key!r}", suggest(key, (*op.args, "group"))))
+    guard(entries.check_case, case)
     if has_steps:
         guard(check_steps, case)
     for i, dim in enumerate(raw.get("shape", [])):
@@ -252,6 +253,7 @@ def check_steps(case: Case) -> None:
                 case, ("tensors", name, "init"), spec["init"], False)
         except CaseFileErrors as exc:
             errs.extend(exc.errors)
+        errs.extend(entries.check_tensor(case, name, spec))
         for i, dim in enumerate(spec.get("shape", [])):
             if isinstance(dim, str):
                 try:

@@ -12,7 +12,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .base import CallContext, Op, PerRank, RefContext, Role, for_members, reduce_tensors
+from .base import (
+    CallContext,
+    EntryShape,
+    Layout,
+    Op,
+    PerRank,
+    RefContext,
+    Role,
+    for_members,
+    reduce_entries,
+    reduce_tensors,
+)
 from .p2p import WorkList
 
 if TYPE_CHECKING:
@@ -25,8 +36,14 @@ def _pos(ctx: RefContext) -> dict[int, int]:
 
 def _all_reduce_ref(inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
     assert ctx.reduce_op is not None
-    out = reduce_tensors([inputs[g] for g in ctx.group_ranks], ctx.reduce_op, ctx.args)
+    out = reduce_entries([inputs[g] for g in ctx.group_ranks], ctx.reduce_op, ctx.args)
     return [out if r in ctx.group_ranks else inputs[r] for r in range(ctx.world_size)]
+
+
+def _same_list(entry: EntryShape, n: int, count: int) -> list[tuple[Layout, Layout]]:
+    """In-place coalesced lists: every rank passes entries of the same shapes."""
+    shapes = [entry(j, j) for j in range(count)]
+    return [(list(shapes), list(shapes)) for _ in range(n)]
 
 
 class FutureWork:
@@ -58,6 +75,11 @@ class AllReduceCoalesced(Op):
     reduces = True
     agree = True
     bus = "all_reduce"
+    entry_count_free = True
+
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        return _same_list(entry, n, n if count is None else count)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return _as_work(ctx.dist.all_reduce_coalesced(bufs["tensors"], op=ctx.reduce_op,
@@ -113,6 +135,11 @@ class CoalescingManagerAllReduce(_Managed):
     in_role = out_role = "tensors"
     reduces = True
     agree = True
+    entry_count_free = True
+
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        return _same_list(entry, n, n if count is None else count)
 
     def issue(self, ctx: CallContext, bufs: dict[str, Any], k: int) -> None:
         ctx.dist.all_reduce(bufs["tensors"][k], op=ctx.reduce_op, group=ctx.group)

@@ -5,7 +5,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .base import CallContext, Op, PerRank, RefContext, Role, for_members, reduce_tensors
+from .base import (
+    CallContext,
+    EntryShape,
+    Layout,
+    Op,
+    PerRank,
+    RefContext,
+    Role,
+    for_members,
+    reduce_entries,
+    reduce_tensors,
+    stack_or_list,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -96,11 +108,13 @@ class AllGather(Op):
             inp = mine
         return ctx.dist.all_gather(out, inp, group=ctx.group, async_op=ctx.async_op)
 
-    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
-        import torch
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        # all_gather_v: member p contributes entry p's shape; every output list has them all.
+        return [(entry(p, p), [entry(j, j) for j in range(n)]) for p in range(n)]
 
-        out = torch.stack(_members(inputs, ctx))
-        return for_members(out, ctx)
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        return for_members(stack_or_list(_members(inputs, ctx)), ctx)
 
 
 class Gather(Op):
@@ -117,10 +131,12 @@ class Gather(Op):
         return ctx.dist.gather(bufs["input"], gather_list=bufs["output"], dst=ctx.args["dst"],
                                group=ctx.group, async_op=ctx.async_op)
 
-    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
-        import torch
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        return [(entry(p, p), [entry(j, j) for j in range(n)]) for p in range(n)]
 
-        out = torch.stack(_members(inputs, ctx))
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        out = stack_or_list(_members(inputs, ctx))
         # Only the destination passes a gather list; elsewhere the output is never handed to
         # the op, so it must still hold its poison: the harness checks it as "unchanged".
         return [out if r == ctx.args["dst"] else None for r in range(ctx.world_size)]
@@ -138,6 +154,10 @@ class Scatter(Op):
     def out_shape(self, in_shape: tuple[int, ...], world_size: int,
                   args: dict[str, Any] | None = None) -> tuple[int, ...]:
         return in_shape[1:]
+
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        return [([entry(j, j) for j in range(n)], entry(p, p)) for p in range(n)]
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return ctx.dist.scatter(bufs["output"], scatter_list=bufs["input"], src=ctx.args["src"],
@@ -162,13 +182,18 @@ class ReduceScatter(Op):
                   args: dict[str, Any] | None = None) -> tuple[int, ...]:
         return in_shape[1:]
 
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        # reduce_scatter_v: every rank passes the same list; member p receives entry p.
+        return [([entry(j, j) for j in range(n)], entry(p, p)) for p in range(n)]
+
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return ctx.dist.reduce_scatter(bufs["output"], bufs["input"], op=ctx.reduce_op,
                                        group=ctx.group, async_op=ctx.async_op)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         assert ctx.reduce_op is not None
-        out = reduce_tensors(_members(inputs, ctx), ctx.reduce_op, ctx.args)
+        out = reduce_entries(_members(inputs, ctx), ctx.reduce_op, ctx.args)
         pos = {g: i for i, g in enumerate(ctx.group_ranks)}
         return [out[pos[r]] if r in pos else None for r in range(ctx.world_size)]
 
@@ -185,16 +210,20 @@ class AllToAll(Op):
         return ctx.dist.all_to_all(bufs["output"], bufs["input"], group=ctx.group,
                                    async_op=ctx.async_op)
 
-    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
-        import torch
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        # Member p sends entry(p, d) to d and receives entry(s, p) from every s.
+        return [([entry(p, d) for d in range(n)], [entry(s, p) for s in range(n)])
+                for p in range(n)]
 
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         pos = {g: i for i, g in enumerate(ctx.group_ranks)}
         out: PerRank = []
         for r in range(ctx.world_size):
             if r not in pos:
                 out.append(None)
                 continue
-            out.append(torch.stack([inputs[g][pos[r]] for g in ctx.group_ranks]))
+            out.append(stack_or_list([inputs[g][pos[r]] for g in ctx.group_ranks]))
         return out
 
 

@@ -124,7 +124,11 @@ def _materialize(inst: Instance, spec: TensorSpec, rank: int, world_size: int,
         return objects.materialize(fill, _object_forms(inst).get(spec.name, "objects"), shape,
                                    rank)
     return tensors.materialize(fill, shape, tensors.torch_dtype(spec.dtype), rank, world_size,
-                               env, inst.reduce_op)
+                               env, inst.reduce_op, spec.entries_for(rank))
+
+
+def _spec(inst: Instance, name: str) -> TensorSpec:
+    return next(s for s in inst.tensors if s.name == name)
 
 
 def build_buffers(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> dict[str, Any]:
@@ -244,7 +248,10 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
             passed[role_name] = None
             continue
         t = bufs[tname]
-        if role.form == "list":
+        entries = _spec(inst, tname).entries_for(renv.rank) if role.form == "list" else None
+        if entries is not None:  # entries of different shapes: views of the flat buffer
+            passed[role_name] = tensors.entry_views(t, entries)
+        elif role.form == "list":
             passed[role_name] = list(t.unbind(0))
         elif role.form == "nested":
             passed[role_name] = [list(x.unbind(0)) for x in t.unbind(0)]
@@ -281,10 +288,13 @@ def _special(step: Step) -> None:
 def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> Any:
     assert inst.shorthand is not None
     op = ops.get(inst.op)
-    in_spec = next(s for s in inst.tensors if s.name == inst.shorthand[0])
-    out_spec = next(s for s in inst.tensors if s.name == inst.shorthand[1])
-    inputs = [_materialize(inst, in_spec, r, renv.world_size, env)
-              for r in range(renv.world_size)]
+    in_spec = _spec(inst, inst.shorthand[0])
+    out_spec = _spec(inst, inst.shorthand[1])
+    inputs: list[Any] = []
+    for r in range(renv.world_size):
+        t = _materialize(inst, in_spec, r, renv.world_size, env)
+        entries = in_spec.entries_for(r)
+        inputs.append(t if entries is None else tensors.entry_views(t, entries))
     step = inst.steps[0]
     args = _args(step, renv.rank, renv.world_size, env)
     group = args.pop("group", None)
@@ -294,7 +304,10 @@ def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> Any:
                          reduce_op=inst.reduce_op,
                          args={**args, "premul_factor": inst.premul_factor},
                          out_shape=_shape(out_spec.shape_for(renv.rank)) or ())
-    return op.reference(inputs, ctx)[renv.rank]
+    result = op.reference(inputs, ctx)[renv.rank]
+    if out_spec.entries_for(renv.rank) is not None and result is not None:
+        return tensors.flatten_entries(result)
+    return result
 
 
 def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, Any],
@@ -319,7 +332,8 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
             how = "explicit" if fill.kind == "list" else fill.kind
         else:
             exp = tensors.materialize(fill, tuple(got.shape), got.dtype, renv.rank,
-                                      renv.world_size, env, inst.reduce_op)
+                                      renv.world_size, env, inst.reduce_op,
+                                      spec.entries_for(renv.rank))
             how = "explicit" if fill.kind == "list" else fill.kind
         if exp is None and spec.name not in written:
             # No op on this rank may write it (only read, or never handed over): whatever the
