@@ -79,6 +79,14 @@ def test_scatter_and_coalesced_references_take_entry_lists() -> None:
     assert [e.tolist() for e in out[1]] == [[1.0], [1.0, 1.0]]
 
 
+def test_all_gather_coalesced_reference_concatenates_the_members_lists() -> None:
+    lists = [[torch.full((j + 1,), float(10 * r + j)) for j in range(2)] for r in range(2)]
+    out = ops.get("all_gather_coalesced").reference(lists, ctx(2))
+    assert [e.tolist() for e in out[0]] == [[0.0], [1.0, 1.0], [10.0], [11.0, 11.0]]
+    layouts = ops.get("all_gather_coalesced").entry_layouts(lambda s, j: (j + 1,), 2, 2)
+    assert layouts is not None and layouts[1] == ([(1,), (2,)], [(1,), (2,), (1,), (2,)])
+
+
 def test_ops_without_list_entries_say_so() -> None:
     assert ops.get("all_reduce").entry_layouts(lambda s, j: (j,), 2) is None
     assert ops.get("all_gather_into_tensor").entry_layouts(lambda s, j: (j,), 2) is None

@@ -99,6 +99,14 @@ class AllGatherCoalesced(Op):
     bus = "ring"
     gathers = True
 
+    entry_count_free = True
+
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        # The output is n lists, each shaped like the input list (member order).
+        shapes = [entry(j, j) for j in range(n if count is None else count)]
+        return [(list(shapes), shapes * n) for _ in range(n)]
+
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return _as_work(ctx.dist.all_gather_coalesced(bufs["output"], bufs["input"],
                                                       group=ctx.group, async_op=ctx.async_op))
@@ -106,8 +114,10 @@ class AllGatherCoalesced(Op):
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         import torch
 
-        out = torch.stack([inputs[g] for g in ctx.group_ranks])
-        return for_members(out, ctx)
+        members = [inputs[g] for g in ctx.group_ranks]
+        if members and isinstance(members[0], list):  # entries of different shapes
+            return for_members([e for m in members for e in m], ctx)
+        return for_members(torch.stack(members), ctx)
 
 
 class _Managed(Op):

@@ -248,8 +248,13 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
             passed[role_name] = None
             continue
         t = bufs[tname]
-        entries = _spec(inst, tname).entries_for(renv.rank) if role.form == "list" else None
-        if entries is not None:  # entries of different shapes: views of the flat buffer
+        entries = (_spec(inst, tname).entries_for(renv.rank)
+                   if role.form in ("list", "nested") else None)
+        if entries is not None and role.form == "nested":  # one list per group member
+            views = tensors.entry_views(t, entries)
+            per = len(views) // max(1, len(group_ranks))
+            passed[role_name] = [views[m * per:(m + 1) * per] for m in range(len(group_ranks))]
+        elif entries is not None:  # entries of different shapes: views of the flat buffer
             passed[role_name] = tensors.entry_views(t, entries)
         elif role.form == "list":
             passed[role_name] = list(t.unbind(0))
