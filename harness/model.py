@@ -95,6 +95,9 @@ class Step:
     waits: tuple[str, ...] = ()
     value: Any = None
     stream: str = "current"  # op steps: "side" issues the op on the rank's side CUDA stream
+    # op steps: the value the op must return (see Op.returns), per rank: an int, an Expr
+    # over rank/world_size/params, or None (not checked); a tuple indexed by rank.
+    returns: tuple[Any, ...] | None = None
 
     def describe(self) -> str:
         if self.kind == "op":

@@ -18,6 +18,7 @@ from ..model import Case, Expectation, Fill, Instance, Override, Step, TensorSpe
 from ..ordering.plan import plan_instances
 from . import entries as list_entries
 from . import opargs
+from . import returns as step_returns
 from .fields import as_list, expr_names, parse_fill
 from .steps import is_ordering_step, make_step
 
@@ -405,9 +406,12 @@ class _Expander:
                     args.append(("group", tuple(s["group"])))
                 asy = (s.get("async", bool(point.get("async", False)))
                        or op.name in ops.ALWAYS_ASYNC)
+                rets = (step_returns.per_rank(self.case, s["returns"], ws,
+                                              ("steps", idx, "returns"))
+                        if "returns" in s else None)
                 steps.append(Step("op", line, op=op.name, bufs=bufs, args=tuple(args),
                                   ranks=ranks, async_op=asy, handle=s.get("handle"),
-                                  stream=s.get("stream", "current")))
+                                  stream=s.get("stream", "current"), returns=rets))
             elif "wait" in s:
                 steps.append(Step("wait", line, ranks=ranks, waits=tuple(as_list(s["wait"])),
                                   args=(("thread", True),) if s.get("thread") else ()))

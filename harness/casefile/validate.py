@@ -16,7 +16,7 @@ import jsonschema
 from .. import dtypes, ops
 from ..errors import CaseFileError, CaseFileErrors
 from ..model import Case
-from . import entries, opargs
+from . import entries, opargs, returns
 from .fields import as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
@@ -269,6 +269,7 @@ def check_steps(case: Case) -> None:
             continue
         action = actions[0]
         errs.extend(check_step(case, path, step, action, tensors, handles))
+        errs.extend(returns.check(case, path, step))
         if isinstance(step.get("ranks"), str):
             try:
                 check_expr(case, (*path, "ranks"), step["ranks"])

@@ -9,7 +9,7 @@ bus-bandwidth factor. Parent-side code reads only the plain attributes; ``call``
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .. import dtypes
@@ -65,6 +65,9 @@ class CallContext:
     reduce_op: Any  # a torch.distributed.ReduceOp (or premul-sum op) or None
     async_op: bool
     args: dict[str, Any]
+    # What the call returned that a case may check (``returns:``), filled by the op: the
+    # value is recorded under "value" once known (after wait() for async calls).
+    returned: dict[str, Any] = field(default_factory=dict)
 
 
 class Op:
@@ -86,6 +89,9 @@ class Op:
     # (all_reduce, broadcast, all_gather...): the verdict compares the ranks' digests, which
     # catches a divergence even where the expectation is "unspecified" or has a tolerance.
     agree: bool = False
+    # What ``returns:`` on a step of this op checks (README "Return values"); empty: the op
+    # returns nothing a case can state.
+    returns: str = ""
     # Its list may have any number of entries (``entries:``), not one per group member.
     entry_count_free: bool = False
     # Backends that implement the op at all (empty: any). Elsewhere instances skip.

@@ -127,6 +127,7 @@ class _Managed(Op):
     torch_name = "_coalescing_manager"
     in_role = "input"
     out_role = "output"
+    returns = "how many Works the coalescing manager holds (cm.works) after the block"
 
     def issue(self, ctx: CallContext, bufs: dict[str, Any], k: int) -> None:
         raise NotImplementedError
@@ -136,6 +137,7 @@ class _Managed(Op):
         with ctx.dist._coalescing_manager(group=ctx.group, async_ops=ctx.async_op) as cm:
             for k in range(count):
                 self.issue(ctx, bufs, k)
+        ctx.returned["value"] = len(cm.works)
         return WorkList(list(cm.works)) if ctx.async_op else None
 
 

@@ -36,18 +36,41 @@ class Send(_P2P):
         return None
 
 
+class _SourceRank:
+    """An irecv's Work that records the sender's rank (``_source_rank()``) once waited."""
+
+    def __init__(self, work: Any, returned: dict[str, Any]) -> None:
+        self.work, self.returned = work, returned
+
+    def wait(self) -> bool:
+        self.work.wait()
+        source = getattr(self.work, "_source_rank", None)
+        self.returned["value"] = source() if source is not None else None
+        return True
+
+    def is_completed(self) -> bool:
+        return bool(self.work.is_completed())
+
+    def get_future(self) -> Any:
+        return self.work.get_future()
+
+
 class Recv(_P2P):
     name = "recv"
     roles = (Role("tensor", "out"),)
     args = ("src", "tag")
     required_args = ()  # no src: receive from any source (Gloo supports it; NCCL does not)
+    returns = ("the sender's global rank: what recv returns, or the irecv Work's "
+               "_source_rank() after wait()")
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         tag = int(ctx.args.get("tag", 0))
         src = ctx.args.get("src")
         if ctx.async_op:
-            return ctx.dist.irecv(bufs["tensor"], src=src, group=ctx.group, tag=tag)
-        ctx.dist.recv(bufs["tensor"], src=src, group=ctx.group, tag=tag)
+            return _SourceRank(ctx.dist.irecv(bufs["tensor"], src=src, group=ctx.group,
+                                              tag=tag), ctx.returned)
+        ctx.returned["value"] = ctx.dist.recv(bufs["tensor"], src=src, group=ctx.group,
+                                              tag=tag)
         return None
 
 
@@ -102,6 +125,7 @@ class BatchISendIRecv(Op):
     roles = ()
     in_role = ""
     out_role = ""
+    returns = "how many Works batch_isend_irecv returned"
 
     def role(self, name: str) -> Role:
         if name.startswith("p2p."):
@@ -115,7 +139,9 @@ class BatchISendIRecv(Op):
             fn = {"isend": ctx.dist.isend, "irecv": ctx.dist.irecv}[kind]
             p2p_ops.append(ctx.dist.P2POp(fn, bufs[key], int(ctx.args[f"{key}.peer"]),
                                           group=ctx.group, tag=int(ctx.args.get(f"{key}.tag", 0))))
-        return WorkList(ctx.dist.batch_isend_irecv(p2p_ops))
+        works = list(ctx.dist.batch_isend_irecv(p2p_ops))
+        ctx.returned["value"] = len(works)
+        return WorkList(works)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         raise ValueError("batch_isend_irecv has no shorthand reference: write steps and "

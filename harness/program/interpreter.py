@@ -177,6 +177,7 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None) ->
         before = {n: _snapshot(t) for n, t in bufs.items()}
         written: set[str] = set()
         handles: dict[str, tuple[Any, StepEvent]] = {}
+        rets: list[tuple[int, Step, dict[str, Any]]] = []
         state = ProgramState(inst, renv.rank, renv.world_size, renv.device, t0,
                                            env, bufs, before, written)
         for step_idx, step in enumerate(inst.steps):
@@ -186,8 +187,11 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None) ->
                 continue
             ev = StepEvent(step_idx, step.describe(), time.perf_counter() - t0, 0.0)
             if step.kind == "op":
+                returned: dict[str, Any] = {}
+                if step.returns is not None:
+                    rets.append((step_idx, step, returned))
                 with state.stream(step):
-                    work = call_op(inst, step, renv, env, bufs, written)
+                    work = call_op(inst, step, renv, env, bufs, written, returned)
                     ev.t_return = time.perf_counter() - t0
                     state.issued(step, work, ev)
                 if work is not None:
@@ -218,6 +222,8 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None) ->
             torch.cuda.synchronize()
             state.synchronized()
         res.checks = check_results(inst, renv, env, bufs, before, written)
+        res.checks += [check_return(i, step, renv, env, got) for i, step, got in rets
+                       if step.returns is not None and step.returns[renv.rank] is not None]
         res.ordering = {**state.results(), **(probes(inst, renv, env) if probes else {})}
     except Exception as exc:  # reported to the parent, which decides the outcome
         res.status = "raised"
@@ -230,11 +236,12 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None) ->
 
 
 def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
-            bufs: dict[str, torch.Tensor], written: set[str]) -> Any:
+            bufs: dict[str, torch.Tensor], written: set[str],
+            returned: dict[str, Any] | None = None) -> Any:
     """Call the op of ``step`` on this rank's buffers; returns its Work (or None).
 
     Buffers the op may write are added to ``written`` (what must come back unchanged is
-    decided from it).
+    decided from it). ``returned`` receives the op's checkable return value (``returns:``).
     """
     assert step.op is not None
     op = ops.get(step.op)
@@ -268,8 +275,30 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
                           group_ranks=group_ranks,
                           reduce_op=_reduce_op(inst.reduce_op, inst.premul_factor)
                           if op.reduces else None,
-                          async_op=step.async_op, args=args)
+                          async_op=step.async_op, args=args,
+                          returned=returned if returned is not None else {})
     return op.call(ctx, passed)
+
+
+def check_return(idx: int, step: Step, renv: RankEnv, env: dict[str, Any],
+                 returned: dict[str, Any]) -> TensorCheck:
+    """Compare what the op of step ``idx`` returned on this rank with ``returns:``."""
+    assert step.returns is not None and step.op is not None
+    want = returns_value(step.returns[renv.rank],
+                         {**env, "rank": renv.rank, "world_size": renv.world_size})
+    what = f"return of step {idx} ({step.op})"
+    if "value" not in returned:
+        return TensorCheck(tensor=what, ok=False, expectation="explicit", wrong=1, total=1,
+                           note="the op returned no value (was its Work waited?)")
+    got = returned["value"]
+    ok = got == want and type(got) is type(want)
+    return TensorCheck(tensor=what, ok=ok, expectation="explicit", wrong=0 if ok else 1,
+                       total=1, first_wrong=[] if ok else [(0, repr(want), repr(got))])
+
+
+def returns_value(value: Any, env: dict[str, Any]) -> Any:
+    """An expected return value resolved for this rank (an int, or an Expr evaluated)."""
+    return int(value(env)) if isinstance(value, Expr) else value
 
 
 def _special(step: Step) -> None:
