@@ -98,6 +98,11 @@ class Step:
     # op steps: the value the op must return (see Op.returns), per rank: an int, an Expr
     # over rank/world_size/params, or None (not checked); a tuple indexed by rank.
     returns: tuple[Any, ...] | None = None
+    # op steps: issue the op this many times in a row (``rep`` = 0..repeat-1 in its src/dst
+    # expressions); with ``slices`` repetition ``rep`` works on slice ``rep`` (dim 0) of
+    # each of its buffers. Async repetitions stay in flight until the step's handle is waited.
+    repeat: int = 1
+    slices: bool = False
 
     def describe(self) -> str:
         if self.kind == "op":

@@ -18,6 +18,7 @@ from ..model import Case, Expectation, Fill, Instance, Override, Step, TensorSpe
 from ..ordering.plan import plan_instances
 from . import entries as list_entries
 from . import opargs
+from . import repeat as step_repeat
 from . import returns as step_returns
 from .fields import as_list, expr_names, parse_fill
 from .steps import is_ordering_step, make_step
@@ -387,7 +388,8 @@ class _Expander:
                 for key in ("src", "dst", "tag"):
                     if key in s:
                         v = s[key]
-                        args.append((key, parse(v, names) if isinstance(v, str) else v))
+                        args.append((key, parse(v, (*names, *step_repeat.names(s)))
+                                     if isinstance(v, str) else v))
                 for key in ("form", "inplace", *PLAIN_ARGS[1:]):
                     if key in s:
                         args.append((key, s[key]))
@@ -411,7 +413,9 @@ class _Expander:
                         if "returns" in s else None)
                 steps.append(Step("op", line, op=op.name, bufs=bufs, args=tuple(args),
                                   ranks=ranks, async_op=asy, handle=s.get("handle"),
-                                  stream=s.get("stream", "current"), returns=rets))
+                                  stream=s.get("stream", "current"), returns=rets,
+                                  repeat=int(s.get("repeat", 1)),
+                                  slices=bool(s.get("slices", False))))
             elif "wait" in s:
                 steps.append(Step("wait", line, ranks=ranks, waits=tuple(as_list(s["wait"])),
                                   args=(("thread", True),) if s.get("thread") else ()))

@@ -16,7 +16,7 @@ import jsonschema
 from .. import dtypes, ops
 from ..errors import CaseFileError, CaseFileErrors
 from ..model import Case
-from . import entries, opargs, returns
+from . import entries, opargs, repeat, returns
 from .fields import as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
@@ -270,6 +270,9 @@ def check_steps(case: Case) -> None:
         action = actions[0]
         errs.extend(check_step(case, path, step, action, tensors, handles))
         errs.extend(returns.check(case, path, step))
+        step_op = ops.ALL_OPS.get(step.get("op", ""))
+        errs.extend(repeat.check(case, path, step, action, tensors,
+                                 tuple(r.name for r in step_op.roles) if step_op else ()))
         if isinstance(step.get("ranks"), str):
             try:
                 check_expr(case, (*path, "ranks"), step["ranks"])
@@ -319,7 +322,7 @@ def check_steps(case: Case) -> None:
                 errs.append(case.error((*path, key), f"{op.name} takes no argument {key!r}"))
             if key in ("src", "dst") and isinstance(step.get(key), str):
                 try:
-                    check_expr(case, (*path, key), step[key])
+                    check_expr(case, (*path, key), step[key], repeat.names(step))
                 except CaseFileErrors as exc:
                     errs.extend(exc.errors)
         if op.name == "batch_isend_irecv" and "p2p" not in step:

@@ -191,7 +191,9 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None) ->
                 if step.returns is not None:
                     rets.append((step_idx, step, returned))
                 with state.stream(step):
-                    work = call_op(inst, step, renv, env, bufs, written, returned)
+                    work = (call_op(inst, step, renv, env, bufs, written, returned)
+                            if step.repeat == 1 else
+                            _repeated(inst, step, renv, env, bufs, written, returned))
                     ev.t_return = time.perf_counter() - t0
                     state.issued(step, work, ev)
                 if work is not None:
@@ -278,6 +280,20 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
                           async_op=step.async_op, args=args,
                           returned=returned if returned is not None else {})
     return op.call(ctx, passed)
+
+
+def _repeated(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
+              bufs: dict[str, Any], written: set[str], returned: dict[str, Any]) -> Any:
+    """Issue the op ``step.repeat`` times; async Works stay in flight as one WorkList."""
+    names = {t for _, t in step.bufs}
+    works: list[Any] = []
+    for rep in range(step.repeat):
+        view = {n: t[rep] for n, t in bufs.items() if n in names} if step.slices else bufs
+        work = call_op(inst, step, renv, {**env, "rep": rep}, {**bufs, **view}, written,
+                       returned)
+        if work is not None:
+            works.append(work)
+    return ops.p2p.WorkList(works) if works else None
 
 
 def check_return(idx: int, step: Step, renv: RankEnv, env: dict[str, Any],
