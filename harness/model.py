@@ -216,6 +216,9 @@ class Instance:
     isolate: bool
     marks: tuple[str, ...]
     premul_factor: float = 2.0
+    # Set in every rank before its process group starts (part of the pool key).
+    env: tuple[tuple[str, str], ...] = ()
+    pg_timeout: float | None = None  # seconds; None: the session's --pg-timeout default
     ordering: OrderingPlan | None = None  # async-contract checks (harness.ordering.plan)
 
     @property

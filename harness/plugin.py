@@ -250,7 +250,8 @@ class CaseItem(pytest.Item):
         hs = _hs(self.config)
         inst = self.instance
         deadline = inst.deadline or hs.deadline
-        key = PoolKey(inst.backend, inst.device, inst.world_size, hs.backend_modules)
+        key = PoolKey(inst.backend, inst.device, inst.world_size, hs.backend_modules,
+                      env=inst.env, pg_timeout_s=inst.pg_timeout)
         t0 = time.monotonic()
         pool = None
         try:

@@ -16,8 +16,8 @@ from ..errors import CaseFileError, ExprError
 from ..expr import Expr, parse
 from ..model import Case, Expectation, Fill, Instance, Override, Step, TensorSpec, Tolerance
 from ..ordering.plan import plan_instances
+from . import caseenv, opargs
 from . import entries as list_entries
-from . import opargs
 from . import repeat as step_repeat
 from . import returns as step_returns
 from .fields import as_list, expr_names, parse_fill
@@ -98,6 +98,8 @@ class _Expander:
             out.append((f"args.{key}", "" if key == "form" else key, axis))
         for key, value in raw.get("params", {}).items():
             out.append((f"params.{key}", key, as_list(value)))
+        for key, value in raw.get("env", {}).items():
+            out.append((f"env.{key}", f"{key}=", caseenv.axis_values(value)))
         return out
 
     def id_for(self, point: dict[str, Any], axes: list[tuple[str, str, list[Any]]]) -> str:
@@ -111,7 +113,7 @@ class _Expander:
                 continue
             elif name == "args.inplace":
                 parts.append("inplace" if v else "outofplace")
-            elif name in ("shape",) or name.startswith(("args.", "params.")):
+            elif name in ("shape",) or name.startswith(("args.", "params.", "env.")):
                 if len(values) > 1 or name.startswith("args."):
                     parts.append(f"{prefix}{_fmt(v)}")
             else:
@@ -160,6 +162,9 @@ class _Expander:
             isolate=bool(raw.get("isolate") or raw.get("hangs") or raw.get("crashes")),
             marks=tuple(dict.fromkeys(marks)),
             premul_factor=float(raw.get("args", {}).get("premul_factor", 2.0)),
+            env=tuple(sorted((k.split(".", 1)[1], v) for k, v in point.items()
+                             if k.startswith("env."))),
+            pg_timeout=float(raw["pg_timeout"]) if "pg_timeout" in raw else None,
         )
 
     def _eval_shape(self, shape: list[Any], env: dict[str, Any], path: tuple[Any, ...]

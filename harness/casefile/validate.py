@@ -16,7 +16,7 @@ import jsonschema
 from .. import dtypes, ops
 from ..errors import CaseFileError, CaseFileErrors
 from ..model import Case
-from . import entries, opargs, repeat, returns
+from . import caseenv, entries, opargs, repeat, returns
 from .fields import as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
@@ -225,6 +225,7 @@ def check_case(case: Case) -> None:
                     errs.append(case.error(("args", key), f"op {op.name} takes no argument "
                                            f"{key!r}", suggest(key, (*op.args, "group"))))
     guard(entries.check_case, case)
+    errs.extend(caseenv.check(case))
     if has_steps:
         guard(check_steps, case)
     for i, dim in enumerate(raw.get("shape", [])):
