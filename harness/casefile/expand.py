@@ -25,7 +25,7 @@ from .steps import is_ordering_step, make_step
 
 DEFAULT_DEVICE = {"nccl": "cuda", "gloo": "cpu", "mpi": "cpu", "ucc": "cpu"}
 # Op arguments whose list value is a matrix axis (each value its own instance).
-AXIS_ARGS = ("src", "dst", "group", "form", "inplace")
+AXIS_ARGS = ("src", "dst", "group", "form", "inplace", "group_src", "group_dst")
 # Op arguments passed through unchanged (``splits`` is evaluated per world size).
 PLAIN_ARGS = ("tag", "timeout", "wait_all_ranks")
 
@@ -212,6 +212,10 @@ class _Expander:
                     raise self.case.error(("args", key), f"{key}={value!r} is outside "
                                           f"world_size {ws}", f"ranks run 0..{ws - 1}")
                 args[key] = tuple(value) if isinstance(value, list) else value
+        for key in ("group_src", "group_dst"):  # positions in the group, checked by torch
+            if f"args.{key}" in point:
+                value = point[f"args.{key}"]
+                args[key] = parse(value, tuple(env))(env) if isinstance(value, str) else value
         for key in PLAIN_ARGS:
             if key in self.raw.get("args", {}):
                 args[key] = self.raw["args"][key]
@@ -390,7 +394,7 @@ class _Expander:
                 op = ops.get(s["op"])
                 bufs = tuple((role.name, s[role.name]) for role in op.roles)
                 args: list[tuple[str, Any]] = []
-                for key in ("src", "dst", "tag"):
+                for key in ("src", "dst", "tag", "group_src", "group_dst"):
                     if key in s:
                         v = s[key]
                         args.append((key, parse(v, (*names, *step_repeat.names(s)))
@@ -404,7 +408,9 @@ class _Expander:
                                                         ("steps", idx, "splits"))))
                 for k, entry in enumerate(s.get("p2p", [])):
                     bufs = (*bufs, (f"p2p.{k}", entry["tensor"]))
-                    peer = entry["peer"]
+                    peer = entry["peer"] if "peer" in entry else entry["group_peer"]
+                    if "group_peer" in entry:
+                        args.append((f"p2p.{k}.by_group", True))
                     args.append((f"p2p.{k}.op", entry["op"]))
                     args.append((f"p2p.{k}.peer", parse(peer, names) if isinstance(peer, str)
                                  else peer))

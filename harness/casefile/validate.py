@@ -16,7 +16,7 @@ import jsonschema
 from .. import dtypes, ops
 from ..errors import CaseFileError, CaseFileErrors
 from ..model import Case
-from . import caseenv, entries, opargs, repeat, returns
+from . import addressing, caseenv, entries, opargs, repeat, returns
 from .fields import as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
@@ -216,12 +216,13 @@ def check_case(case: Case) -> None:
         if raw.get("op") in ops.ALL_OPS:
             op = ops.get(raw["op"])
             args = raw.get("args", {})
+            errs.extend(addressing.check_args(case, op, args, ("args",)))
             for req in op.required_args:
-                if req not in args:
+                if req not in args and f"group_{req}" not in args:
                     errs.append(case.error(("name",), f"op {op.name} needs args.{req}",
                                            f"add 'args: {{{req}: 0}}'"))
             for key in args:
-                if key not in (*op.args, "group", "premul_factor"):
+                if key not in (*op.args, "group", "premul_factor", *addressing.allowed(op)):
                     errs.append(case.error(("args", key), f"op {op.name} takes no argument "
                                            f"{key!r}", suggest(key, (*op.args, "group"))))
     guard(entries.check_case, case)
@@ -326,6 +327,7 @@ def check_steps(case: Case) -> None:
                     check_expr(case, (*path, key), step[key], repeat.names(step))
                 except CaseFileErrors as exc:
                     errs.extend(exc.errors)
+        errs.extend(addressing.check_args(case, op, step, path))
         if op.name == "batch_isend_irecv" and "p2p" not in step:
             errs.append(case.error(path, "batch_isend_irecv needs 'p2p:' (a list of "
                                    "{op: isend|irecv, tensor: NAME, peer: RANK})"))
@@ -335,18 +337,14 @@ def check_steps(case: Case) -> None:
                                        f"unknown tensor {entry['tensor']!r}",
                                        suggest(entry["tensor"], tuple(tensors)) if tensors else
                                        "declare it under 'tensors:'"))
-            if isinstance(entry["peer"], str):
-                try:
-                    check_expr(case, (*path, "p2p", k, "peer"), entry["peer"])
-                except CaseFileErrors as exc:
-                    errs.extend(exc.errors)
+            errs.extend(addressing.check_p2p_entry(case, (*path, "p2p", k), entry))
         if "splits" in step:
             try:
                 opargs.check_splits(case, (*path, "splits"), step["splits"])
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
         for req in op.required_args:
-            if req not in step:
+            if req not in step and f"group_{req}" not in step:
                 errs.append(case.error(path, f"{op.name} needs '{req}:'"))
         if "handle" in step:
             handles.add(step["handle"])

@@ -195,6 +195,14 @@ def for_members(value: Any, ctx: RefContext) -> PerRank:
     return [value if r in ctx.group_ranks else None for r in range(ctx.world_size)]
 
 
+def root_kw(ctx: CallContext, key: str) -> dict[str, Any]:
+    """The root argument of a call: ``src=``/``dst=`` (a global rank), or ``group_src=``/
+    ``group_dst=`` (its position in the group) when the case addresses ranks in the group."""
+    if ctx.args.get("addressing") == "group" and f"group_{key}" in ctx.args:
+        return {f"group_{key}": int(ctx.args[f"group_{key}"])}
+    return {key: ctx.args.get(key)}
+
+
 def stack_or_list(ts: Sequence[Any]) -> Any:
     """The entries stacked in a new dim 0, or a plain list when their shapes differ."""
     import torch

@@ -16,6 +16,7 @@ from .base import (
     for_members,
     reduce_entries,
     reduce_tensors,
+    root_kw,
     stack_or_list,
 )
 
@@ -59,7 +60,7 @@ class Broadcast(Op):
     agree = True
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return ctx.dist.broadcast(bufs["tensor"], src=ctx.args["src"], group=ctx.group,
+        return ctx.dist.broadcast(bufs["tensor"], **root_kw(ctx, "src"), group=ctx.group,
                                   async_op=ctx.async_op)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
@@ -76,7 +77,7 @@ class Reduce(Op):
     reduces = True
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return ctx.dist.reduce(bufs["tensor"], dst=ctx.args["dst"], op=ctx.reduce_op,
+        return ctx.dist.reduce(bufs["tensor"], **root_kw(ctx, "dst"), op=ctx.reduce_op,
                                group=ctx.group, async_op=ctx.async_op)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
@@ -128,7 +129,7 @@ class Gather(Op):
     gathers = True
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return ctx.dist.gather(bufs["input"], gather_list=bufs["output"], dst=ctx.args["dst"],
+        return ctx.dist.gather(bufs["input"], gather_list=bufs["output"], **root_kw(ctx, "dst"),
                                group=ctx.group, async_op=ctx.async_op)
 
     def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
@@ -160,7 +161,7 @@ class Scatter(Op):
         return [([entry(j, j) for j in range(n)], entry(p, p)) for p in range(n)]
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return ctx.dist.scatter(bufs["output"], scatter_list=bufs["input"], src=ctx.args["src"],
+        return ctx.dist.scatter(bufs["output"], scatter_list=bufs["input"], **root_kw(ctx, "src"),
                                 group=ctx.group, async_op=ctx.async_op)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .base import CallContext, Op, PerRank, RefContext, Role
+from .base import CallContext, Op, PerRank, RefContext, Role, root_kw
 
 if TYPE_CHECKING:
     import torch
@@ -31,8 +31,9 @@ class Send(_P2P):
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         tag = int(ctx.args.get("tag", 0))
         if ctx.async_op:
-            return ctx.dist.isend(bufs["tensor"], dst=ctx.args["dst"], group=ctx.group, tag=tag)
-        ctx.dist.send(bufs["tensor"], dst=ctx.args["dst"], group=ctx.group, tag=tag)
+            return ctx.dist.isend(bufs["tensor"], **root_kw(ctx, "dst"), group=ctx.group,
+                                  tag=tag)
+        ctx.dist.send(bufs["tensor"], **root_kw(ctx, "dst"), group=ctx.group, tag=tag)
         return None
 
 
@@ -65,11 +66,11 @@ class Recv(_P2P):
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         tag = int(ctx.args.get("tag", 0))
-        src = ctx.args.get("src")
+        src = root_kw(ctx, "src")
         if ctx.async_op:
-            return _SourceRank(ctx.dist.irecv(bufs["tensor"], src=src, group=ctx.group,
+            return _SourceRank(ctx.dist.irecv(bufs["tensor"], **src, group=ctx.group,
                                               tag=tag), ctx.returned)
-        ctx.returned["value"] = ctx.dist.recv(bufs["tensor"], src=src, group=ctx.group,
+        ctx.returned["value"] = ctx.dist.recv(bufs["tensor"], **src, group=ctx.group,
                                               tag=tag)
         return None
 
@@ -137,8 +138,13 @@ class BatchISendIRecv(Op):
         for key in sorted(bufs, key=lambda k: int(k.split(".")[1])):
             kind = ctx.args[f"{key}.op"]
             fn = {"isend": ctx.dist.isend, "irecv": ctx.dist.irecv}[kind]
-            p2p_ops.append(ctx.dist.P2POp(fn, bufs[key], int(ctx.args[f"{key}.peer"]),
-                                          group=ctx.group, tag=int(ctx.args.get(f"{key}.tag", 0))))
+            peer = int(ctx.args[f"{key}.peer"])
+            tag = int(ctx.args.get(f"{key}.tag", 0))
+            if ctx.args.get(f"{key}.by_group"):  # group_peer: a position in the group
+                p2p_ops.append(ctx.dist.P2POp(fn, bufs[key], group=ctx.group, tag=tag,
+                                              group_peer=peer))
+            else:
+                p2p_ops.append(ctx.dist.P2POp(fn, bufs[key], peer, group=ctx.group, tag=tag))
         works = list(ctx.dist.batch_isend_irecv(p2p_ops))
         ctx.returned["value"] = len(works)
         return WorkList(works)

@@ -249,6 +249,7 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
     op = ops.get(step.op)
     args = _args(step, renv.rank, renv.world_size, env)
     group, group_ranks = _group(renv, args.pop("group", None))
+    _group_addressing(args, group_ranks)
     passed: dict[str, Any] = {}
     for role_name, tname in step.bufs:
         role = op.role(role_name)
@@ -317,6 +318,17 @@ def returns_value(value: Any, env: dict[str, Any]) -> Any:
     return int(value(env)) if isinstance(value, Expr) else value
 
 
+def _group_addressing(args: dict[str, Any], group_ranks: tuple[int, ...]) -> None:
+    """For ``group_src``/``group_dst`` (positions in the group): add the global rank the
+    harness uses itself (root-only buffers, the reference); torch still gets the group form.
+    An out-of-range position maps to None so that torch, not the harness, reports it."""
+    for key in ("src", "dst"):
+        if f"group_{key}" in args:
+            pos = int(args[f"group_{key}"])
+            args[key] = group_ranks[pos] if 0 <= pos < len(group_ranks) else None
+            args["addressing"] = "group"
+
+
 def _special(step: Step) -> None:
     if step.kind == "sleep":
         time.sleep(float(step.value))
@@ -348,6 +360,7 @@ def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> Any:
     step = inst.steps[0]
     args = _args(step, renv.rank, renv.world_size, env)
     group = args.pop("group", None)
+    _group_addressing(args, tuple(sorted(group)) if group else tuple(range(renv.world_size)))
     ctx = ops.RefContext(world_size=renv.world_size,
                          group_ranks=tuple(sorted(group)) if group
                          else tuple(range(renv.world_size)),
