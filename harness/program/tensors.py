@@ -45,7 +45,8 @@ def snapshot(t: torch.Tensor) -> torch.Tensor:
 
 def _bits_view(t: torch.Tensor) -> torch.Tensor:
     size = t.element_size()
-    return _dense(t).view({1: torch.uint8, 2: torch.int16, 4: torch.int32,
+    # reshape(-1): a 0-dim tensor cannot be viewed as another element size.
+    return _dense(t).reshape(-1).view({1: torch.uint8, 2: torch.int16, 4: torch.int32,
                                 8: torch.int64}[size])
 
 
@@ -54,7 +55,7 @@ def poison(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     if dtype in _EXACT_FLOATS or dtype.is_complex:
         return torch.full(shape, float("nan"), dtype=dtype)
     t = torch.empty(shape, dtype=dtype)
-    t.view(torch.uint8).fill_(0xA5)
+    t.reshape(-1).view(torch.uint8).fill_(0xA5)  # reshape: 0-dim tensors too
     return t
 
 
@@ -292,7 +293,8 @@ def with_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
 
 def digest(t: torch.Tensor) -> str:
     """A short hash of the tensor's bytes (cross-rank agreement checks)."""
-    data = _dense(t.detach().cpu()).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    flat = _dense(t.detach().cpu()).reshape(-1)
+    data = flat.view(torch.uint8).numpy().tobytes() if t.numel() else b""
     return hashlib.sha256(data).hexdigest()[:16]
 
 
