@@ -103,6 +103,7 @@ class Step:
     # each of its buffers. Async repetitions stay in flight until the step's handle is waited.
     repeat: int = 1
     slices: bool = False
+    warns: str | None = None  # op steps: a regex a warning of the call must match
 
     def describe(self) -> str:
         if self.kind == "op":

@@ -70,3 +70,24 @@ def test_check_return_compares_value_and_type() -> None:
     assert not interpreter.check_return(0, step, renv, {}, {"value": 2.0}).ok
     missing = interpreter.check_return(0, step, renv, {}, {})
     assert not missing.ok and "returned no value" in missing.note
+
+
+def test_check_warns_matches_type_and_message() -> None:
+    (inst,) = instances(program("{op: all_reduce, tensor: t, warns: 'UserWarning: .*group'}"))
+    step = inst.steps[0]
+    assert step.warns == "UserWarning: .*group"
+    ok = interpreter.check_warns(0, step, {"warnings": ["UserWarning: not in group"]})
+    assert ok.ok
+    bad = interpreter.check_warns(0, step, {"warnings": ["FutureWarning: group"]})
+    assert not bad.ok and bad.first_wrong[0][2] == "FutureWarning: group"
+    assert not interpreter.check_warns(0, step, {}).ok
+
+
+@pytest.mark.parametrize(("step", "message"), [
+    ("{op: all_reduce, tensor: t, warns: '(('}", "bad regular expression"),
+    ("{sleep: 0.1, warns: x}", "'warns' belongs to op steps"),
+])
+def test_bad_warns_is_reported(step: str, message: str) -> None:
+    with pytest.raises((CaseFileError, CaseFileErrors)) as info:
+        instances(program(step))
+    assert message in str(info.value) and "cases/x.yaml:" in str(info.value)

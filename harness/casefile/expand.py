@@ -426,7 +426,8 @@ class _Expander:
                                   ranks=ranks, async_op=asy, handle=s.get("handle"),
                                   stream=s.get("stream", "current"), returns=rets,
                                   repeat=int(s.get("repeat", 1)),
-                                  slices=bool(s.get("slices", False))))
+                                  slices=bool(s.get("slices", False)),
+                                  warns=s.get("warns")))
             elif "wait" in s:
                 steps.append(Step("wait", line, ranks=ranks, waits=tuple(as_list(s["wait"])),
                                   args=(("thread", True),) if s.get("thread") else ()))

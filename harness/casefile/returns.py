@@ -1,4 +1,5 @@
-"""``returns:`` on op steps: the value an op call must return (checks and expansion).
+"""``returns:``/``warns:`` on op steps: what an op call must return or warn (checks,
+expansion).
 
 What the value means is the op table's business (:attr:`harness.ops.base.Op.returns`): the
 sender's rank for ``recv``/``irecv``, the number of Works for ``batch_isend_irecv`` and the
@@ -8,6 +9,7 @@ params, or a per-rank map of those (``{1: 0, others: unspecified}``).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .. import ops
@@ -84,3 +86,16 @@ def per_rank(case: Case, raw: Any, ws: int, path: Path) -> tuple[Any, ...]:
 def evaluate(value: Any, env: dict[str, Any]) -> Any:
     """A per-rank expected value resolved for a rank (``env`` has rank and world_size)."""
     return value(env) if isinstance(value, Expr) else value
+
+
+def check_warns(case: Case, path: Path, step: dict[str, Any]) -> list[CaseFileError]:
+    """``warns`` belongs to op steps and is a valid regex."""
+    if "warns" not in step:
+        return []
+    if "op" not in step:
+        return [case.error((*path, "warns"), "'warns' belongs to op steps")]
+    try:
+        re.compile(step["warns"])
+    except re.error as exc:
+        return [case.error((*path, "warns"), f"bad regular expression {step['warns']!r}: {exc}")]
+    return []

@@ -272,6 +272,7 @@ def check_steps(case: Case) -> None:
         action = actions[0]
         errs.extend(check_step(case, path, step, action, tensors, handles))
         errs.extend(returns.check(case, path, step))
+        errs.extend(returns.check_warns(case, path, step))
         step_op = ops.ALL_OPS.get(step.get("op", ""))
         errs.extend(repeat.check(case, path, step, action, tensors,
                                  tuple(r.name for r in step_op.roles) if step_op else ()))

@@ -9,9 +9,12 @@ concerns this rank); :func:`run_instance` runs the whole program with them.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -188,14 +191,20 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None) ->
             ev = StepEvent(step_idx, step.describe(), time.perf_counter() - t0, 0.0)
             if step.kind == "op":
                 returned: dict[str, Any] = {}
-                if step.returns is not None:
+                if step.returns is not None or step.warns is not None:
                     rets.append((step_idx, step, returned))
-                with state.stream(step):
+                # Warnings are recorded only for steps that declare one (``warns:``).
+                catcher: Any = (warnings.catch_warnings(record=True) if step.warns is not None
+                                else contextlib.nullcontext([]))
+                with state.stream(step), catcher as caught:
+                    if step.warns is not None:
+                        warnings.simplefilter("always")  # even if it warned before
                     work = (call_op(inst, step, renv, env, bufs, written, returned)
                             if step.repeat == 1 else
                             _repeated(inst, step, renv, env, bufs, written, returned))
                     ev.t_return = time.perf_counter() - t0
                     state.issued(step, work, ev)
+                returned["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
                 if work is not None:
                     ev.completed_at_return = bool(work.is_completed())
                     if step.handle:
@@ -226,6 +235,8 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None) ->
         res.checks = check_results(inst, renv, env, bufs, before, written)
         res.checks += [check_return(i, step, renv, env, got) for i, step, got in rets
                        if step.returns is not None and step.returns[renv.rank] is not None]
+        res.checks += [check_warns(i, step, got) for i, step, got in rets
+                       if step.warns is not None]
         res.ordering = {**state.results(), **(probes(inst, renv, env) if probes else {})}
     except Exception as exc:  # reported to the parent, which decides the outcome
         res.status = "raised"
@@ -311,6 +322,17 @@ def check_return(idx: int, step: Step, renv: RankEnv, env: dict[str, Any],
     ok = got == want and type(got) is type(want)
     return TensorCheck(tensor=what, ok=ok, expectation="explicit", wrong=0 if ok else 1,
                        total=1, first_wrong=[] if ok else [(0, repr(want), repr(got))])
+
+
+def check_warns(idx: int, step: Step, returned: dict[str, Any]) -> TensorCheck:
+    """Whether a warning of step ``idx``'s call matched ``warns:`` (``Type: message``)."""
+    assert step.warns is not None
+    seen: list[str] = returned.get("warnings", [])
+    ok = any(re.search(step.warns, w) for w in seen)
+    got = "; ".join(w[:200] for w in seen[:3]) or "no warning"
+    return TensorCheck(tensor=f"warning of step {idx} ({step.op})", ok=ok,
+                       expectation="explicit", wrong=0 if ok else 1, total=1,
+                       first_wrong=[] if ok else [(0, repr(step.warns), got)])
 
 
 def returns_value(value: Any, env: dict[str, Any]) -> Any:
