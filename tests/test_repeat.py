@@ -52,3 +52,20 @@ def test_bad_repeat_is_reported_at_its_line(step: str, message: str) -> None:
     with pytest.raises((CaseFileError, CaseFileErrors)) as info:
         instances(step)
     assert message in str(info.value) and "cases/x.yaml:8" in str(info.value)
+
+
+def test_wait_timeout_reaches_the_step() -> None:
+    text = textwrap.dedent("""
+    cases:
+      - name: p
+        world_size: 2
+        tensors:
+          t: {shape: [2], init: 0}
+        steps:
+          - {op: all_reduce, tensor: t, async: true, handle: h}
+          - {wait: h, timeout: 1.5}
+    """)
+    doc = yamlload.load_text(text, "cases/x.yaml")
+    (case,) = validate.load_cases(doc)
+    (inst,) = expand.expand(case, "gloo")
+    assert dict(inst.steps[1].args) == {"timeout": 1.5}

@@ -429,8 +429,12 @@ class _Expander:
                                   slices=bool(s.get("slices", False)),
                                   warns=s.get("warns")))
             elif "wait" in s:
+                wait_args: tuple[tuple[str, Any], ...] = (
+                    (("thread", True),) if s.get("thread") else ())
+                if "timeout" in s:
+                    wait_args = (*wait_args, ("timeout", float(s["timeout"])))
                 steps.append(Step("wait", line, ranks=ranks, waits=tuple(as_list(s["wait"])),
-                                  args=(("thread", True),) if s.get("thread") else ()))
+                                  args=wait_args))
             elif is_ordering_step(s):
                 steps.append(make_step(self.case, s, idx, line, ranks, env))
             else:

@@ -53,7 +53,9 @@ class FutureWork:
     def __init__(self, fut: Any) -> None:
         self.fut = fut
 
-    def wait(self) -> bool:
+    def wait(self, timeout: Any = None) -> bool:
+        if timeout is not None:  # say so rather than wait without the bound
+            raise NotImplementedError("a torch.futures.Future has no wait(timeout)")
         self.fut.wait()
         return True
 

@@ -43,8 +43,8 @@ class _SourceRank:
     def __init__(self, work: Any, returned: dict[str, Any]) -> None:
         self.work, self.returned = work, returned
 
-    def wait(self) -> bool:
-        self.work.wait()
+    def wait(self, timeout: Any = None) -> bool:
+        self.work.wait() if timeout is None else self.work.wait(timeout)
         source = getattr(self.work, "_source_rank", None)
         self.returned["value"] = source() if source is not None else None
         return True
@@ -104,9 +104,9 @@ class WorkList:
     def __init__(self, works: list[Any]) -> None:
         self.works = works
 
-    def wait(self) -> bool:
+    def wait(self, timeout: Any = None) -> bool:
         for w in self.works:
-            w.wait()
+            w.wait() if timeout is None else w.wait(timeout)
         return True
 
     def is_completed(self) -> bool:

@@ -10,6 +10,7 @@ concerns this rank); :func:`run_instance` runs the whole program with them.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import re
 import time
@@ -212,9 +213,12 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None) ->
                     else:
                         state.wait(work, ev)
             elif step.kind == "wait":
+                timeout = dict(step.args).get("timeout")
                 for h in step.waits:
                     if h in handles:
                         work, wev = handles.pop(h)
+                        if timeout is not None:  # raises if the work misses the bound
+                            work.wait(datetime.timedelta(seconds=float(timeout)))
                         state.wait(work, wev, thread=bool(dict(step.args).get("thread")))
                 ev.t_return = time.perf_counter() - t0
             elif step.kind in STEP_KINDS:
