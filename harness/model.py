@@ -217,6 +217,7 @@ class Instance:
     isolate: bool
     marks: tuple[str, ...]
     premul_factor: float = 2.0
+    premul_tensor: bool = False  # pass the PREMUL_SUM factor as a 1-element tensor
     # Set in every rank before its process group starts (part of the pool key).
     env: tuple[tuple[str, str], ...] = ()
     pg_timeout: float | None = None  # seconds; None: the session's --pg-timeout default

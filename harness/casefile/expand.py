@@ -162,6 +162,7 @@ class _Expander:
             isolate=bool(raw.get("isolate") or raw.get("hangs") or raw.get("crashes")),
             marks=tuple(dict.fromkeys(marks)),
             premul_factor=float(raw.get("args", {}).get("premul_factor", 2.0)),
+            premul_tensor=bool(raw.get("args", {}).get("premul_tensor", False)),
             env=tuple(sorted((k.split(".", 1)[1], v) for k, v in point.items()
                              if k.startswith("env."))),
             pg_timeout=float(raw["pg_timeout"]) if "pg_timeout" in raw else None,

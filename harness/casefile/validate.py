@@ -222,7 +222,8 @@ def check_case(case: Case) -> None:
                     errs.append(case.error(("name",), f"op {op.name} needs args.{req}",
                                            f"add 'args: {{{req}: 0}}'"))
             for key in args:
-                if key not in (*op.args, "group", "premul_factor", *addressing.allowed(op)):
+                if key not in (*op.args, "group", "premul_factor", "premul_tensor",
+                               *addressing.allowed(op)):
                     errs.append(case.error(("args", key), f"op {op.name} takes no argument "
                                            f"{key!r}", suggest(key, (*op.args, "group"))))
     guard(entries.check_case, case)

@@ -56,7 +56,9 @@ class RankEnv:
     seq: int = 0
 
 
-def _reduce_op(name: str | None, factor: float) -> Any:
+def _reduce_op(name: str | None, factor: float, tensor_of: torch.Tensor | None = None) -> Any:
+    """The ReduceOp for ``name``; PREMUL_SUM's factor is a 1-element tensor shaped like
+    ``tensor_of`` (its dtype and device) when given, else a Python float."""
     if name is None:
         return None
     if name == "premul_sum":
@@ -64,6 +66,8 @@ def _reduce_op(name: str | None, factor: float) -> Any:
         if maker is None:
             raise RuntimeError("this torch has no PREMUL_SUM (torch.distributed."
                                "_make_nccl_premul_sum)")
+        if tensor_of is not None:
+            return maker(torch.tensor([factor], dtype=tensor_of.dtype, device=tensor_of.device))
         return maker(factor)
     return getattr(dist.ReduceOp, REDUCE_OPS[name])
 
@@ -291,7 +295,8 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
             written.add(tname)
     ctx = ops.CallContext(dist=dist, rank=renv.rank, world_size=renv.world_size, group=group,
                           group_ranks=group_ranks,
-                          reduce_op=_reduce_op(inst.reduce_op, inst.premul_factor)
+                          reduce_op=_reduce_op(inst.reduce_op, inst.premul_factor,
+                                               factor_like(inst, passed))
                           if op.reduces else None,
                           async_op=step.async_op, args=args,
                           returned=returned if returned is not None else {})
@@ -342,6 +347,17 @@ def check_warns(idx: int, step: Step, returned: dict[str, Any]) -> TensorCheck:
 def returns_value(value: Any, env: dict[str, Any]) -> Any:
     """An expected return value resolved for this rank (an int, or an Expr evaluated)."""
     return int(value(env)) if isinstance(value, Expr) else value
+
+
+def factor_like(inst: Instance, passed: dict[str, Any]) -> torch.Tensor | None:
+    """With ``premul_tensor``, a tensor of the op's buffers (for the factor's dtype/device)."""
+    if not inst.premul_tensor:
+        return None
+    for value in passed.values():
+        first = value[0] if isinstance(value, list) and value else value
+        if isinstance(first, torch.Tensor):
+            return first
+    return None
 
 
 def _group_addressing(args: dict[str, Any], group_ranks: tuple[int, ...]) -> None:
