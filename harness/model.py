@@ -73,6 +73,19 @@ class TensorSpec:
         return self.entry_shapes[rank] if self.entry_shapes is not None else None
 
 
+# A list role given as several tensors (``input: [a, b, c]``: one list entry per tensor, of
+# any shape and dtype) is stored in Step.bufs as this prefix and the comma-joined names.
+TENSOR_LIST = "list:"
+
+
+def tensor_names(tname: str) -> list[str]:
+    """The tensor names a Step.bufs entry stands for (one, or a packed list)."""
+    if tname.startswith(TENSOR_LIST):
+        rest = tname[len(TENSOR_LIST):]
+        return rest.split(",") if rest else []
+    return [tname]
+
+
 @dataclass(frozen=True)
 class Step:
     """One step of a rank program.

@@ -17,3 +17,12 @@ def test_zero_dim_tensors_are_poisoned_hashed_and_compared(dtype: torch.dtype) -
     assert tensors.compare("t", one.clone(), one, "explicit", None).ok
     bad = tensors.compare("t", p, one, "explicit", None)
     assert not bad.ok and bad.wrong == 1
+
+
+def test_complex_tensors_still_compare_by_bits() -> None:
+    a = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    assert tensors.compare("c", a.clone(), a, "explicit", None).ok
+    b = a.clone()
+    b[1] = 3 + 4j
+    bad = tensors.compare("c", b, a, "explicit", None)
+    assert not bad.ok and bad.wrong == 1

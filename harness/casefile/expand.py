@@ -14,7 +14,17 @@ from typing import Any
 from .. import dtypes, ops
 from ..errors import CaseFileError, ExprError
 from ..expr import Expr, parse
-from ..model import Case, Expectation, Fill, Instance, Override, Step, TensorSpec, Tolerance
+from ..model import (
+    TENSOR_LIST,
+    Case,
+    Expectation,
+    Fill,
+    Instance,
+    Override,
+    Step,
+    TensorSpec,
+    Tolerance,
+)
 from ..ordering.plan import plan_instances
 from . import caseenv, opargs
 from . import entries as list_entries
@@ -393,7 +403,8 @@ class _Expander:
                                           f"outside world_size {ws}")
             if "op" in s:
                 op = ops.get(s["op"])
-                bufs = tuple((role.name, s[role.name]) for role in op.roles)
+                bufs = tuple((role.name, s[role.name] if isinstance(s[role.name], str)
+                              else TENSOR_LIST + ",".join(s[role.name])) for role in op.roles)
                 args: list[tuple[str, Any]] = []
                 for key in ("src", "dst", "tag", "group_src", "group_dst"):
                     if key in s:

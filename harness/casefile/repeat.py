@@ -33,6 +33,10 @@ def check(case: Case, path: Path, step: dict[str, Any], action: str,
     n = step["repeat"]
     for role in roles:
         name = step.get(role)
+        if isinstance(name, list):
+            errs.append(case.error((*path, role), "'slices' needs one tensor per buffer, not "
+                                   "a list of tensors"))
+            continue
         spec = tensors.get(name) if isinstance(name, str) else None
         if spec is None:
             continue

@@ -298,6 +298,10 @@ def check_steps(case: Case) -> None:
         role_names = {r.name for r in op.roles}
         for role in op.roles:
             tname = step.get(role.name)
+            if isinstance(tname, list):  # one list entry per named tensor
+                errs.extend(_check_tensor_list(case, (*path, role.name), op, role, tname,
+                                               tensors, object_tensors))
+                continue
             holds_objects = bool(opargs.object_form(op, role.name))
             if tname is not None and tname in tensors and (
                     holds_objects != (tname in object_tensors)):
@@ -367,3 +371,22 @@ def check_steps(case: Case) -> None:
                 errs.extend(exc.errors)
     if errs:
         raise CaseFileErrors(errs)
+
+
+def _check_tensor_list(case: Case, path: Path, op: ops.Op, role: ops.Role, names: list[str],
+                       tensors: dict[str, Any], object_tensors: set[str]
+                       ) -> list[CaseFileError]:
+    """A list role given as a list of tensor names (entries of any shape and dtype)."""
+    if role.form != "list":
+        return [case.error(path, f"{op.name}'s {role.name!r} buffer is not a list of tensors",
+                           "give one tensor name")]
+    errs: list[CaseFileError] = []
+    for i, name in enumerate(names):
+        if name not in tensors:
+            errs.append(case.error((*path, i), f"unknown tensor {name!r}",
+                                   suggest(name, tuple(tensors)) if tensors else
+                                   "declare it under 'tensors:'"))
+        elif name in object_tensors:
+            errs.append(case.error((*path, i), f"{name!r} is an object buffer; list entries "
+                                   "are tensors"))
+    return errs

@@ -37,25 +37,6 @@ class Send(_P2P):
         return None
 
 
-class _SourceRank:
-    """An irecv's Work that records the sender's rank (``_source_rank()``) once waited."""
-
-    def __init__(self, work: Any, returned: dict[str, Any]) -> None:
-        self.work, self.returned = work, returned
-
-    def wait(self, timeout: Any = None) -> bool:
-        self.work.wait() if timeout is None else self.work.wait(timeout)
-        source = getattr(self.work, "_source_rank", None)
-        self.returned["value"] = source() if source is not None else None
-        return True
-
-    def is_completed(self) -> bool:
-        return bool(self.work.is_completed())
-
-    def get_future(self) -> Any:
-        return self.work.get_future()
-
-
 class Recv(_P2P):
     name = "recv"
     roles = (Role("tensor", "out"),)
@@ -68,8 +49,10 @@ class Recv(_P2P):
         tag = int(ctx.args.get("tag", 0))
         src = root_kw(ctx, "src")
         if ctx.async_op:
-            return _SourceRank(ctx.dist.irecv(bufs["tensor"], **src, group=ctx.group,
-                                              tag=tag), ctx.returned)
+            work = ctx.dist.irecv(bufs["tensor"], **src, group=ctx.group, tag=tag)
+            # The sender is known once the Work is waited; asked only if a case checks it.
+            ctx.returned["source_of"] = work
+            return work
         ctx.returned["value"] = ctx.dist.recv(bufs["tensor"], **src, group=ctx.group,
                                               tag=tag)
         return None

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from .. import ops
 from ..expr import Expr
 from ..model import (
+    TENSOR_LIST,
     Fill,
     Instance,
     RankResult,
@@ -34,6 +35,7 @@ from ..model import (
     TensorCheck,
     TensorSpec,
     Tolerance,
+    tensor_names,
 )
 from . import objects, tensors
 from .timeline import STEP_KINDS, ProgramState
@@ -276,6 +278,12 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
         if role.only != "all" and renv.rank != root:
             passed[role_name] = None
             continue
+        if tname.startswith(TENSOR_LIST):  # one list entry per named tensor
+            names = tensor_names(tname)
+            passed[role_name] = [bufs[n] for n in names]
+            if role.access != "in":
+                written.update(names)
+            continue
         t = bufs[tname]
         entries = (_spec(inst, tname).entries_for(renv.rank)
                    if role.form in ("list", "nested") else None)
@@ -324,6 +332,8 @@ def check_return(idx: int, step: Step, renv: RankEnv, env: dict[str, Any],
     want = returns_value(step.returns[renv.rank],
                          {**env, "rank": renv.rank, "world_size": renv.world_size})
     what = f"return of step {idx} ({step.op})"
+    if "value" not in returned and "source_of" in returned:  # an irecv, waited by now
+        returned["value"] = returned["source_of"]._source_rank()
     if "value" not in returned:
         return TensorCheck(tensor=what, ok=False, expectation="explicit", wrong=1, total=1,
                            note="the op returned no value (was its Work waited?)")

@@ -45,9 +45,10 @@ def snapshot(t: torch.Tensor) -> torch.Tensor:
 
 def _bits_view(t: torch.Tensor) -> torch.Tensor:
     size = t.element_size()
-    # reshape(-1): a 0-dim tensor cannot be viewed as another element size.
-    return _dense(t).reshape(-1).view({1: torch.uint8, 2: torch.int16, 4: torch.int32,
-                                8: torch.int64}[size])
+    dense = _dense(t)
+    if dense.dim() == 0:  # a 0-dim tensor cannot be viewed as another element size
+        dense = dense.reshape(1)
+    return dense.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
 
 
 def poison(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
