@@ -23,6 +23,6 @@ def test_complex_tensors_still_compare_by_bits() -> None:
     a = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
     assert tensors.compare("c", a.clone(), a, "explicit", None).ok
     b = a.clone()
-    b[1] = 3 + 4j
+    b[1] = torch.tensor(3 + 4j, dtype=torch.complex64)
     bad = tensors.compare("c", b, a, "explicit", None)
     assert not bad.ok and bad.wrong == 1
