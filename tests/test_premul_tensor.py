@@ -8,7 +8,7 @@ import torch
 
 from harness.casefile import expand, validate
 from harness.casefile import load as yamlload
-from harness.program import interpreter
+from harness.program import stepchecks
 
 
 def test_premul_tensor_reaches_the_instance_and_the_reduce_op() -> None:
@@ -26,4 +26,4 @@ def test_premul_tensor_reaches_the_instance_and_the_reduce_op() -> None:
     (inst,) = expand.expand(case, "gloo")
     assert inst.premul_tensor and inst.premul_factor == 5.0
     buf = torch.zeros(3, dtype=torch.float16)
-    assert interpreter.factor_like(inst, {"tensor": buf}) is buf
+    assert stepchecks.factor_like(inst, {"tensor": buf}) is buf

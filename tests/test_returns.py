@@ -11,7 +11,7 @@ from harness.casefile import load as yamlload
 from harness.errors import CaseFileError, CaseFileErrors
 from harness.expr import Expr
 from harness.model import Instance
-from harness.program import interpreter
+from harness.program import stepchecks
 
 
 def instances(text: str) -> list[Instance]:
@@ -63,12 +63,11 @@ def test_bad_returns_are_reported_at_their_line(step: str, message: str) -> None
 def test_check_return_compares_value_and_type() -> None:
     (inst,) = instances(program("{op: recv, tensor: t, returns: 'rank + 1'}"))
     step = inst.steps[0]
-    renv = interpreter.RankEnv(rank=1, world_size=3, device="cpu")
-    assert interpreter.check_return(0, step, renv, {}, {"value": 2}).ok
-    bad = interpreter.check_return(0, step, renv, {}, {"value": 1})
+    assert stepchecks.check_return(0, step, 1, 3, {}, {"value": 2}).ok
+    bad = stepchecks.check_return(0, step, 1, 3, {}, {"value": 1})
     assert not bad.ok and bad.first_wrong == [(0, "2", "1")]
-    assert not interpreter.check_return(0, step, renv, {}, {"value": 2.0}).ok
-    missing = interpreter.check_return(0, step, renv, {}, {})
+    assert not stepchecks.check_return(0, step, 1, 3, {}, {"value": 2.0}).ok
+    missing = stepchecks.check_return(0, step, 1, 3, {}, {})
     assert not missing.ok and "returned no value" in missing.note
 
 
@@ -76,11 +75,11 @@ def test_check_warns_matches_type_and_message() -> None:
     (inst,) = instances(program("{op: all_reduce, tensor: t, warns: 'UserWarning: .*group'}"))
     step = inst.steps[0]
     assert step.warns == "UserWarning: .*group"
-    ok = interpreter.check_warns(0, step, {"warnings": ["UserWarning: not in group"]})
+    ok = stepchecks.check_warns(0, step, {"warnings": ["UserWarning: not in group"]})
     assert ok.ok
-    bad = interpreter.check_warns(0, step, {"warnings": ["FutureWarning: group"]})
+    bad = stepchecks.check_warns(0, step, {"warnings": ["FutureWarning: group"]})
     assert not bad.ok and bad.first_wrong[0][2] == "FutureWarning: group"
-    assert not interpreter.check_warns(0, step, {}).ok
+    assert not stepchecks.check_warns(0, step, {}).ok
 
 
 @pytest.mark.parametrize(("step", "message"), [

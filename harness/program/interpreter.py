@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import re
 import time
 import traceback
 import warnings
@@ -37,7 +36,7 @@ from ..model import (
     Tolerance,
     tensor_names,
 )
-from . import objects, tensors
+from . import objects, stepchecks, tensors
 from .timeline import STEP_KINDS, ProgramState
 
 REDUCE_OPS = {
@@ -243,9 +242,10 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None) ->
             torch.cuda.synchronize()
             state.synchronized()
         res.checks = check_results(inst, renv, env, bufs, before, written)
-        res.checks += [check_return(i, step, renv, env, got) for i, step, got in rets
+        res.checks += [stepchecks.check_return(i, step, renv.rank, renv.world_size, env, got)
+                       for i, step, got in rets
                        if step.returns is not None and step.returns[renv.rank] is not None]
-        res.checks += [check_warns(i, step, got) for i, step, got in rets
+        res.checks += [stepchecks.check_warns(i, step, got) for i, step, got in rets
                        if step.warns is not None]
         res.ordering = {**state.results(), **(probes(inst, renv, env) if probes else {})}
     except Exception as exc:  # reported to the parent, which decides the outcome
@@ -270,7 +270,7 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
     op = ops.get(step.op)
     args = _args(step, renv.rank, renv.world_size, env)
     group, group_ranks = _group(renv, args.pop("group", None))
-    _group_addressing(args, group_ranks)
+    stepchecks.group_addressing(args, group_ranks)
     passed: dict[str, Any] = {}
     for role_name, tname in step.bufs:
         role = op.role(role_name)
@@ -304,7 +304,7 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
     ctx = ops.CallContext(dist=dist, rank=renv.rank, world_size=renv.world_size, group=group,
                           group_ranks=group_ranks,
                           reduce_op=_reduce_op(inst.reduce_op, inst.premul_factor,
-                                               factor_like(inst, passed))
+                                               stepchecks.factor_like(inst, passed))
                           if op.reduces else None,
                           async_op=step.async_op, args=args,
                           returned=returned if returned is not None else {})
@@ -323,62 +323,6 @@ def _repeated(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
         if work is not None:
             works.append(work)
     return ops.p2p.WorkList(works) if works else None
-
-
-def check_return(idx: int, step: Step, renv: RankEnv, env: dict[str, Any],
-                 returned: dict[str, Any]) -> TensorCheck:
-    """Compare what the op of step ``idx`` returned on this rank with ``returns:``."""
-    assert step.returns is not None and step.op is not None
-    want = returns_value(step.returns[renv.rank],
-                         {**env, "rank": renv.rank, "world_size": renv.world_size})
-    what = f"return of step {idx} ({step.op})"
-    if "value" not in returned and "source_of" in returned:  # an irecv, waited by now
-        returned["value"] = returned["source_of"]._source_rank()
-    if "value" not in returned:
-        return TensorCheck(tensor=what, ok=False, expectation="explicit", wrong=1, total=1,
-                           note="the op returned no value (was its Work waited?)")
-    got = returned["value"]
-    ok = got == want and type(got) is type(want)
-    return TensorCheck(tensor=what, ok=ok, expectation="explicit", wrong=0 if ok else 1,
-                       total=1, first_wrong=[] if ok else [(0, repr(want), repr(got))])
-
-
-def check_warns(idx: int, step: Step, returned: dict[str, Any]) -> TensorCheck:
-    """Whether a warning of step ``idx``'s call matched ``warns:`` (``Type: message``)."""
-    assert step.warns is not None
-    seen: list[str] = returned.get("warnings", [])
-    ok = any(re.search(step.warns, w) for w in seen)
-    got = "; ".join(w[:200] for w in seen[:3]) or "no warning"
-    return TensorCheck(tensor=f"warning of step {idx} ({step.op})", ok=ok,
-                       expectation="explicit", wrong=0 if ok else 1, total=1,
-                       first_wrong=[] if ok else [(0, repr(step.warns), got)])
-
-
-def returns_value(value: Any, env: dict[str, Any]) -> Any:
-    """An expected return value resolved for this rank (an int, or an Expr evaluated)."""
-    return int(value(env)) if isinstance(value, Expr) else value
-
-
-def factor_like(inst: Instance, passed: dict[str, Any]) -> torch.Tensor | None:
-    """With ``premul_tensor``, a tensor of the op's buffers (for the factor's dtype/device)."""
-    if not inst.premul_tensor:
-        return None
-    for value in passed.values():
-        first = value[0] if isinstance(value, list) and value else value
-        if isinstance(first, torch.Tensor):
-            return first
-    return None
-
-
-def _group_addressing(args: dict[str, Any], group_ranks: tuple[int, ...]) -> None:
-    """For ``group_src``/``group_dst`` (positions in the group): add the global rank the
-    harness uses itself (root-only buffers, the reference); torch still gets the group form.
-    An out-of-range position maps to None so that torch, not the harness, reports it."""
-    for key in ("src", "dst"):
-        if f"group_{key}" in args:
-            pos = int(args[f"group_{key}"])
-            args[key] = group_ranks[pos] if 0 <= pos < len(group_ranks) else None
-            args["addressing"] = "group"
 
 
 def _special(step: Step) -> None:
@@ -412,10 +356,9 @@ def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> Any:
     step = inst.steps[0]
     args = _args(step, renv.rank, renv.world_size, env)
     group = args.pop("group", None)
-    _group_addressing(args, tuple(sorted(group)) if group else tuple(range(renv.world_size)))
-    ctx = ops.RefContext(world_size=renv.world_size,
-                         group_ranks=tuple(sorted(group)) if group
-                         else tuple(range(renv.world_size)),
+    members = tuple(sorted(group)) if group else tuple(range(renv.world_size))
+    stepchecks.group_addressing(args, members)
+    ctx = ops.RefContext(world_size=renv.world_size, group_ranks=members,
                          reduce_op=inst.reduce_op,
                          args={**args, "premul_factor": inst.premul_factor},
                          out_shape=_shape(out_spec.shape_for(renv.rank)) or ())
