@@ -58,10 +58,32 @@ class TensorSpec:
     layout: str = "contiguous"
     # Per-rank shapes where they differ (uneven all_to_all_single, shapes over ``rank``).
     rank_shapes: tuple[tuple[int, ...], ...] | None = None
+    # A list buffer whose entries differ in shape (all_gather_v...): per rank, the shape of
+    # each entry (None on a rank where the buffer is one plain tensor). Such a buffer is one
+    # flat tensor of all entries' elements (``rank_shapes`` gives its length); an op gets
+    # views of its consecutive pieces, reshaped.
+    entry_shapes: tuple[tuple[tuple[int, ...], ...] | None, ...] | None = None
 
     def shape_for(self, rank: int) -> tuple[int | Expr, ...] | None:
         """This rank's shape."""
         return self.rank_shapes[rank] if self.rank_shapes is not None else self.shape
+
+    def entries_for(self, rank: int) -> tuple[tuple[int, ...], ...] | None:
+        """This rank's entry shapes, or None where the buffer is one plain tensor."""
+        return self.entry_shapes[rank] if self.entry_shapes is not None else None
+
+
+# A list role given as several tensors (``input: [a, b, c]``: one list entry per tensor, of
+# any shape and dtype) is stored in Step.bufs as this prefix and the comma-joined names.
+TENSOR_LIST = "list:"
+
+
+def tensor_names(tname: str) -> list[str]:
+    """The tensor names a Step.bufs entry stands for (one, or a packed list)."""
+    if tname.startswith(TENSOR_LIST):
+        rest = tname[len(TENSOR_LIST):]
+        return rest.split(",") if rest else []
+    return [tname]
 
 
 @dataclass(frozen=True)
@@ -86,6 +108,15 @@ class Step:
     waits: tuple[str, ...] = ()
     value: Any = None
     stream: str = "current"  # op steps: "side" issues the op on the rank's side CUDA stream
+    # op steps: the value the op must return (see Op.returns), per rank: an int, an Expr
+    # over rank/world_size/params, or None (not checked); a tuple indexed by rank.
+    returns: tuple[Any, ...] | None = None
+    # op steps: issue the op this many times in a row (``rep`` = 0..repeat-1 in its src/dst
+    # expressions); with ``slices`` repetition ``rep`` works on slice ``rep`` (dim 0) of
+    # each of its buffers. Async repetitions stay in flight until the step's handle is waited.
+    repeat: int = 1
+    slices: bool = False
+    warns: str | None = None  # op steps: a regex a warning of the call must match
 
     def describe(self) -> str:
         if self.kind == "op":
@@ -241,6 +272,10 @@ class Instance:
     isolate: bool
     marks: tuple[str, ...]
     premul_factor: float = 2.0
+    premul_tensor: bool = False  # pass the PREMUL_SUM factor as a 1-element tensor
+    # Set in every rank before its process group starts (part of the pool key).
+    env: tuple[tuple[str, str], ...] = ()
+    pg_timeout: float | None = None  # seconds; None: the session's --pg-timeout default
     ordering: OrderingPlan | None = None  # async-contract checks (harness.ordering.plan)
     perf: PerfPlan | None = None  # time it after the checks (--perf; harness.perf.plan)
     # Per buffer, the YAML line a value failure points at: its ``expected:`` entry, else the

@@ -375,7 +375,6 @@ class CaseItem(pytest.Item):
             raise pytest.skip.Exception(reason, _use_item_location=True)
 
     def runtest(self) -> None:
-
         inst = self.instance
         t0 = time.monotonic()
         result = self.harness_failure
@@ -408,7 +407,9 @@ class CaseItem(pytest.Item):
         hs = _hs(self.config)
         inst = self.instance
         deadline = inst.deadline or hs.deadline
-        key = PoolKey(inst.backend, inst.device, inst.world_size, hs.backend_modules)
+        # A case's environment and process-group timeout are part of what a pool is.
+        key = PoolKey(inst.backend, inst.device, inst.world_size, hs.backend_modules,
+                      env=inst.env, pg_timeout_s=inst.pg_timeout)
         where = f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]"
         try:
             check_deadline(deadline)

@@ -111,7 +111,7 @@ def test_good_file_has_no_problem() -> None:
          op: all_reduce
          shape: [2]
          input: "rnak + i"
-     """, ["unknown name 'rnak'", "available here: i, rank, world_size"]),
+     """, ["unknown name 'rnak'", "available here: i, j, k, rank, world_size"]),
     # unknown reduce op
     ("""
      cases:

@@ -16,9 +16,22 @@ from typing import Any
 from .. import dtypes, ops
 from ..errors import CaseFileError, ExprError, quote
 from ..expr import Expr, parse
-from ..model import Case, Expectation, Fill, Instance, Override, Step, TensorSpec, Tolerance
+from ..model import (
+    TENSOR_LIST,
+    Case,
+    Expectation,
+    Fill,
+    Instance,
+    Override,
+    Step,
+    TensorSpec,
+    Tolerance,
+)
 from ..ordering.plan import plan_instances
-from . import opargs
+from . import caseenv, opargs
+from . import entries as list_entries
+from . import repeat as step_repeat
+from . import returns as step_returns
 from .bounds import check_instance
 from .fields import as_list, expr_names, parse_fill
 from .limits import Limits
@@ -27,7 +40,7 @@ from .steps import is_ordering_step, make_step
 MAX_ID = 200  # test ids are printed on every line of pytest's output
 DEFAULT_DEVICE = {"nccl": "cuda", "gloo": "cpu", "mpi": "cpu", "ucc": "cpu"}
 # Op arguments whose list value is a matrix axis (each value its own instance).
-AXIS_ARGS = ("src", "dst", "group", "form", "inplace")
+AXIS_ARGS = ("src", "dst", "group", "form", "inplace", "group_src", "group_dst")
 # Op arguments passed through unchanged (``splits`` is evaluated per world size).
 PLAIN_ARGS = ("tag", "timeout", "wait_all_ranks")
 # ``world_size: launched``: as many ranks as the launcher gave (external-ranks mode), or
@@ -117,6 +130,8 @@ class _Expander:
             out.append((f"args.{key}", "" if key == "form" else key, axis))
         for key, value in raw.get("params", {}).items():
             out.append((f"params.{key}", key, as_list(value)))
+        for key, value in raw.get("env", {}).items():
+            out.append((f"env.{key}", f"{key}=", caseenv.axis_values(value)))
         return out
 
     def program_async(self, point: dict[str, Any]) -> str | None:
@@ -143,7 +158,7 @@ class _Expander:
                 continue
             elif name == "args.inplace":
                 parts.append("inplace" if v else "outofplace")
-            elif name in ("shape",) or name.startswith(("args.", "params.")):
+            elif name in ("shape",) or name.startswith(("args.", "params.", "env.")):
                 if len(values) > 1 or name.startswith("args."):
                     parts.append(f"{prefix}{_fmt(v)}")
             else:
@@ -198,6 +213,10 @@ class _Expander:
             premul_factor=self._premul(raw.get("args", {}).get("premul_factor", 2.0), env,
                                        ("args", "premul_factor")),
             value_lines=self._value_lines(tensors, shorthand),
+            premul_tensor=bool(raw.get("args", {}).get("premul_tensor", False)),
+            env=tuple(sorted((k.split(".", 1)[1], v) for k, v in point.items()
+                             if k.startswith("env."))),
+            pg_timeout=float(raw["pg_timeout"]) if "pg_timeout" in raw else None,
         )
 
     def _key_line(self, *path: Any) -> int | None:
@@ -283,6 +302,10 @@ class _Expander:
                     raise self.case.error(("args", key), f"{key}={value!r} is outside "
                                           f"world_size {ws}", f"ranks run 0..{ws - 1}")
                 args[key] = tuple(value) if isinstance(value, list) else value
+        for key in ("group_src", "group_dst"):  # positions in the group, checked by torch
+            if f"args.{key}" in point:
+                value = point[f"args.{key}"]
+                args[key] = parse(value, tuple(env))(env) if isinstance(value, str) else value
         for key in PLAIN_ARGS:
             if key in self.raw.get("args", {}):
                 args[key] = self.raw["args"][key]
@@ -308,14 +331,16 @@ class _Expander:
             out_obj = opargs.object_form(op, op.out_role)
             init = _fill(self.case, raw["input"], bool(in_obj))
             self._check_ranks(init, ws, ("input",), "input")
-            in_shape = (self._object_shape(point, env, init, in_obj) if in_obj else
-                        self._input_shape(point, env, init))
             # Buffers are named by role: an in-place op's one buffer after its role ("tensor"
             # for all_reduce: it holds the input and then the output), else input / output.
             in_place = op.out_role == op.in_role
             in_name = op.in_role if in_place else "input"
             out_name = in_name if in_place else "output"
             members = list(group) if group is not None else list(range(ws))
+            if "entry_shape" in raw:
+                return self._entries_shorthand(point, env, args, group, members, init)
+            in_shape = (self._object_shape(point, env, init, in_obj) if in_obj else
+                        self._input_shape(point, env, init))
             per_rank = (op.rank_shapes(in_shape, len(members), args)
                         if in_shape is not None and not in_obj else None)
             in_shapes = out_shapes = None
@@ -351,6 +376,39 @@ class _Expander:
                     ranks=tuple(group) if group is not None else None,
                     async_op=bool(point.get("async", False)) or op.name in ops.ALWAYS_ASYNC)
         return tuple(tensors), (step,), tuple(expected), shorthand
+
+    def _entries_shorthand(self, point: dict[str, Any], env: dict[str, Any],
+                           args: dict[str, Any], group: Any, members: list[int], init: Fill
+                           ) -> tuple[tuple[TensorSpec, ...], tuple[Step, ...],
+                                      tuple[tuple[str, Fill], ...], tuple[str, str]]:
+        """The op: form with ``entry_shape``: list entries of different shapes."""
+        assert self.op is not None
+        op, ws = self.op, point["world_size"]
+        in_shapes, in_entries, out_shapes, out_entries = list_entries.shorthand_layouts(
+            self.case, op, env, ws, members)
+        in_place = op.out_role == op.in_role  # buffers named by role, as in _shorthand
+        in_name = op.in_role if in_place else "input"
+        out_name = in_name if in_place else "output"
+        tensors = [TensorSpec(in_name, in_shapes[0], point["dtype"], init, "contiguous",
+                              rank_shapes=in_shapes, entry_shapes=in_entries)]
+        bufs = [(op.in_role, in_name)]
+        expected: list[tuple[str, Fill]] = []
+        if out_name != in_name:
+            tensors.append(TensorSpec(out_name, out_shapes[0], point["dtype"], Fill("poison"),
+                                      "contiguous", rank_shapes=out_shapes,
+                                      entry_shapes=out_entries))
+            bufs.append((op.out_role, out_name))
+            expected.append((in_name, Fill("unchanged")))
+        exp = parse_fill(self.case, self.raw.get("expected", "auto"))
+        self._check_ranks(exp, ws, ("expected",), "expected")
+        expected.insert(0, (out_name, exp))
+        step_args = tuple(sorted(args.items()))
+        if group is not None:
+            step_args = (*step_args, ("group", group))
+        step = Step(kind="op", line=self.case.line, op=op.name, bufs=tuple(bufs),
+                    args=step_args, ranks=tuple(group) if group is not None else None,
+                    async_op=bool(point.get("async", False)))
+        return tuple(tensors), (step,), tuple(expected), (in_name, out_name)
 
     def _object_shape(self, point: dict[str, Any], env: dict[str, Any], init: Fill,
                       form: str) -> tuple[int, ...]:
@@ -395,7 +453,12 @@ class _Expander:
             init = _fill(self.case, spec["init"], bool(is_obj))
             self._check_ranks(init, ws, ("tensors", name, "init"), f"tensors.{name}.init")
             shape, rank_shapes = None, None
-            if "shape" in spec:
+            entry_shapes: tuple[tuple[tuple[int, ...], ...] | None, ...] | None = None
+            if "entries" in spec:
+                rank_shapes, entry_shapes = list_entries.tensor_layouts(self.case, name, spec,
+                                                                        env, ws)
+                shape = rank_shapes[0]
+            elif "shape" in spec:
                 spath = ("tensors", name, "shape")
                 if opargs.uses_rank(spec["shape"]):
                     rank_shapes = tuple(self._eval_shape(spec["shape"], {**env, "rank": r}, spath)
@@ -408,8 +471,9 @@ class _Expander:
                 raise self.case.error(("tensors", name, "dtype"),
                                       f"unknown dtype {spec['dtype']!r}")
             tensors.append(TensorSpec(name, shape, dtype, init,
+                                      "contiguous" if entry_shapes else
                                       spec.get("layout", point["layout"]),
-                                      rank_shapes=rank_shapes))
+                                      rank_shapes=rank_shapes, entry_shapes=entry_shapes))
         steps: list[Step] = []
         for idx, s in enumerate(raw["steps"]):
             line = self.case.doc.pos((*self.case.origin["steps"], idx)).line
@@ -422,12 +486,14 @@ class _Expander:
                                           f"outside world_size {ws}")
             if "op" in s:
                 op = ops.get(s["op"])
-                bufs = tuple((role.name, s[role.name]) for role in op.roles)
+                bufs = tuple((role.name, s[role.name] if isinstance(s[role.name], str)
+                              else TENSOR_LIST + ",".join(s[role.name])) for role in op.roles)
                 args: list[tuple[str, Any]] = []
-                for key in ("src", "dst", "tag"):
+                for key in ("src", "dst", "tag", "group_src", "group_dst"):
                     if key in s:
                         v = s[key]
-                        args.append((key, parse(v, names) if isinstance(v, str) else v))
+                        args.append((key, parse(v, (*names, *step_repeat.names(s)))
+                                     if isinstance(v, str) else v))
                 for key in ("form", "inplace", *PLAIN_ARGS[1:]):
                     if key in s:
                         args.append((key, s[key]))
@@ -437,7 +503,9 @@ class _Expander:
                                                         ("steps", idx, "splits"))))
                 for k, entry in enumerate(s.get("p2p", [])):
                     bufs = (*bufs, (f"p2p.{k}", entry["tensor"]))
-                    peer = entry["peer"]
+                    peer = entry["peer"] if "peer" in entry else entry["group_peer"]
+                    if "group_peer" in entry:
+                        args.append((f"p2p.{k}.by_group", True))
                     args.append((f"p2p.{k}.op", entry["op"]))
                     args.append((f"p2p.{k}.peer", parse(peer, names) if isinstance(peer, str)
                                  else peer))
@@ -452,12 +520,22 @@ class _Expander:
                                                                ("steps", idx, "premul_factor"))))
                 asy = (s.get("async", bool(point.get("async", False)))
                        or op.name in ops.ALWAYS_ASYNC)
+                rets = (step_returns.per_rank(self.case, s["returns"], ws,
+                                              ("steps", idx, "returns"))
+                        if "returns" in s else None)
                 steps.append(Step("op", line, op=op.name, bufs=bufs, args=tuple(args),
                                   ranks=ranks, async_op=asy, handle=s.get("handle"),
-                                  stream=s.get("stream", "current")))
+                                  stream=s.get("stream", "current"), returns=rets,
+                                  repeat=int(s.get("repeat", 1)),
+                                  slices=bool(s.get("slices", False)),
+                                  warns=s.get("warns")))
             elif "wait" in s:
+                wait_args: tuple[tuple[str, Any], ...] = (
+                    (("thread", True),) if s.get("thread") else ())
+                if "timeout" in s:
+                    wait_args = (*wait_args, ("timeout", float(s["timeout"])))
                 steps.append(Step("wait", line, ranks=ranks, waits=tuple(as_list(s["wait"])),
-                                  args=(("thread", True),) if s.get("thread") else ()))
+                                  args=wait_args))
             elif is_ordering_step(s):
                 steps.append(make_step(self.case, s, idx, line, ranks, env))
             else:

@@ -68,7 +68,7 @@ def check_fill(case: Case, path: Path, value: Any, expected: bool, depth: int = 
                     path, f"{value!r} cannot be used here",
                     "allowed: " + ", ".join(allowed_here) + ", a list, or an expression")])
             return
-        check_expr(case, path, value, ("i",))
+        check_expr(case, path, value, ("i", "j", "k"))
 
 
 def parse_fill(case: Case, raw: Any) -> Fill:
@@ -84,5 +84,5 @@ def parse_fill(case: Case, raw: Any) -> Fill:
     if isinstance(raw, str):
         if raw in KEYWORDS:
             return Fill(raw)  # type: ignore[arg-type]
-        return Fill("expr", parse(raw, (*expr_names(case), "i")))
+        return Fill("expr", parse(raw, (*expr_names(case), "i", "j", "k")))
     return Fill("list", raw)

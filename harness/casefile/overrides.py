@@ -108,5 +108,5 @@ def _override_fill(raw: Any) -> Fill:
     if isinstance(raw, dict):
         return Fill("per_rank", {k: _override_fill(v) for k, v in raw.items()})
     if isinstance(raw, str):
-        return Fill("expr", parse(raw, ("rank", "world_size", "i")))
+        return Fill("expr", parse(raw, ("rank", "world_size", "i", "j", "k")))
     return Fill("list", raw)

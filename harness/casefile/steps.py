@@ -62,7 +62,7 @@ def _check_expect(case: Case, path: tuple[Any, ...], value: Any,
                                    "allowed: stale, final, unspecified, a list, an expression"))
             return
         try:
-            check_expr(case, path, value, ("i",))
+            check_expr(case, path, value, ("i", "j", "k"))
         except CaseFileErrors as exc:
             errs.extend(exc.errors)
 

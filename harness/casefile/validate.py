@@ -17,7 +17,7 @@ import jsonschema
 from .. import dtypes, expr, ops
 from ..errors import CaseFileError, CaseFileErrors, ExprError, quote
 from ..model import Case
-from . import opargs, patterns
+from . import addressing, caseenv, entries, opargs, patterns, repeat, returns
 from .fields import KEYWORDS, as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
@@ -246,16 +246,20 @@ def check_case(case: Case) -> None:
         if raw.get("op") in ops.ALL_OPS:
             op = ops.get(raw["op"])
             args = raw.get("args", {})
+            errs.extend(addressing.check_args(case, op, args, ("args",)))
             for req in op.required_args:
-                if req not in args:
+                if req not in args and f"group_{req}" not in args:
                     errs.append(case.error(("name",), f"op {op.name} needs args.{req}",
                                            f"add 'args: {{{req}: 0}}'"))
             if isinstance(args.get("premul_factor"), str):
                 guard(check_expr, case, ("args", "premul_factor"), args["premul_factor"])
             for key in args:
-                if key not in (*op.args, "group", "premul_factor"):
+                if key not in (*op.args, "group", "premul_factor", "premul_tensor",
+                               *addressing.allowed(op)):
                     errs.append(case.error(("args", key), f"op {op.name} takes no argument "
                                            f"{key!r}", suggest(key, (*op.args, "group"))))
+    guard(entries.check_case, case)
+    errs.extend(caseenv.check(case))
     if has_steps:
         guard(check_steps, case)
     errs.extend(check_safety(case))
@@ -350,6 +354,7 @@ def check_steps(case: Case) -> None:
                 case, ("tensors", name, "init"), spec["init"], False)
         except CaseFileErrors as exc:
             errs.extend(exc.errors)
+        errs.extend(entries.check_tensor(case, name, spec))
         for i, dim in enumerate(spec.get("shape", [])):
             if isinstance(dim, str):
                 try:
@@ -365,6 +370,11 @@ def check_steps(case: Case) -> None:
             continue
         action = actions[0]
         errs.extend(check_step(case, path, step, action, tensors, handles))
+        errs.extend(returns.check(case, path, step))
+        errs.extend(returns.check_warns(case, path, step))
+        step_op = ops.ALL_OPS.get(step.get("op", ""))
+        errs.extend(repeat.check(case, path, step, action, tensors,
+                                 tuple(r.name for r in step_op.roles) if step_op else ()))
         if isinstance(step.get("ranks"), str):
             try:
                 check_expr(case, (*path, "ranks"), step["ranks"])
@@ -386,6 +396,10 @@ def check_steps(case: Case) -> None:
         role_names = {r.name for r in op.roles}
         for role in op.roles:
             tname = step.get(role.name)
+            if isinstance(tname, list):  # one list entry per named tensor
+                errs.extend(_check_tensor_list(case, (*path, role.name), op, role, tname,
+                                               tensors, object_tensors))
+                continue
             holds_objects = bool(opargs.object_form(op, role.name))
             if tname is not None and tname in tensors and (
                     holds_objects != (tname in object_tensors)):
@@ -414,7 +428,7 @@ def check_steps(case: Case) -> None:
                 errs.append(case.error((*path, key), f"{op.name} takes no argument {key!r}"))
             if key in ("src", "dst") and isinstance(step.get(key), str):
                 try:
-                    check_expr(case, (*path, key), step[key])
+                    check_expr(case, (*path, key), step[key], repeat.names(step))
                 except CaseFileErrors as exc:
                     errs.extend(exc.errors)
         for key in ("reduce_op", "premul_factor"):
@@ -430,6 +444,7 @@ def check_steps(case: Case) -> None:
                 check_expr(case, (*path, "premul_factor"), step["premul_factor"])
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
+        errs.extend(addressing.check_args(case, op, step, path))
         if op.name == "batch_isend_irecv" and "p2p" not in step:
             errs.append(case.error(path, "batch_isend_irecv needs 'p2p:' (a list of "
                                    "{op: isend|irecv, tensor: NAME, peer: RANK})"))
@@ -439,18 +454,14 @@ def check_steps(case: Case) -> None:
                                        f"unknown tensor {entry['tensor']!r}",
                                        suggest(entry["tensor"], tuple(tensors)) if tensors else
                                        "declare it under 'tensors:'"))
-            if isinstance(entry["peer"], str):
-                try:
-                    check_expr(case, (*path, "p2p", k, "peer"), entry["peer"])
-                except CaseFileErrors as exc:
-                    errs.extend(exc.errors)
+            errs.extend(addressing.check_p2p_entry(case, (*path, "p2p", k), entry))
         if "splits" in step:
             try:
                 opargs.check_splits(case, (*path, "splits"), step["splits"])
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
         for req in op.required_args:
-            if req not in step:
+            if req not in step and f"group_{req}" not in step:
                 errs.append(case.error(path, f"{op.name} needs '{req}:'"))
         if "handle" in step:
             handles.add(step["handle"])
@@ -471,3 +482,22 @@ def check_steps(case: Case) -> None:
                 errs.extend(exc.errors)
     if errs:
         raise CaseFileErrors(errs)
+
+
+def _check_tensor_list(case: Case, path: Path, op: ops.Op, role: ops.Role, names: list[str],
+                       tensors: dict[str, Any], object_tensors: set[str]
+                       ) -> list[CaseFileError]:
+    """A list role given as a list of tensor names (entries of any shape and dtype)."""
+    if role.form != "list":
+        return [case.error(path, f"{op.name}'s {role.name!r} buffer is not a list of tensors",
+                           "give one tensor name")]
+    errs: list[CaseFileError] = []
+    for i, name in enumerate(names):
+        if name not in tensors:
+            errs.append(case.error((*path, i), f"unknown tensor {name!r}",
+                                   suggest(name, tuple(tensors)) if tensors else
+                                   "declare it under 'tensors:'"))
+        elif name in object_tensors:
+            errs.append(case.error((*path, i), f"{name!r} is an object buffer; list entries "
+                                   "are tensors"))
+    return errs

@@ -8,8 +8,8 @@ bus-bandwidth factor. Parent-side code reads only the plain attributes; ``call``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .. import dtypes
@@ -24,6 +24,13 @@ Only = Literal["all", "src", "dst"]
 # A value of None in a per-rank expectation list means "the contract leaves it unspecified".
 # Object collectives put Python objects where tensors would be.
 PerRank = list[Any]
+
+# A buffer's layout in a case with per-entry shapes: one tensor shape, or a list of entry
+# shapes (a Python list of tensors of different sizes, as all_gather_v passes).
+Shape = tuple[int, ...]
+Layout = Shape | list[Shape]
+# entry_shape(s, j): the shape of list entry j; ``s`` is the sending member (all_to_all only).
+EntryShape = Callable[[int, int], Shape]
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,9 @@ class CallContext:
     # In a --perf timing loop: the buffers' contents no longer matter, so an op may skip the
     # copies that only keep the case's buffers checkable and make the call torch documents.
     timing: bool = False
+    # What the call returned that a case may check (``returns:``), filled by the op: the
+    # value is recorded under "value" once known (after wait() for async calls).
+    returned: dict[str, Any] = field(default_factory=dict)
 
 
 class Op:
@@ -87,6 +97,11 @@ class Op:
     # (all_reduce, broadcast, all_gather...): the verdict compares the ranks' digests, which
     # catches a divergence even where the expectation is "unspecified" or has a tolerance.
     agree: bool = False
+    # What ``returns:`` on a step of this op checks (README "Return values"); empty: the op
+    # returns nothing a case can state.
+    returns: str = ""
+    # Its list may have any number of entries (``entries:``), not one per group member.
+    entry_count_free: bool = False
     # Backends that implement the op at all (empty: any). Elsewhere instances skip.
     only_backends: tuple[str, ...] = ()
 
@@ -117,6 +132,18 @@ class Op:
 
         Only ops whose buffers legitimately differ in size per rank (uneven
         ``all_to_all_single``) override this; indexed by position in the group.
+        """
+        return None
+
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        """Per group position, the (input, output) layouts when list entries differ in size.
+
+        ``entry(s, j)`` is the case's ``entry_shape`` (the shape of the entry that belongs to
+        group member ``j``; for all_to_all, of the chunk member ``s`` sends to ``j``). None:
+        the op has no list buffer whose entries may differ (the case is rejected). ``count``
+        is the case's ``entries`` (list length) for the coalesced ops, whose lists are not
+        one entry per member; the collectives' lists always have ``n`` entries.
         """
         return None
 
@@ -174,6 +201,31 @@ def reference_tolerance(reduce_op: str | None, group_size: int, dtype: str
 def for_members(value: Any, ctx: RefContext) -> PerRank:
     """``value`` on every member of the op's group, None (unspecified) on the other ranks."""
     return [value if r in ctx.group_ranks else None for r in range(ctx.world_size)]
+
+
+def root_kw(ctx: CallContext, key: str) -> dict[str, Any]:
+    """The root argument of a call: ``src=``/``dst=`` (a global rank), or ``group_src=``/
+    ``group_dst=`` (its position in the group) when the case addresses ranks in the group."""
+    if ctx.args.get("addressing") == "group" and f"group_{key}" in ctx.args:
+        return {f"group_{key}": int(ctx.args[f"group_{key}"])}
+    return {key: ctx.args.get(key)}
+
+
+def stack_or_list(ts: Sequence[Any]) -> Any:
+    """The entries stacked in a new dim 0, or a plain list when their shapes differ."""
+    import torch
+
+    if all(isinstance(t, torch.Tensor) for t in ts) and len({tuple(t.shape) for t in ts}) <= 1:
+        return torch.stack(list(ts))
+    return list(ts)
+
+
+def reduce_entries(members: Sequence[Any], op: str, args: dict[str, Any]) -> Any:
+    """:func:`reduce_tensors` of the members' buffers; entry by entry for lists of entries."""
+    if members and isinstance(members[0], list):
+        return [reduce_tensors([m[j] for m in members], op, args)
+                for j in range(len(members[0]))]
+    return reduce_tensors(members, op, args)
 
 
 def reduce_tensors(tensors: Sequence[torch.Tensor], op: str, args: dict[str, Any]) -> torch.Tensor:

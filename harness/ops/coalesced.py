@@ -12,7 +12,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .base import CallContext, Op, PerRank, RefContext, Role, for_members, reduce_tensors
+from .base import (
+    CallContext,
+    EntryShape,
+    Layout,
+    Op,
+    PerRank,
+    RefContext,
+    Role,
+    for_members,
+    reduce_entries,
+    reduce_tensors,
+)
 from .p2p import WorkList
 
 if TYPE_CHECKING:
@@ -25,8 +36,14 @@ def _pos(ctx: RefContext) -> dict[int, int]:
 
 def _all_reduce_ref(inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
     assert ctx.reduce_op is not None
-    out = reduce_tensors([inputs[g] for g in ctx.group_ranks], ctx.reduce_op, ctx.args)
+    out = reduce_entries([inputs[g] for g in ctx.group_ranks], ctx.reduce_op, ctx.args)
     return [out if r in ctx.group_ranks else inputs[r] for r in range(ctx.world_size)]
+
+
+def _same_list(entry: EntryShape, n: int, count: int) -> list[tuple[Layout, Layout]]:
+    """In-place coalesced lists: every rank passes entries of the same shapes."""
+    shapes = [entry(j, j) for j in range(count)]
+    return [(list(shapes), list(shapes)) for _ in range(n)]
 
 
 class FutureWork:
@@ -36,7 +53,9 @@ class FutureWork:
     def __init__(self, fut: Any) -> None:
         self.fut = fut
 
-    def wait(self) -> bool:
+    def wait(self, timeout: Any = None) -> bool:
+        if timeout is not None:  # say so rather than wait without the bound
+            raise NotImplementedError("a torch.futures.Future has no wait(timeout)")
         self.fut.wait()
         return True
 
@@ -58,6 +77,11 @@ class AllReduceCoalesced(Op):
     reduces = True
     agree = True
     bus = "all_reduce"
+    entry_count_free = True
+
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        return _same_list(entry, n, n if count is None else count)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return _as_work(ctx.dist.all_reduce_coalesced(bufs["tensors"], op=ctx.reduce_op,
@@ -77,6 +101,14 @@ class AllGatherCoalesced(Op):
     bus = "ring"
     gathers = True
 
+    entry_count_free = True
+
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        # The output is n lists, each shaped like the input list (member order).
+        shapes = [entry(j, j) for j in range(n if count is None else count)]
+        return [(list(shapes), shapes * n) for _ in range(n)]
+
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return _as_work(ctx.dist.all_gather_coalesced(bufs["output"], bufs["input"],
                                                       group=ctx.group, async_op=ctx.async_op))
@@ -84,8 +116,10 @@ class AllGatherCoalesced(Op):
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         import torch
 
-        out = torch.stack([inputs[g] for g in ctx.group_ranks])
-        return for_members(out, ctx)
+        members = [inputs[g] for g in ctx.group_ranks]
+        if members and isinstance(members[0], list):  # entries of different shapes
+            return for_members([e for m in members for e in m], ctx)
+        return for_members(torch.stack(members), ctx)
 
 
 class _Managed(Op):
@@ -95,6 +129,7 @@ class _Managed(Op):
     torch_name = "_coalescing_manager"
     in_role = "input"
     out_role = "output"
+    returns = "how many Works the coalescing manager holds (cm.works) after the block"
 
     def issue(self, ctx: CallContext, bufs: dict[str, Any], k: int) -> None:
         raise NotImplementedError
@@ -104,6 +139,7 @@ class _Managed(Op):
         with ctx.dist._coalescing_manager(group=ctx.group, async_ops=ctx.async_op) as cm:
             for k in range(count):
                 self.issue(ctx, bufs, k)
+        ctx.returned["value"] = len(cm.works)
         return WorkList(list(cm.works)) if ctx.async_op else None
 
 
@@ -113,6 +149,11 @@ class CoalescingManagerAllReduce(_Managed):
     in_role = out_role = "tensors"
     reduces = True
     agree = True
+    entry_count_free = True
+
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        return _same_list(entry, n, n if count is None else count)
 
     def issue(self, ctx: CallContext, bufs: dict[str, Any], k: int) -> None:
         ctx.dist.all_reduce(bufs["tensors"][k], op=ctx.reduce_op, group=ctx.group)

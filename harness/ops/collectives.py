@@ -5,7 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .base import CallContext, Op, PerRank, RefContext, Role, for_members, reduce_tensors
+from .base import (
+    CallContext,
+    EntryShape,
+    Layout,
+    Op,
+    PerRank,
+    RefContext,
+    Role,
+    for_members,
+    reduce_entries,
+    reduce_tensors,
+    root_kw,
+    stack_or_list,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +60,7 @@ class Broadcast(Op):
     agree = True
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return ctx.dist.broadcast(bufs["tensor"], src=ctx.args["src"], group=ctx.group,
+        return ctx.dist.broadcast(bufs["tensor"], **root_kw(ctx, "src"), group=ctx.group,
                                   async_op=ctx.async_op)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
@@ -64,7 +77,7 @@ class Reduce(Op):
     reduces = True
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return ctx.dist.reduce(bufs["tensor"], dst=ctx.args["dst"], op=ctx.reduce_op,
+        return ctx.dist.reduce(bufs["tensor"], **root_kw(ctx, "dst"), op=ctx.reduce_op,
                                group=ctx.group, async_op=ctx.async_op)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
@@ -96,11 +109,13 @@ class AllGather(Op):
             inp = mine
         return ctx.dist.all_gather(out, inp, group=ctx.group, async_op=ctx.async_op)
 
-    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
-        import torch
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        # all_gather_v: member p contributes entry p's shape; every output list has them all.
+        return [(entry(p, p), [entry(j, j) for j in range(n)]) for p in range(n)]
 
-        out = torch.stack(_members(inputs, ctx))
-        return for_members(out, ctx)
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        return for_members(stack_or_list(_members(inputs, ctx)), ctx)
 
 
 class Gather(Op):
@@ -114,13 +129,15 @@ class Gather(Op):
     gathers = True
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return ctx.dist.gather(bufs["input"], gather_list=bufs["output"], dst=ctx.args["dst"],
+        return ctx.dist.gather(bufs["input"], gather_list=bufs["output"], **root_kw(ctx, "dst"),
                                group=ctx.group, async_op=ctx.async_op)
 
-    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
-        import torch
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        return [(entry(p, p), [entry(j, j) for j in range(n)]) for p in range(n)]
 
-        out = torch.stack(_members(inputs, ctx))
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        out = stack_or_list(_members(inputs, ctx))
         # Only the destination passes a gather list; elsewhere the output is never handed to
         # the op, so it must still hold its poison: the harness checks it as "unchanged".
         return [out if r == ctx.args["dst"] else None for r in range(ctx.world_size)]
@@ -139,8 +156,12 @@ class Scatter(Op):
                   args: dict[str, Any] | None = None) -> tuple[int, ...]:
         return in_shape[1:]
 
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        return [([entry(j, j) for j in range(n)], entry(p, p)) for p in range(n)]
+
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return ctx.dist.scatter(bufs["output"], scatter_list=bufs["input"], src=ctx.args["src"],
+        return ctx.dist.scatter(bufs["output"], scatter_list=bufs["input"], **root_kw(ctx, "src"),
                                 group=ctx.group, async_op=ctx.async_op)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
@@ -162,13 +183,18 @@ class ReduceScatter(Op):
                   args: dict[str, Any] | None = None) -> tuple[int, ...]:
         return in_shape[1:]
 
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        # reduce_scatter_v: every rank passes the same list; member p receives entry p.
+        return [([entry(j, j) for j in range(n)], entry(p, p)) for p in range(n)]
+
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return ctx.dist.reduce_scatter(bufs["output"], bufs["input"], op=ctx.reduce_op,
                                        group=ctx.group, async_op=ctx.async_op)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         assert ctx.reduce_op is not None
-        out = reduce_tensors(_members(inputs, ctx), ctx.reduce_op, ctx.args)
+        out = reduce_entries(_members(inputs, ctx), ctx.reduce_op, ctx.args)
         pos = {g: i for i, g in enumerate(ctx.group_ranks)}
         return [out[pos[r]] if r in pos else None for r in range(ctx.world_size)]
 
@@ -185,16 +211,20 @@ class AllToAll(Op):
         return ctx.dist.all_to_all(bufs["output"], bufs["input"], group=ctx.group,
                                    async_op=ctx.async_op)
 
-    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
-        import torch
+    def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
+                      ) -> list[tuple[Layout, Layout]] | None:
+        # Member p sends entry(p, d) to d and receives entry(s, p) from every s.
+        return [([entry(p, d) for d in range(n)], [entry(s, p) for s in range(n)])
+                for p in range(n)]
 
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         pos = {g: i for i, g in enumerate(ctx.group_ranks)}
         out: PerRank = []
         for r in range(ctx.world_size):
             if r not in pos:
                 out.append(None)
                 continue
-            out.append(torch.stack([inputs[g][pos[r]] for g in ctx.group_ranks]))
+            out.append(stack_or_list([inputs[g][pos[r]] for g in ctx.group_ranks]))
         return out
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .base import CallContext, Op, PerRank, RefContext, Role, for_members
+from .base import CallContext, Op, PerRank, RefContext, Role, for_members, root_kw
 
 
 def _pos(ctx: RefContext) -> dict[int, int]:
@@ -30,7 +30,7 @@ class BroadcastObjectList(_ObjectOp):
     agree = True
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        ctx.dist.broadcast_object_list(bufs["objects"], src=ctx.args["src"], group=ctx.group)
+        ctx.dist.broadcast_object_list(bufs["objects"], **root_kw(ctx, "src"), group=ctx.group)
 
     def reference(self, inputs: Sequence[Any], ctx: RefContext) -> PerRank:
         src = inputs[ctx.args["src"]]
@@ -70,7 +70,7 @@ class GatherObject(_ObjectOp):
         return (world_size,)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        ctx.dist.gather_object(bufs["input"], bufs["output"], dst=ctx.args["dst"],
+        ctx.dist.gather_object(bufs["input"], bufs["output"], **root_kw(ctx, "dst"),
                                group=ctx.group)
 
     def reference(self, inputs: Sequence[Any], ctx: RefContext) -> PerRank:
@@ -94,7 +94,7 @@ class ScatterObjectList(_ObjectOp):
         return (1,)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        ctx.dist.scatter_object_list(bufs["output"], bufs["input"], src=ctx.args["src"],
+        ctx.dist.scatter_object_list(bufs["output"], bufs["input"], **root_kw(ctx, "src"),
                                      group=ctx.group)
 
     def reference(self, inputs: Sequence[Any], ctx: RefContext) -> PerRank:
@@ -112,7 +112,7 @@ class SendObjectList(_ObjectOp):
     in_role = out_role = "objects"
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        ctx.dist.send_object_list(bufs["objects"], dst=ctx.args["dst"], group=ctx.group)
+        ctx.dist.send_object_list(bufs["objects"], **root_kw(ctx, "dst"), group=ctx.group)
 
     def reference(self, inputs: Sequence[Any], ctx: RefContext) -> PerRank:
         raise ValueError("send_object_list has no shorthand reference: write steps")
@@ -126,7 +126,7 @@ class RecvObjectList(_ObjectOp):
     in_role = out_role = "objects"
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        ctx.dist.recv_object_list(bufs["objects"], src=ctx.args.get("src"), group=ctx.group)
+        ctx.dist.recv_object_list(bufs["objects"], **root_kw(ctx, "src"), group=ctx.group)
 
     def reference(self, inputs: Sequence[Any], ctx: RefContext) -> PerRank:
         raise ValueError("recv_object_list has no shorthand reference: write steps")

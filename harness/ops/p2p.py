@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .base import CallContext, Op, PerRank, RefContext, Role
+from .base import CallContext, Op, PerRank, RefContext, Role, root_kw
 
 if TYPE_CHECKING:
     import torch
@@ -32,8 +32,9 @@ class Send(_P2P):
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         tag = int(ctx.args.get("tag", 0))
         if ctx.async_op:
-            return ctx.dist.isend(bufs["tensor"], dst=ctx.args["dst"], group=ctx.group, tag=tag)
-        ctx.dist.send(bufs["tensor"], dst=ctx.args["dst"], group=ctx.group, tag=tag)
+            return ctx.dist.isend(bufs["tensor"], **root_kw(ctx, "dst"), group=ctx.group,
+                                  tag=tag)
+        ctx.dist.send(bufs["tensor"], **root_kw(ctx, "dst"), group=ctx.group, tag=tag)
         return None
 
 
@@ -42,13 +43,19 @@ class Recv(_P2P):
     roles = (Role("tensor", "out"),)
     args = ("src", "tag")
     required_args = ()  # no src: receive from any source (Gloo supports it; NCCL does not)
+    returns = ("the sender's global rank: what recv returns, or the irecv Work's "
+               "_source_rank() after wait()")
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         tag = int(ctx.args.get("tag", 0))
-        src = ctx.args.get("src")
+        src = root_kw(ctx, "src")
         if ctx.async_op:
-            return ctx.dist.irecv(bufs["tensor"], src=src, group=ctx.group, tag=tag)
-        ctx.dist.recv(bufs["tensor"], src=src, group=ctx.group, tag=tag)
+            work = ctx.dist.irecv(bufs["tensor"], **src, group=ctx.group, tag=tag)
+            # The sender is known once the Work is waited; asked only if a case checks it.
+            ctx.returned["source_of"] = work
+            return work
+        ctx.returned["value"] = ctx.dist.recv(bufs["tensor"], **src, group=ctx.group,
+                                              tag=tag)
         return None
 
 
@@ -81,9 +88,9 @@ class WorkList:
     def __init__(self, works: list[Any]) -> None:
         self.works = works
 
-    def wait(self) -> bool:
+    def wait(self, timeout: Any = None) -> bool:
         for w in self.works:
-            w.wait()
+            w.wait() if timeout is None else w.wait(timeout)
         return True
 
     def is_completed(self) -> bool:
@@ -104,6 +111,7 @@ class BatchISendIRecv(Op):
     roles = ()
     in_role = ""
     out_role = ""
+    returns = "how many Works batch_isend_irecv returned"
 
     def role(self, name: str) -> Role:
         if name.startswith("p2p."):
@@ -115,9 +123,16 @@ class BatchISendIRecv(Op):
         for key in sorted(bufs, key=lambda k: int(k.split(".")[1])):
             kind = ctx.args[f"{key}.op"]
             fn = {"isend": ctx.dist.isend, "irecv": ctx.dist.irecv}[kind]
-            p2p_ops.append(ctx.dist.P2POp(fn, bufs[key], int(ctx.args[f"{key}.peer"]),
-                                          group=ctx.group, tag=int(ctx.args.get(f"{key}.tag", 0))))
-        return WorkList(ctx.dist.batch_isend_irecv(p2p_ops))
+            peer = int(ctx.args[f"{key}.peer"])
+            tag = int(ctx.args.get(f"{key}.tag", 0))
+            if ctx.args.get(f"{key}.by_group"):  # group_peer: a position in the group
+                p2p_ops.append(ctx.dist.P2POp(fn, bufs[key], group=ctx.group, tag=tag,
+                                              group_peer=peer))
+            else:
+                p2p_ops.append(ctx.dist.P2POp(fn, bufs[key], peer, group=ctx.group, tag=tag))
+        works = list(ctx.dist.batch_isend_irecv(p2p_ops))
+        ctx.returned["value"] = len(works)
+        return WorkList(works)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         raise ValueError("batch_isend_irecv has no shorthand reference: write steps and "

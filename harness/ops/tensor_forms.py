@@ -47,8 +47,8 @@ class _CopyAfterWait:
     def __init__(self, work: Any, dst: Any, src: Any) -> None:
         self.work, self.dst, self.src, self.done = work, dst, src, False
 
-    def wait(self) -> bool:
-        self.work.wait()
+    def wait(self, timeout: Any = None) -> bool:
+        self.work.wait() if timeout is None else self.work.wait(timeout)
         if not self.done:
             self.dst.copy_(self.src)
             self.done = True

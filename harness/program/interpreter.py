@@ -9,9 +9,12 @@ concerns this rank); :func:`run_instance` runs the whole program with them.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +25,7 @@ import torch.distributed as dist
 from .. import ops
 from ..expr import Expr
 from ..model import (
+    TENSOR_LIST,
     Fill,
     Instance,
     RankResult,
@@ -30,8 +34,9 @@ from ..model import (
     TensorCheck,
     TensorSpec,
     Tolerance,
+    tensor_names,
 )
-from . import objects, tensors
+from . import objects, stepchecks, tensors
 from .timeline import STEP_KINDS, ProgramState
 
 REDUCE_OPS = {
@@ -66,7 +71,9 @@ class RankEnv:
         return rank if self.members is None else self.members[rank]
 
 
-def _reduce_op(name: str | None, factor: float) -> Any:
+def _reduce_op(name: str | None, factor: float, tensor_of: torch.Tensor | None = None) -> Any:
+    """The ReduceOp for ``name``; PREMUL_SUM's factor is a 1-element tensor shaped like
+    ``tensor_of`` (its dtype and device) when given, else a Python float."""
     if name is None:
         return None
     if name == "premul_sum":
@@ -74,6 +81,8 @@ def _reduce_op(name: str | None, factor: float) -> Any:
         if maker is None:
             raise RuntimeError("this torch has no PREMUL_SUM (torch.distributed."
                                "_make_nccl_premul_sum)")
+        if tensor_of is not None:
+            return maker(torch.tensor([factor], dtype=tensor_of.dtype, device=tensor_of.device))
         return maker(factor)
     return getattr(dist.ReduceOp, REDUCE_OPS[name])
 
@@ -152,7 +161,11 @@ def _materialize(inst: Instance, spec: TensorSpec, rank: int, world_size: int,
         return objects.materialize(fill, _object_forms(inst).get(spec.name, "objects"), shape,
                                    rank)
     return tensors.materialize(fill, shape, tensors.torch_dtype(spec.dtype), rank, world_size,
-                               env, inst.reduce_op)
+                               env, inst.reduce_op, spec.entries_for(rank))
+
+
+def _spec(inst: Instance, name: str) -> TensorSpec:
+    return next(s for s in inst.tensors if s.name == name)
 
 
 def build_buffers(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> dict[str, Any]:
@@ -207,6 +220,7 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         bufs = build_buffers(inst, renv, env)
         before = {n: _snapshot(t) for n, t in bufs.items()}
         written: set[str] = set()
+        rets: list[tuple[int, Step, dict[str, Any]]] = []
         state = ProgramState(inst, renv.rank, renv.world_size, renv.device, t0,
                                            env, bufs, before, written)
         for step_idx, step in enumerate(inst.steps):
@@ -217,10 +231,21 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
             ev = StepEvent(step_idx, step.describe(), time.perf_counter() - t0, 0.0)
             if step.kind == "op":
                 state.touching([name for _, name in step.bufs])
-                with state.stream(step):
-                    work = call_op(inst, step, renv, env, bufs, written)
+                returned: dict[str, Any] = {}
+                if step.returns is not None or step.warns is not None:
+                    rets.append((step_idx, step, returned))
+                # Warnings are recorded only for steps that declare one (``warns:``).
+                catcher: Any = (warnings.catch_warnings(record=True) if step.warns is not None
+                                else contextlib.nullcontext([]))
+                with state.stream(step), catcher as caught:
+                    if step.warns is not None:
+                        warnings.simplefilter("always")  # even if it warned before
+                    work = (call_op(inst, step, renv, env, bufs, written, returned)
+                            if step.repeat == 1 else
+                            _repeated(inst, step, renv, env, bufs, written, returned))
                     ev.t_return = time.perf_counter() - t0
                     state.issued(step, work, ev)
+                returned["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
                 if work is not None:
                     state.returned(work, ev, receive_buffers(step))
                     if step.handle:
@@ -228,9 +253,12 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                     else:
                         state.wait(work, ev)
             elif step.kind == "wait":
+                timeout = dict(step.args).get("timeout")
                 for h in step.waits:
                     if h in handles:
                         work, wev = handles.pop(h)
+                        if timeout is not None:  # raises if the work misses the bound
+                            work.wait(datetime.timedelta(seconds=float(timeout)))
                         state.wait(work, wev, thread=bool(dict(step.args).get("thread")))
                 ev.t_return = time.perf_counter() - t0
             elif step.kind in STEP_KINDS:
@@ -249,6 +277,11 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
             torch.cuda.synchronize()
             state.synchronized()
         res.checks = check_results(inst, renv, env, bufs, before, written)
+        res.checks += [stepchecks.check_return(i, step, renv.rank, renv.world_size, env, got)
+                       for i, step, got in rets
+                       if step.returns is not None and step.returns[renv.rank] is not None]
+        res.checks += [stepchecks.check_warns(i, step, got) for i, step, got in rets
+                       if step.warns is not None]
         if timer is not None and inst.perf is not None:
             try:
                 res.perf = timer(inst, renv, env, bufs, all(c.ok for c in res.checks))
@@ -280,11 +313,13 @@ def receive_buffers(step: Step) -> list[str]:
 
 
 def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
-            bufs: dict[str, torch.Tensor], written: set[str], timing: bool = False) -> Any:
+            bufs: dict[str, torch.Tensor], written: set[str],
+            returned: dict[str, Any] | None = None, timing: bool = False) -> Any:
     """Call the op of ``step`` on this rank's buffers; returns its Work (or None).
 
     Buffers the op may write are added to ``written`` (what must come back unchanged is
-    decided from it). ``timing``: a --perf loop after the checks (see ``CallContext.timing``).
+    decided from it). ``returned`` receives the op's checkable return value (``returns:``).
+    ``timing``: a --perf loop after the checks (see ``CallContext.timing``).
     """
     assert step.op is not None
     op = ops.get(step.op)
@@ -292,6 +327,7 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
     group, group_ranks = _group(renv, args.pop("group", None))
     reduce_op = args.pop("reduce_op", inst.reduce_op)
     premul = float(args.pop("premul_factor", inst.premul_factor))
+    stepchecks.group_addressing(args, group_ranks)
     passed: dict[str, Any] = {}
     for role_name, tname in step.bufs:
         role = op.role(role_name)
@@ -299,8 +335,22 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
         if role.only != "all" and renv.rank != root:
             passed[role_name] = None
             continue
+        if tname.startswith(TENSOR_LIST):  # one list entry per named tensor
+            names = tensor_names(tname)
+            passed[role_name] = [bufs[n] for n in names]
+            if role.access != "in":
+                written.update(names)
+            continue
         t = bufs[tname]
-        if role.form == "list":
+        entries = (_spec(inst, tname).entries_for(renv.rank)
+                   if role.form in ("list", "nested") else None)
+        if entries is not None and role.form == "nested":  # one list per group member
+            views = tensors.entry_views(t, entries)
+            per = len(views) // max(1, len(group_ranks))
+            passed[role_name] = [views[m * per:(m + 1) * per] for m in range(len(group_ranks))]
+        elif entries is not None:  # entries of different shapes: views of the flat buffer
+            passed[role_name] = tensors.entry_views(t, entries)
+        elif role.form == "list":
             passed[role_name] = list(t.unbind(0))
         elif role.form == "nested":
             passed[role_name] = [list(x.unbind(0)) for x in t.unbind(0)]
@@ -310,9 +360,26 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
             written.add(tname)
     ctx = ops.CallContext(dist=dist, rank=renv.rank, world_size=renv.world_size, group=group,
                           group_ranks=group_ranks,
-                          reduce_op=_reduce_op(reduce_op, premul) if op.reduces else None,
-                          async_op=step.async_op, args=_torch_args(args, renv), timing=timing)
+                          reduce_op=_reduce_op(reduce_op, premul,
+                                               stepchecks.factor_like(inst, passed))
+                          if op.reduces else None,
+                          async_op=step.async_op, args=_torch_args(args, renv), timing=timing,
+                          returned=returned if returned is not None else {})
     return op.call(ctx, passed)
+
+
+def _repeated(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
+              bufs: dict[str, Any], written: set[str], returned: dict[str, Any]) -> Any:
+    """Issue the op ``step.repeat`` times; async Works stay in flight as one WorkList."""
+    names = {t for _, t in step.bufs}
+    works: list[Any] = []
+    for rep in range(step.repeat):
+        view = {n: t[rep] for n, t in bufs.items() if n in names} if step.slices else bufs
+        work = call_op(inst, step, renv, {**env, "rep": rep}, {**bufs, **view}, written,
+                       returned)
+        if work is not None:
+            works.append(work)
+    return ops.p2p.WorkList(works) if works else None
 
 
 def _special(step: Step) -> None:
@@ -345,22 +412,29 @@ def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any],
     absolute values (for sums, the sum of |x| that bounds the rounding error)."""
     assert inst.shorthand is not None
     op = ops.get(inst.op)
-    in_spec = next(s for s in inst.tensors if s.name == inst.shorthand[0])
-    out_spec = next(s for s in inst.tensors if s.name == inst.shorthand[1])
-    inputs = [_materialize(inst, in_spec, r, renv.world_size, env)
-              for r in range(renv.world_size)]
+    in_spec = _spec(inst, inst.shorthand[0])
+    out_spec = _spec(inst, inst.shorthand[1])
+    inputs: list[Any] = []
+    for r in range(renv.world_size):
+        t = _materialize(inst, in_spec, r, renv.world_size, env)
+        entries = in_spec.entries_for(r)
+        inputs.append(t if entries is None else tensors.entry_views(t, entries))
     if magnitude:
-        inputs = [_magnitude(t) for t in inputs]
+        inputs = [_magnitude(t) if isinstance(t, torch.Tensor) else [_magnitude(x) for x in t]
+                  for t in inputs]
     step = inst.steps[0]
     args = step_args(step, renv.rank, renv.world_size, env)
     group = args.pop("group", None)
-    ctx = ops.RefContext(world_size=renv.world_size,
-                         group_ranks=tuple(sorted(group)) if group
-                         else tuple(range(renv.world_size)),
+    members = tuple(sorted(group)) if group else tuple(range(renv.world_size))
+    stepchecks.group_addressing(args, members)
+    ctx = ops.RefContext(world_size=renv.world_size, group_ranks=members,
                          reduce_op=inst.reduce_op,
                          args={**args, "premul_factor": inst.premul_factor},
                          out_shape=_shape(out_spec.shape_for(renv.rank)) or ())
-    return op.reference(inputs, ctx)[renv.rank]
+    result = op.reference(inputs, ctx)[renv.rank]
+    if out_spec.entries_for(renv.rank) is not None and result is not None:
+        return tensors.flatten_entries(result)
+    return result
 
 
 def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, Any],
@@ -385,7 +459,8 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
             how = "explicit" if fill.kind == "list" else fill.kind
         else:
             exp = tensors.materialize(fill, tuple(got.shape), got.dtype, renv.rank,
-                                      renv.world_size, env, inst.reduce_op)
+                                      renv.world_size, env, inst.reduce_op,
+                                      spec.entries_for(renv.rank))
             how = "explicit" if fill.kind == "list" else fill.kind
         if exp is None and spec.name not in written:
             # No op on this rank may write it (only read, or never handed over): whatever the

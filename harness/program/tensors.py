@@ -46,8 +46,10 @@ def snapshot(t: torch.Tensor) -> torch.Tensor:
 
 def _bits_view(t: torch.Tensor) -> torch.Tensor:
     size = t.element_size()
-    return _dense(t).view({1: torch.uint8, 2: torch.int16, 4: torch.int32,
-                                8: torch.int64}[size])
+    dense = _dense(t)
+    if dense.dim() == 0:  # a 0-dim tensor cannot be viewed as another element size
+        dense = dense.reshape(1)
+    return dense.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
 
 
 def poison(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -55,7 +57,7 @@ def poison(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     if dtype in _EXACT_FLOATS or dtype.is_complex:
         return torch.full(shape, float("nan"), dtype=dtype)
     t = torch.empty(shape, dtype=dtype)
-    t.view(torch.uint8).fill_(0xA5)
+    t.reshape(-1).view(torch.uint8).fill_(0xA5)  # reshape: 0-dim tensors too
     return t
 
 
@@ -162,9 +164,59 @@ def _exact(n: int, info: dtypes.DtypeInfo, g: torch.Generator, rank: int, world_
     return vals
 
 
+def entry_index(shape: tuple[int, ...], entries: tuple[tuple[int, ...], ...] | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per element: ``j``, the list entry it belongs to, and ``k``, its index in the entry.
+
+    For a buffer with per-entry shapes the entries are its consecutive pieces; for a plain
+    tensor they are the slices along dim 0 (what a list role passes as entries).
+    """
+    if entries is not None:
+        sizes = [_numel(e) for e in entries]
+        counts = torch.tensor(sizes, dtype=torch.int64)
+        j = torch.repeat_interleave(torch.arange(len(sizes)), counts)
+        starts = torch.cumsum(torch.tensor([0, *sizes[:-1]], dtype=torch.int64), 0)
+        return j, torch.arange(int(j.numel())) - starts[j]
+    n = _numel(shape)
+    row = _numel(shape[1:]) if shape else 1
+    i = torch.arange(n, dtype=torch.int64)
+    return (i // row, i % row) if row else (i, i)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def entry_views(flat: torch.Tensor, entries: tuple[tuple[int, ...], ...]) -> list[torch.Tensor]:
+    """The list entries of a flat buffer: views of its consecutive pieces, reshaped."""
+    out: list[torch.Tensor] = []
+    start = 0
+    for shape in entries:
+        n = _numel(shape)
+        out.append(flat.narrow(0, start, n).view(shape))
+        start += n
+    return out
+
+
+def flatten_entries(value: Any) -> torch.Tensor:
+    """One flat tensor of a reference result given as a list of entries (or a tensor)."""
+    if isinstance(value, torch.Tensor):
+        return value.reshape(-1)
+    parts = [t.reshape(-1) for t in value]
+    return torch.cat(parts) if parts else torch.empty(0)
+
+
 def materialize(fill: Fill, shape: tuple[int, ...] | None, dtype: torch.dtype, rank: int,
-                world_size: int, env: Mapping[str, Any], reduce_op: str | None) -> torch.Tensor:
-    """Build this rank's contiguous CPU tensor for ``fill`` (already resolved for the rank)."""
+                world_size: int, env: Mapping[str, Any], reduce_op: str | None,
+                entries: tuple[tuple[int, ...], ...] | None = None) -> torch.Tensor:
+    """Build this rank's contiguous CPU tensor for ``fill`` (already resolved for the rank).
+
+    ``entries``: the entry shapes of a list buffer with per-entry shapes (``shape`` is then
+    its flat length); expressions see ``j``/``k`` (entry, index in the entry) besides ``i``.
+    """
     kind = fill.kind
     if kind == "list":
         data = fill.data
@@ -185,8 +237,9 @@ def materialize(fill: Fill, shape: tuple[int, ...] | None, dtype: torch.dtype, r
         n = 1
         for d in shape:
             n *= d
+        j, k = entry_index(shape, entries)
         value = fill.data({**env, "rank": rank, "world_size": world_size,
-                           "i": torch.arange(n, dtype=torch.int64)})
+                           "i": torch.arange(n, dtype=torch.int64), "j": j, "k": k})
         t = torch.as_tensor(value)
         if t.dtype == torch.bool and dtype != torch.bool:
             t = t.to(torch.int64)
@@ -242,7 +295,8 @@ def with_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
 
 def digest(t: torch.Tensor) -> str:
     """A short hash of the tensor's bytes (cross-rank agreement checks)."""
-    data = _dense(t.detach().cpu()).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    flat = _dense(t.detach().cpu()).reshape(-1)
+    data = flat.view(torch.uint8).numpy().tobytes() if t.numel() else b""
     return hashlib.sha256(data).hexdigest()[:16]
 
 

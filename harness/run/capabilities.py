@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import platform
 import socket
 import sys
@@ -32,6 +33,21 @@ class Capabilities:
     backend_errors: dict[str, str] = field(default_factory=dict)
     dist: Any = None
     torch: Any = None
+
+    def _group_addressing_missing(self, op: ops.Op, args: dict[str, Any]) -> str:
+        """The group-form parameter a step uses that the installed torch lacks, or ""."""
+        wanted: list[str] = [k for k in ("group_src", "group_dst") if k in args]
+        if any(k.endswith(".by_group") for k in args):
+            wanted.append("group_peer")
+        if not wanted:
+            return ""
+        fn = getattr(self.dist, "P2POp" if "group_peer" in wanted else
+                     (op.torch_name or op.name), None)
+        try:
+            params = inspect.signature(fn).parameters if fn is not None else {}
+        except (TypeError, ValueError):
+            return ""
+        return next((k for k in wanted if k not in params), "")
 
     def skip_reason(self, inst: Instance, local_rank: int | None = None) -> str:
         """Why ``inst`` cannot run here, or "" if it can.
@@ -71,6 +87,10 @@ class Capabilities:
                         f"{op.torch_name or op.name}")
             if op.only_backends and backend not in op.only_backends:
                 return f"{op.name} is implemented only for {', '.join(op.only_backends)}"
+            missing = self._group_addressing_missing(op, dict(step.args))
+            if missing:
+                return (f"torch {self.torch_version}'s {op.torch_name or op.name} has no "
+                        f"{missing} parameter (group-local addressing)")
         if inst.reduce_op == "premul_sum" and not hasattr(self.dist, "_make_nccl_premul_sum"):
             return f"torch {self.torch_version} has no PREMUL_SUM"
         return ""

@@ -90,6 +90,8 @@ class PoolKey:
     world_size: int
     backend_modules: tuple[str, ...] = ()
     isolated: int = 0  # non-zero: a private pool for one instance
+    env: tuple[tuple[str, str], ...] = ()  # the case's environment (set before init)
+    pg_timeout_s: float | None = None  # the case's process-group timeout
 
 
 class PoolStartError(RuntimeError):
@@ -136,7 +138,11 @@ class RankPool:
         self.conns: list[Any] = []
         self.progress: list[Any] = []
         ctx = forkserver_context()
-        env = _backend_env(key.backend, pg_timeout_s)
+        if key.pg_timeout_s is not None:
+            pg_timeout_s = key.pg_timeout_s
+        # The case's variables win over the harness's defaults for the backend.
+        env = tuple(sorted({**dict(_backend_env(key.backend, pg_timeout_s)),
+                            **dict(key.env)}.items()))
         self.fr_requests: list[Any] = []
         for r in range(key.world_size):
             parent_conn, child_conn = ctx.Pipe()
@@ -563,7 +569,7 @@ class PoolManager:
         self._isolated += 1
         self.started += 1
         return RankPool(PoolKey(key.backend, key.device, key.world_size, key.backend_modules,
-                                self._isolated), self.pg_timeout_s)
+                                self._isolated, key.env, key.pg_timeout_s), self.pg_timeout_s)
 
     def settle(self, pool: RankPool, inst: Instance, run: PoolRun) -> str:
         """Keep ``pool`` for the next instance or replace it; returns why it was replaced

@@ -185,6 +185,10 @@ def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None
         from ..program.interpreter import RankEnv, run_instance
         from ..program.perf import time_instance
 
+        if any(k == "TORCH_DISTRIBUTED_DEBUG" for k, _ in cfg.env):
+            # torch reads the debug level when torch.distributed is first imported, which may
+            # have happened in the forkserver before this rank's environment was set.
+            dist.set_debug_level_from_env()  # type: ignore[attr-defined]
         for mod in cfg.backend_modules:
             importlib.import_module(mod)
         if cfg.device == "cuda":
