@@ -149,9 +149,12 @@ def _probe(case: Case, expr: Expr, shape: tuple[int, ...] | None, env: dict[str,
            path: Path) -> None:
     """Evaluate an element expression at the first and last element of this rank's buffer."""
     n = math.prod(shape) if shape is not None else 1
+    # j/k as the ranks compute them for a plain tensor: the row along dim 0, the index in it.
+    row = math.prod(shape[1:]) if shape else 1
     for i in sorted({0, max(n - 1, 0)}):
         try:
-            value = expr({**env, "i": i})
+            value = expr({**env, "i": i, "j": i // row if row else i,
+                          "k": i % row if row else i})
         except ExprError as exc:
             raise case.error(path, f"expression {quote(expr.source)} fails on rank "
                              f"{env['rank']} at i={i}: {exc}") from None
@@ -192,11 +195,14 @@ def _check_peers(case: Case, step: Step, runs: list[int], ws: int, env: dict[str
         parts = key.split(".")
         path: Path = ("steps", idx, "p2p", int(parts[1]), "peer") if len(parts) == 3 else (
             "steps", idx, key)
+        # A repeated step sees its repetition index ``rep``: check the first and the last.
+        reps = sorted({0, max(step.repeat - 1, 0)})
         for r in runs:
-            peer = _eval_int(case, value, {**env, "rank": r}, path)
-            if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < ws:
-                raise case.error(path, f"{parts[-1]} is {quote(peer, 60)} on rank {r}, outside "
-                                 f"world_size {ws}", f"ranks run 0..{ws - 1}")
+            for rep in reps:
+                peer = _eval_int(case, value, {**env, "rank": r, "rep": rep}, path)
+                if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < ws:
+                    raise case.error(path, f"{parts[-1]} is {quote(peer, 60)} on rank {r}, "
+                                     f"outside world_size {ws}", f"ranks run 0..{ws - 1}")
     for key, value in step.args:
         if key == "group" and isinstance(value, tuple):
             bad = [g for g in value if not isinstance(g, int) or not 0 <= g < ws]
