@@ -143,27 +143,25 @@ cases:
 
 
 def test_nan_deadline_then_wrong_expectation_fails(pytester: pytest.Pytester) -> None:
-    """The issue's reproduction: on the old pool, b_wrong read a_nan's answers and passed."""
+    """The issue's reproduction: on the old pool, b_wrong read a_nan's answers and passed.
+    A NaN deadline is now refused at collection, with its line, before any pool exists (the
+    pool's own refusal is tested above): nothing runs, nothing is called passed."""
     (pytester.path / "stale.yaml").write_text(textwrap.dedent(STALE_AFTER_NAN))
     res = pytester.runpytest("stale.yaml", "-q", "-p", "no:randomly")
-    res.assert_outcomes(failed=2)
-    recs = {r["case"]: r for r in load_report(pytester.path / "reports" / "conformance.json")
-            ["records"]}
-    assert recs["a_nan"]["outcome"] == "error"
-    assert "positive, finite number of seconds; got nan" in recs["a_nan"]["message"]
-    assert recs["b_wrong"]["outcome"] == "failed"
-    assert "expected 100.0 got 1.0" in recs["b_wrong"]["message"]
+    assert res.ret == pytest.ExitCode.INTERRUPTED
+    res.stdout.fnmatch_lines(["*stale.yaml:8:*deadline*"])
+    assert "passed" not in res.stdout.str().splitlines()[-1]
 
 
 @pytest.mark.parametrize("value", ["inf", "-1", "nan"])
 def test_bad_deadline_option_is_an_error_record(pytester: pytest.Pytester, value: str) -> None:
+    """An unusable --deadline stops the session before anything runs (a usage error)."""
     (pytester.path / "c.yaml").write_text(textwrap.dedent(STALE_AFTER_NAN).replace(
         "    deadline: .nan\n", ""))
     res = pytester.runpytest("c.yaml", "-q", "-p", "no:randomly", f"--deadline={value}")
-    res.assert_outcomes(failed=2)
-    recs = load_report(pytester.path / "reports" / "conformance.json")["records"]
-    assert [r["outcome"] for r in recs] == ["error", "error"]
-    assert all("positive, finite" in r["message"] for r in recs)
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["*--deadline*positive, finite*"])
+    assert not (pytester.path / "reports" / "conformance.json").exists()
 
 
 RERUN_CONFTEST = """
@@ -435,6 +433,6 @@ def test_bundled_all_gather_size_mismatch_says_what_each_rank_did(tmp_path: Path
         bare = judge(inst, run, 10)  # the contract alone: every rank must raise
     finally:
         manager.close()
-    assert res.outcome == "passed", res.message
+    assert res.outcome == "limitation", res.message  # a Gloo override declares it
     assert "rank 0 blocked" in res.message and "rank 1 raised" in res.message
     assert bare.outcome == "hang" and "rank 0 blocked" in bare.message

@@ -88,7 +88,7 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
             return (f"{inst!r} is a string here", "write true or false")
         # The branch that fits the value's type says what is wrong with it (a map's missing
         # key), not the branch of another type ("is not of type 'string'").
-        shaped = [e for e in err.context or [] if e.validator != "type"]
+        shaped = [e for e in err.context or [] if e.validator not in ("type", "const")]
         best = jsonschema.exceptions.best_match(shaped) if shaped else None
         if best is not None and best.validator not in ("type", "anyOf"):
             return _schema_message(best)
@@ -105,7 +105,7 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
         return (f"{quote(err.instance, 60)} is longer than {err.validator_value} characters", "")
     if v == "uniqueItems":
         return (f"{_short(err.instance)} lists the same rank twice", "list each rank once")
-    if v == "pattern" and err.path and isinstance(err.instance, str):
+    if v == "pattern" and isinstance(err.instance, str):
         return (f"{quote(err.instance, 80)} is not a valid name here",
                 "use letters, digits, '_' (and '.', '-' in case names)")
     return (quote(err.message, 300)[1:-1], "")
@@ -115,7 +115,8 @@ def _expected_types(err: jsonschema.ValidationError) -> str:
     kinds: list[str] = []
     schema: dict[str, Any] = err.schema if isinstance(err.schema, dict) else {}
     for sub in schema.get("anyOf", schema.get("oneOf", [])):
-        t = sub.get("type") or ("a map" if "$ref" in sub else "")
+        t = sub.get("type") or (repr(sub["const"]) if "const" in sub else
+                                "a map" if "$ref" in sub else "")
         if isinstance(t, list):
             t = " or ".join(t)
         if t and t not in kinds:
@@ -322,7 +323,9 @@ def check_safety(case: Case) -> list[CaseFileError]:
     tolerances += [(("overrides", i, "tolerance"), o.get("tolerance"))
                    for i, o in enumerate(raw.get("overrides", [])) if isinstance(o, dict)]
     for path, tol in tolerances:
-        for key, value in (tol or {}).items():
+        if not isinstance(tol, dict):  # `tolerance: auto` (or nothing): no numbers to check
+            continue
+        for key, value in tol.items():
             if isinstance(value, float) and not math.isfinite(value):
                 errs.append(case.error((*path, key), f"tolerance {key} must be finite, got "
                                        f"{value!r}", "an infinite tolerance accepts any value"))
