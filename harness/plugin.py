@@ -552,7 +552,12 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
 def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
     config = _CONFIG.get("config")
     if config is not None:
-        _hs(config).ended_by = ("terminated (SIGTERM)" if str(excinfo.value) == "SIGTERM"
+        value = excinfo.value
+        # pytest stops for collection errors by raising Session.Interrupted, a
+        # KeyboardInterrupt: say which it was, not "Ctrl-C".
+        _hs(config).ended_by = ("terminated (SIGTERM)" if str(value) == "SIGTERM" else
+                                f"stopped by pytest: {value}"
+                                if isinstance(value, pytest.Session.Interrupted)
                                 else "interrupted (Ctrl-C / KeyboardInterrupt)")
 
 

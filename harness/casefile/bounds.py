@@ -33,7 +33,7 @@ def check_instance(case: Case, inst: Instance, limits: Limits) -> None:
     shapes = {t.name: t for t in inst.tensors}
     total = 0
     for spec in inst.tensors:
-        path = _tensor_path(case, spec.name)
+        path = _tensor_path(case, spec.name, inst)
         for rank in range(ws):
             shape = _int_shape(spec.shape_for(rank))
             nbytes = _bytes(case, spec, spec.init.for_rank(rank), shape, limits, path)
@@ -42,7 +42,8 @@ def check_instance(case: Case, inst: Instance, limits: Limits) -> None:
             if spec.dtype != "object":
                 _check_fill(case, fill, shape, {**env, "rank": rank}, path)
     if total > limits.instance_bytes:
-        raise case.error(_tensor_path(case, inst.tensors[0].name) if inst.tensors else ("name",),
+        where = _tensor_path(case, inst.tensors[0].name, inst) if inst.tensors else ("name",)
+        raise case.error(where,
                          f"the buffers of one instance ({inst.id}) take {total} bytes over all "
                          f"ranks; the limit is {limits.instance_bytes}",
                          "make them smaller, or raise --max-instance-bytes / ini "
@@ -75,9 +76,9 @@ def check_instance(case: Case, inst: Instance, limits: Limits) -> None:
                          "shorten the sleeps, or raise --max-sleep / ini collective_max_sleep")
 
 
-def _tensor_path(case: Case, name: str) -> Path:
-    if "op" in case.raw:
-        return ("input",) if name == "input" else ("shape",)
+def _tensor_path(case: Case, name: str, inst: Instance) -> Path:
+    if "op" in case.raw:  # the shorthand's input buffer is named by role ("tensor", "input")
+        return ("input",) if inst.shorthand and name == inst.shorthand[0] else ("shape",)
     return ("tensors", name)
 
 
