@@ -19,7 +19,7 @@ import pytest
 from . import ops
 from .casefile import expand, load, overrides, validate
 from .errors import CaseFileError, CaseFileErrors
-from .gate import baseline, compare
+from .gate import baseline, compare, versions
 from .model import Instance, InstanceResult
 from .ordering import plan as ordering
 from .report import html, markdown
@@ -420,8 +420,10 @@ def _gate_session(session: pytest.Session, hs: HarnessSession, base: Any) -> Non
     missing instance under a strict policy), and failures the baseline records as known do
     not, as long as nothing else failed."""
     config = session.config
-    res = compare.compare(baseline.entries_from_report(_report(hs)), base,
-                       config.getoption("collective_baseline_match"))
+    report = _report(hs)
+    res = compare.compare(baseline.entries_from_report(report), base,
+                          config.getoption("collective_baseline_match"),
+                          across_versions=versions.across(report, base))
     res.report_label = f"of this session ({', '.join(res.report_backends) or 'no instances'})"
     res.baseline_label = f"{base.path} ({', '.join(base.backends)}, torch {base.torch or '?'})"
     config.stash[_GATE] = res
