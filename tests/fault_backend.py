@@ -29,8 +29,12 @@ ProcessGroup API differs (README "Torch versions"):
 - torch 2.4's Gloo has no list ``reduce_scatter`` and no list ``alltoall`` ("does not
   support"): the wrapper then builds them from ``allreduce`` and ``alltoall_base``, so that
   the backend under test offers the whole API on every version.
-- torch 2.15's ``batch_isend_irecv`` asks the group for its CPU backend (``_get_backend``):
-  the group registers itself as that backend.
+- torch 2.4's Gloo ``reduce_scatter_tensor`` returns the SUM whatever the reduce op: the
+  wrapper then builds the other ops from ``allreduce``.
+- torch 2.15's ``batch_isend_irecv`` asks the group for its backend (``_get_backend``), which
+  a Python ProcessGroup does not have ("No backend type associated with device type cpu"):
+  the group answers with the Gloo it wraps, which does not coalesce, so the point-to-point
+  ops still run one by one through this wrapper.
 """
 
 # mypy: disable-error-code="override,call-arg,misc,assignment"
@@ -46,6 +50,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo
 
+# torch 2.4's Gloo reduce_scatter_tensor ignores the reduce op and returns the SUM (observed on
+# torch 2.4.1, see cases/reduce_scatter.yaml); the wrapper composes the other ops itself there.
+RS_TENSOR_SUMS = tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 5)
 FAULTS = ("none", "wrong_value", "missing_contribution", "misplaced_chunk", "unwritten")
 
 
@@ -197,6 +204,18 @@ class FaultyGloo(dist.ProcessGroup):
         src = self._contribution(input)
         if self.fault == "misplaced_chunk":
             src = torch.cat(self._rotate(list(src.chunk(self.size())))) if src.numel() else src
+        if RS_TENSOR_SUMS and opts is not None and opts.reduceOp != dist.ReduceOp.SUM:
+            # torch 2.4's Gloo would return the SUM: all-reduce a copy, keep this rank's chunk.
+            whole = src.clone()
+            ar = dist.AllreduceOptions()
+            ar.reduceOp = opts.reduceOp
+            mine = whole.reshape(self.size(), -1)[self.rank()]
+
+            def keep_mine() -> None:
+                output.copy_(mine.reshape(output.shape))
+
+            work = _AfterWork(self.inner.allreduce([whole], ar), keep_mine)
+            return self._wrap(work, [output])
         return self._wrap(_call(self.inner._reduce_scatter_base, output, src, opts=opts), [output])
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
@@ -284,6 +303,11 @@ class FaultyGloo(dist.ProcessGroup):
         return self._wrap(work, [output], chunks=chunks)
 
     # -- synchronisation and point to point --------------------------------------------------
+    def _get_backend(self, device: Any) -> Any:
+        """torch 2.15's batch_isend_irecv asks whether the group's backend coalesces: answer
+        with the wrapped Gloo (the ops themselves still go through this group)."""
+        return self.inner
+
     def barrier(self, opts: Any = None) -> Any:
         return _call(self.inner.barrier, opts=opts)
 

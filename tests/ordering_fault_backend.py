@@ -171,6 +171,11 @@ class FaultyOrderingGloo(dist.ProcessGroup):
         reads = self._reads(inputs, in_place=False)
         return self._work(_call(self.inner.alltoall, outputs, reads, opts=opts), inputs)
 
+    def _get_backend(self, device: Any) -> Any:
+        """torch 2.15's batch_isend_irecv asks whether the group's backend coalesces: answer
+        with the wrapped Gloo (the ops themselves still go through this group)."""
+        return self.inner
+
     def barrier(self, opts: Any = None) -> Any:
         return _call(self.inner.barrier, opts=opts)
 
