@@ -183,7 +183,7 @@ def test_gate_classifies_by_the_recorded_versions(tmp_path: Path) -> None:
 def test_gate_command_across_versions(gloo_run: Run, gloo_baseline: Path, tmp_path: Path) -> None:
     doc = json.loads(gloo_baseline.read_text())
     assert doc["torch"]  # written by --update from the report's metadata
-    doc["torch"] = "2.4.1"
+    doc["torch"] = "2.0.0"  # a release no run of this suite reports (it needs torch>=2.4)
     doc["entries"][0]["outcome"] = "failed"  # failed then, passes now: a change, not a fix
     old = tmp_path / "old.json"
     old.write_text(json.dumps(doc))
@@ -192,6 +192,24 @@ def test_gate_command_across_versions(gloo_run: Run, gloo_baseline: Path, tmp_pa
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first, second = proc.stdout.splitlines()[:2]
     assert first.startswith("collective-gate: report torch 2.")
-    assert first.endswith("vs baseline torch 2.4.1 (different versions)")
+    assert first.endswith("vs baseline torch 2.0.0 (different versions)")
     assert second.startswith("collective-gate: PASS (11 instances: 1 changed, 10 unchanged)")
     assert cli.main([str(gloo_run.json), str(old), "--same-version"]) == 0  # fixed only warns
+
+
+def test_a_changed_rejection_is_a_change_and_raw_bytes_do_not_split_it() -> None:
+    def rejected(message: str) -> dict[str, Any]:
+        r = rec("self", "passed", "raises", op="recv")
+        r["ranks"] = [{"rank": 0, "status": "raised",
+                       "exception": {"type": "RuntimeError", "message": message}}]
+        return r
+
+    old = report("2.4.1", [rejected("[pair.cc:589] writev [none]: Bad file descriptor")])
+    new = report("2.13.0", [rejected("[pair.cc:312] Pair is not connected")])
+    (d,) = versions.diff(old, new).differences
+    assert d.change == ("rejected (raises, documented): RuntimeError: writev [none]",
+                        "rejected (raises, documented): RuntimeError: Pair is not connected")
+    # torch writes some enum values into messages as raw bytes: MIN and MAX read the same
+    a = report("2.13.0", [rejected("reduce does not support\x03on complex tensors")])
+    b = report("2.15.0", [rejected("reduce does not support\x04on complex tensors")])
+    assert not versions.diff(a, b).differences

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -102,11 +103,32 @@ def across(report: dict[str, Any], base: Baseline) -> str:
     return f"report {rv.label()} vs baseline {bv.label()}"
 
 
+def _error(record: dict[str, Any]) -> str:
+    """The first raised error's type and the head of its message, digits and quotes elided,
+    so that the same rejection compares equal across runs but a changed one does not."""
+    for rank in record.get("ranks") or []:
+        exc = rank.get("exception") if isinstance(rank, dict) else None
+        if exc:
+            text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc.get("message", "")).strip())
+            head = re.split(r"[:(]", text, maxsplit=1)[0]  # drop a [file:line] prefix too
+            # torch writes some enum values into messages as raw bytes: printable text only
+            head = re.sub(r"[^\x20-\x7e]", " ", head)
+            head = re.sub(r"\d+", "#", re.sub(r"['\"`].*?['\"`]", "…", head))
+            head = re.sub(r"\s+", " ", head)[:45].strip()
+            return f"{exc.get('type', 'error')}: {head}" if head else str(exc.get("type"))
+    return ""
+
+
 def behaviour(record: dict[str, Any]) -> str:
-    """An instance's observed behaviour in a few words (what two versions are compared on)."""
+    """An instance's observed behaviour in a few words (what two versions are compared on).
+
+    A documented rejection names the error it raised, so a changed error (another type or
+    message) is a change of behaviour too."""
     outcome, expected = record["outcome"], record.get("expected", "pass")
     if outcome == "passed":
-        return MET.get(expected, f"meets its expectation ({expected})")
+        met = MET.get(expected, f"meets its expectation ({expected})")
+        error = _error(record) if expected == "raises" else ""
+        return f"{met}: {error}" if error else met
     if outcome == "xfail":
         return "wrong result or unexpected error (xfail, documented)"
     return str({"failed": "fails", "error": "harness error", "hang": "hangs (undocumented)",
