@@ -25,7 +25,7 @@ from .casefile import expand, load, overrides, validate
 from .casefile.limits import OPTIONS as LIMIT_OPTIONS
 from .casefile.limits import Limits
 from .errors import CaseFileError, CaseFileErrors, Pos, clip
-from .gate import baseline, compare
+from .gate import baseline, compare, versions
 from .model import Instance, InstanceResult
 from .ordering import plan as ordering
 from .perf import plan as perfplan
@@ -741,7 +741,8 @@ def _gate_session(session: pytest.Session, hs: HarnessSession, base: Any,
     config = session.config
     report = _report(hs, info)
     res = compare.compare(baseline.entries_from_report(report), base,
-                          config.getoption("collective_baseline_match"))
+                          config.getoption("collective_baseline_match"),
+                          across_versions=versions.across(report, base))
     compare.check_session(res, report)
     res.report_label = f"of this session ({', '.join(res.report_backends) or 'no instances'})"
     res.baseline_label = f"{base.path} ({', '.join(base.backends)}, torch {base.torch or '?'})"

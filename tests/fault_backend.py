@@ -17,9 +17,27 @@ Every op the harness's op table calls is wrapped: all_reduce, reduce, broadcast,
 (list and single-tensor forms), gather, scatter, reduce_scatter (list and single-tensor),
 all_to_all (list and single), the coalesced forms, barrier, send/recv (and from any source).
 The object collectives travel through these, so their faults show as corrupted objects.
+
+It is written against every torch the harness supports (2.4 to the newest), whose Python
+ProcessGroup API differs (README "Torch versions"):
+
+- torch 2.4 calls a Python ProcessGroup's methods from Python, some without options
+  (``allgather(outputs, inputs)``) and under older names (``_allgather_base``,
+  ``_reduce_scatter_base``, ``allgather_into_tensor_coalesced``,
+  ``reduce_scatter_tensor_coalesced``); newer torch calls them from C++, with options, as
+  ``all_gather_single`` and so on. Every method takes optional options and both names exist.
+- torch 2.4's Gloo has no list ``reduce_scatter`` and no list ``alltoall`` ("does not
+  support"): the wrapper then builds them from ``allreduce`` and ``alltoall_base``, so that
+  the backend under test offers the whole API on every version.
+- torch 2.4's Gloo ``reduce_scatter_tensor`` returns the SUM whatever the reduce op: the
+  wrapper then builds the other ops from ``allreduce``.
+- torch 2.15's ``batch_isend_irecv`` asks the group for its backend (``_get_backend``), which
+  a Python ProcessGroup does not have ("No backend type associated with device type cpu"):
+  the group answers with the Gloo it wraps, which does not coalesce, so the point-to-point
+  ops still run one by one through this wrapper.
 """
 
-# mypy: disable-error-code="override,call-arg,misc"
+# mypy: disable-error-code="override,call-arg,misc,assignment"
 # (a Python ProcessGroup overrides pybind methods whose stubs list several overloads)
 from __future__ import annotations
 
@@ -32,6 +50,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo
 
+# torch 2.4's Gloo reduce_scatter_tensor ignores the reduce op and returns the SUM (observed on
+# torch 2.4.1, see cases/reduce_scatter.yaml); the wrapper composes the other ops itself there.
+RS_TENSOR_SUMS = tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 5)
 FAULTS = ("none", "wrong_value", "missing_contribution", "misplaced_chunk", "unwritten")
 
 
@@ -65,6 +86,17 @@ class _AfterWork(dist.Work):
 
     def get_future(self) -> Any:
         return self.inner.get_future()
+
+
+def _call(fn: Callable[..., Any], *args: Any, opts: Any = None) -> Any:
+    """Call an inner Gloo method with the caller's options, or with its defaults when the
+    caller (torch 2.4 calling from Python) passed none."""
+    return fn(*args) if opts is None else fn(*args, opts)
+
+
+def _lacks(exc: RuntimeError) -> bool:
+    """Gloo rejected the op as unsupported (torch 2.4's list reduce_scatter and alltoall)."""
+    return "does not support" in str(exc)
 
 
 def _chunks(t: torch.Tensor, n: int) -> list[torch.Tensor]:
@@ -135,84 +167,132 @@ class FaultyGloo(dist.ProcessGroup):
         return items
 
     # -- reductions --------------------------------------------------------------------------
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         self._drop_in_place(tensors)
-        return self._wrap(self.inner.allreduce(tensors, opts), tensors)
+        return self._wrap(_call(self.inner.allreduce, tensors, opts=opts), tensors)
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         self._drop_in_place(tensors)
-        return self._wrap(self.inner.allreduce_coalesced(tensors, opts), tensors)
+        return self._wrap(_call(self.inner.allreduce_coalesced, tensors, opts=opts), tensors)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         self._drop_in_place(tensors)
-        return self._wrap(self.inner.reduce(tensors, opts), tensors)
+        return self._wrap(_call(self.inner.reduce, tensors, opts=opts), tensors)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
-                       opts: Any) -> Any:
+                       opts: Any = None) -> Any:
         inputs = [self._rotate([self._contribution(t) for t in lst]) for lst in inputs]
-        return self._wrap(self.inner.reduce_scatter(outputs, inputs, opts), outputs)
+        try:
+            work = _call(self.inner.reduce_scatter, outputs, inputs, opts=opts)
+        except RuntimeError as exc:
+            if not _lacks(exc):
+                raise
+            # All-reduce the stacked list, keep this rank's entry: every reduce op works.
+            stacked = torch.stack(inputs[0])
+            ar = dist.AllreduceOptions()
+            ar.reduceOp = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+            out, mine = outputs[0], stacked[self.rank()]
+
+            def keep_mine() -> None:
+                out.copy_(mine)
+
+            work = _AfterWork(self.inner.allreduce([stacked], ar), keep_mine)
+        return self._wrap(work, outputs)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
-                              opts: Any) -> Any:
+                              opts: Any = None) -> Any:
         src = self._contribution(input)
         if self.fault == "misplaced_chunk":
             src = torch.cat(self._rotate(list(src.chunk(self.size())))) if src.numel() else src
-        return self._wrap(self.inner._reduce_scatter_base(output, src, opts), [output])
+        if RS_TENSOR_SUMS and opts is not None and opts.reduceOp != dist.ReduceOp.SUM:
+            # torch 2.4's Gloo would return the SUM: all-reduce a copy, keep this rank's chunk.
+            whole = src.clone()
+            ar = dist.AllreduceOptions()
+            ar.reduceOp = opts.reduceOp
+            mine = whole.reshape(self.size(), -1)[self.rank()]
+
+            def keep_mine() -> None:
+                output.copy_(mine.reshape(output.shape))
+
+            work = _AfterWork(self.inner.allreduce([whole], ar), keep_mine)
+            return self._wrap(work, [output])
+        return self._wrap(_call(self.inner._reduce_scatter_base, output, src, opts=opts), [output])
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
-                                        inputs: list[torch.Tensor], opts: Any) -> Any:
+                                        inputs: list[torch.Tensor], opts: Any = None) -> Any:
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs,
                                                                         strict=True)]
         return _AfterWork(works[-1], lambda: None, works[:-1])
 
     # -- one to all / all to one -----------------------------------------------------------
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        return self._wrap(self.inner.broadcast(tensors, opts), tensors)
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        return self._wrap(_call(self.inner.broadcast, tensors, opts=opts), tensors)
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
-                opts: Any) -> Any:
+                opts: Any = None) -> Any:
         inputs = [self._rotate(list(lst)) for lst in inputs]
-        return self._wrap(self.inner.scatter(outputs, inputs, opts), outputs)
+        return self._wrap(_call(self.inner.scatter, outputs, inputs, opts=opts), outputs)
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
-               opts: Any) -> Any:
+               opts: Any = None) -> Any:
         flat = outputs[0] if outputs else []
         inputs = [self._contribution(t) for t in inputs]
-        return self._wrap(self.inner.gather(outputs, inputs, opts), flat, chunks=flat)
+        return self._wrap(_call(self.inner.gather, outputs, inputs, opts=opts), flat, chunks=flat)
 
     # -- gathers and all-to-alls -----------------------------------------------------------
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
-                  opts: Any) -> Any:
+                  opts: Any = None) -> Any:
         flat = outputs[0]
         inputs = [self._contribution(t) for t in inputs]
-        return self._wrap(self.inner.allgather(outputs, inputs, opts), flat, chunks=flat)
+        work = _call(self.inner.allgather, outputs, inputs, opts=opts)
+        return self._wrap(work, flat, chunks=flat)
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
-        work = self.inner._allgather_base(output, self._contribution(input), opts)
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> Any:
+        work = _call(self.inner._allgather_base, output, self._contribution(input), opts=opts)
         return self._wrap(work, [output], chunks=_chunks(output, self.size()))
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
-                                    inputs: list[torch.Tensor], opts: Any) -> Any:
+                                    inputs: list[torch.Tensor], opts: Any = None) -> Any:
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs,
                                                                     strict=True)]
         return _AfterWork(works[-1], lambda: None, works[:-1])
 
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]],
-                            inputs: list[torch.Tensor], opts: Any) -> Any:
+                            inputs: list[torch.Tensor], opts: Any = None) -> Any:
         inputs = [self._contribution(t) for t in inputs]
-        work = self.inner.allgather_coalesced(outputs, inputs, opts)
+        work = _call(self.inner.allgather_coalesced, outputs, inputs, opts=opts)
         flat = [t for lst in outputs for t in lst]
         # The per-rank pieces: swap the first entries that ranks 0 and 1 contributed.
         firsts = [lst[0] for lst in outputs] if len(outputs) >= 2 else []
         return self._wrap(work, flat, chunks=firsts)
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                 opts: Any) -> Any:
-        return self._wrap(self.inner.alltoall(outputs, inputs, opts), outputs, chunks=outputs)
+                 opts: Any = None) -> Any:
+        try:
+            work = _call(self.inner.alltoall, outputs, inputs, opts=opts)
+        except RuntimeError as exc:
+            if not _lacks(exc):
+                raise
+            # One flat all_to_all_single with per-peer element counts, copied back after.
+            sent = torch.cat([t.reshape(-1) for t in inputs])
+            got = sent.new_empty(sum(t.numel() for t in outputs))
+            splits_out = [t.numel() for t in outputs]
+
+            def unpack() -> None:
+                for t, piece in zip(outputs, torch.split(got, splits_out), strict=True):
+                    t.copy_(piece.view(t.shape))
+
+            work = _AfterWork(self.inner.alltoall_base(got, sent, splits_out,
+                                                       [t.numel() for t in inputs],
+                                                       dist.AllToAllOptions()), unpack)
+        return self._wrap(work, outputs, chunks=outputs)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
-                          output_splits: list[int], input_splits: list[int], opts: Any) -> Any:
-        work = self.inner.alltoall_base(output, input, output_splits, input_splits, opts)
+                          output_splits: list[int], input_splits: list[int],
+                          opts: Any = None) -> Any:
+        work = _call(self.inner.alltoall_base, output, input, output_splits, input_splits,
+                     opts=opts)
         if output_splits:
             chunks = list(torch.split(output, list(output_splits))) if output.numel() else []
             chunks = [c for c in chunks if c.numel()]
@@ -223,8 +303,13 @@ class FaultyGloo(dist.ProcessGroup):
         return self._wrap(work, [output], chunks=chunks)
 
     # -- synchronisation and point to point --------------------------------------------------
-    def barrier(self, opts: Any) -> Any:
-        return self.inner.barrier(opts)
+    def _get_backend(self, device: Any) -> Any:
+        """torch 2.15's batch_isend_irecv asks whether the group's backend coalesces: answer
+        with the wrapped Gloo (the ops themselves still go through this group)."""
+        return self.inner
+
+    def barrier(self, opts: Any = None) -> Any:
+        return _call(self.inner.barrier, opts=opts)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
         return self.inner.send(tensors, dst, tag)
@@ -234,6 +319,13 @@ class FaultyGloo(dist.ProcessGroup):
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
         return self._wrap(self.inner.recv_anysource(tensors, tag), tensors)
+
+    # torch 2.4 calls these names (from Python); newer torch the ones above (from C++).
+    _allgather_base = all_gather_single
+    _reduce_scatter_base = reduce_scatter_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    alltoall_base = all_to_all_single
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> FaultyGloo:

@@ -62,6 +62,12 @@ class _Work(dist.Work):
         return self.inner.get_future()
 
 
+def _call(fn: Any, *args: Any, opts: Any = None) -> Any:
+    """Call an inner Gloo method with the caller's options, or its defaults: torch 2.4 calls a
+    Python ProcessGroup's methods from Python, some without options (``allgather``)."""
+    return fn(*args) if opts is None else fn(*args, opts)
+
+
 def _owner(t: torch.Tensor) -> torch.Tensor:
     return t._base if t._base is not None else t
 
@@ -125,48 +131,53 @@ class FaultyOrderingGloo(dist.ProcessGroup):
             self.stager.stage_later(inner, inputs)
         return _Work(inner, self.fault)
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         self._reads(tensors, in_place=True)
-        return self._work(self.inner.allreduce(tensors, opts), tensors)
+        return self._work(_call(self.inner.allreduce, tensors, opts=opts), tensors)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         self._reads(tensors, in_place=True)
-        return self._work(self.inner.reduce(tensors, opts), tensors)
+        return self._work(_call(self.inner.reduce, tensors, opts=opts), tensors)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        if self.rank() == opts.rootRank:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        if self.rank() == (opts.rootRank if opts is not None else 0):
             self._reads(tensors, in_place=True)
-        return self._work(self.inner.broadcast(tensors, opts), tensors)
+        return self._work(_call(self.inner.broadcast, tensors, opts=opts), tensors)
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
-                  opts: Any) -> Any:
+                  opts: Any = None) -> Any:
         reads = self._reads(inputs, in_place=False)
-        return self._work(self.inner.allgather(outputs, reads, opts), inputs)
+        return self._work(_call(self.inner.allgather, outputs, reads, opts=opts), inputs)
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
-               opts: Any) -> Any:
+               opts: Any = None) -> Any:
         reads = self._reads(inputs, in_place=False)
-        return self._work(self.inner.gather(outputs, reads, opts), inputs)
+        return self._work(_call(self.inner.gather, outputs, reads, opts=opts), inputs)
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
-                opts: Any) -> Any:
+                opts: Any = None) -> Any:
         flat = inputs[0] if inputs else []
         reads = [self._reads(flat, in_place=False)] if inputs else inputs
-        return self._work(self.inner.scatter(outputs, reads, opts), flat)
+        return self._work(_call(self.inner.scatter, outputs, reads, opts=opts), flat)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
-                       opts: Any) -> Any:
+                       opts: Any = None) -> Any:
         flat = inputs[0]
         reads = [self._reads(flat, in_place=False)]
-        return self._work(self.inner.reduce_scatter(outputs, reads, opts), flat)
+        return self._work(_call(self.inner.reduce_scatter, outputs, reads, opts=opts), flat)
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                 opts: Any) -> Any:
+                 opts: Any = None) -> Any:
         reads = self._reads(inputs, in_place=False)
-        return self._work(self.inner.alltoall(outputs, reads, opts), inputs)
+        return self._work(_call(self.inner.alltoall, outputs, reads, opts=opts), inputs)
 
-    def barrier(self, opts: Any) -> Any:
-        return self.inner.barrier(opts)
+    def _get_backend(self, device: Any) -> Any:
+        """torch 2.15's batch_isend_irecv asks whether the group's backend coalesces: answer
+        with the wrapped Gloo (the ops themselves still go through this group)."""
+        return self.inner
+
+    def barrier(self, opts: Any = None) -> Any:
+        return _call(self.inner.barrier, opts=opts)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
         reads = self._reads(tensors, in_place=False)

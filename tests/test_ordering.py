@@ -104,6 +104,10 @@ def test_each_fault_fails_its_ordering_check(pytester: pytest.Pytester,
         result.assert_outcomes(failed=3, passed=1)
 
 
+def _torch_release() -> tuple[int, int]:
+    return tuple(int(x) for x in torch.__version__.split(".")[:2])  # type: ignore[return-value]
+
+
 def test_gloo_ordering_cases_pass_and_document_the_gotcha(pytester: pytest.Pytester,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
@@ -130,10 +134,16 @@ def test_gloo_ordering_cases_pass_and_document_the_gotcha(pytester: pytest.Pytes
     # A real divergence the completion check found, documented by an override.
     rs = [r for r in report["records"] if r["op"] == "reduce_scatter"]
     assert rs and all(r["outcome"] == "passed" for r in rs)
-    assert all(r["ordering"]["completion"]["status"] == "violated"
-               and "never reports completion" in r["ordering"]["completion"]["known"]
-               for r in rs)
-    assert "| reduce_scatter | 2 | ✅\u00a02 | ✅\u00a02 | ⚠️\u00a02 |" in md
+    if _torch_release() < (2, 5):
+        # torch 2.4's Gloo has no list reduce_scatter: a documented rejection there
+        # (cases/ordering.yaml, observed on torch 2.4.1), so there is no Work to probe.
+        assert all(r["expected"] == "raises" and "does not support reduce_scatter"
+                   in r["message"] for r in rs)
+    else:
+        assert all(r["ordering"]["completion"]["status"] == "violated"
+                   and "never reports completion" in r["ordering"]["completion"]["known"]
+                   for r in rs)
+        assert "| reduce_scatter | 2 | ✅\u00a02 | ✅\u00a02 | ⚠️\u00a02 |" in md
     skipped = [r for r in report["records"] if r["outcome"] == "skipped"]
     if not torch.cuda.is_available():
         assert skipped and all(r["device"] == "cuda" for r in skipped)

@@ -190,6 +190,18 @@ def test_single_tensor_all_gather_concat_and_stack(op: str) -> None:
     assert out[1].tolist() == [[[0, 0.5]], [[1, 1.5]]]
 
 
+@pytest.mark.parametrize("op", ["gather_single", "gather_into_tensor"])
+def test_gather_into_one_tensor_only_on_the_destination(op: str) -> None:
+    entry = ops.get(op)
+    assert entry.roles[1].only == "dst" and entry.seen_from == "2.15"
+    assert entry.out_shape((1, 2), 3, {"form": "concat"}) == (3, 2)
+    assert entry.out_shape((1, 2), 3, {"form": "stack"}) == (3, 1, 2)
+    xs = [t([[r, r + 0.5]]) for r in range(3)]
+    out = ref(op, xs, ctx(3, out_shape=(3, 2), dst=2, form="concat"))
+    assert out[0] is None and out[1] is None  # never handed to the op: checked unchanged
+    assert out[2].tolist() == [[0, 0.5], [1, 1.5], [2, 2.5]]
+
+
 @pytest.mark.parametrize("op", ["reduce_scatter_tensor", "reduce_scatter_single"])
 def test_single_tensor_reduce_scatter_concat_and_stack(op: str) -> None:
     entry = ops.get(op)

@@ -245,3 +245,43 @@ def test_ci_scripts_parse() -> None:
         proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True,
                               check=False)
         assert proc.returncode == 0, f"{script}: {proc.stderr}"
+
+
+# -- torch versions ------------------------------------------------------------------------------
+
+VERSIONS = REPO / ".github" / "workflows" / "torch-versions.yml"
+
+
+def test_torch_versions_workflow_runs_oldest_and_newest_on_cpu_wheels() -> None:
+    doc = load(VERSIONS)
+    assert VERSIONS in WORKFLOWS  # so the schema and command checks above cover it
+    (job,) = doc["jobs"].values()
+    assert job["runs-on"] == "ubuntu-latest" and isinstance(job["timeout-minutes"], int)
+    assert job["strategy"]["fail-fast"] is False  # one version failing still shows the other
+    versions = job["strategy"]["matrix"]["torch"]
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())
+    floor = next(d for d in meta["project"]["dependencies"] if d.startswith("torch"))
+    oldest = floor.split(">=")[1]
+    # the oldest supported release line and something newer than the CI pin
+    assert versions[0].startswith(oldest + "."), (versions, floor)
+    pin = (REPO / "ci" / "constraints.txt").read_text().split("torch==")[1].split()[0]
+    newest = versions[-1]
+    assert tuple(map(int, newest.split("."))) > tuple(map(int, pin.split("."))), (newest, pin)
+    runs = [s.get("run", "") for s in job["steps"]]
+    matrix_run = next(r for r in runs if "ci/torch-matrix.sh" in r)
+    words = shlex.split(matrix_run)
+    assert words[:3] == ["bash", "ci/torch-matrix.sh", "${{ matrix.torch }}"]
+    # CPU wheels: PyTorch's CPU index, not the multi-GB CUDA builds
+    assert words[words.index("--index-url") + 1] == "https://download.pytorch.org/whl/cpu"
+    upload = next(s for s in job["steps"] if s.get("uses", "").startswith(
+        "actions/upload-artifact@"))
+    assert upload["if"] == "always()" and "${{ matrix.torch }}" in upload["with"]["name"]
+
+
+def test_torch_matrix_script_rejects_bad_usage() -> None:
+    script = str(REPO / "ci" / "torch-matrix.sh")
+    proc = subprocess.run(["bash", script], capture_output=True, text=True, check=False)
+    assert proc.returncode == 4 and "usage: bash ci/torch-matrix.sh VERSION" in proc.stderr
+    proc = subprocess.run(["bash", script, "2.4.1", "--bogus"], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 4 and "unknown option '--bogus'" in proc.stderr

@@ -3,7 +3,9 @@
 ``baseline`` reads and writes baseline files (one entry per instance, a policy, a person's
 ``allow``/``note`` kept across refreshes); ``compare`` classifies every instance (regression,
 new failure, missing, fixed, ...) and renders the result; ``cli`` is the ``collective-gate``
-command. Works on report JSON only.
+command; ``versions`` compares two reports of different torch versions (the
+``collective-versions`` command and its "What changed between torch versions" page). Works on
+report JSON only.
 
 Must not: import torch or run anything; be more positive than the report it reads.
 """

@@ -99,6 +99,7 @@ class Baseline:
     policy: dict[str, Level] = field(default_factory=lambda: dict(DEFAULT_POLICY))
     torch: str = ""
     path: str = ""
+    nccl: str = ""  # the NCCL version the report recorded (NCCL runs only)
 
     @property
     def backends(self) -> list[str]:
@@ -157,7 +158,8 @@ def load(path: str, hint: str = "") -> Baseline:
         except (KeyError, TypeError, AttributeError) as exc:
             raise _bad(path, f"entries[{n}] is malformed (missing or wrong field {exc})",
                        hint) from None
-    return Baseline(entries, policy, str(doc.get("torch", "")), path)
+    return Baseline(entries, policy, str(doc.get("torch", "")), path,
+                    str(doc.get("nccl_version", "")))
 
 
 def from_report(report: dict[str, Any], previous: Baseline | None = None,
@@ -173,7 +175,9 @@ def from_report(report: dict[str, Any], previous: Baseline | None = None,
                       prior.note)
         entries.append(e)
     policy = previous.policy if previous else dict(DEFAULT_POLICY)
-    return Baseline(entries, policy, str(report["metadata"].get("torch", "")))
+    meta = report["metadata"]
+    return Baseline(entries, policy, str(meta.get("torch", "")),
+                    nccl=str(meta.get("nccl_version") or ""))
 
 
 def render(baseline: Baseline) -> str:
@@ -186,6 +190,7 @@ def render(baseline: Baseline) -> str:
                    "+ axes (+ backend). Refresh: " + REFRESH_HINT,
         "backends": sorted({e.backend for e in entries}),
         "torch": baseline.torch,
+        **({"nccl_version": baseline.nccl} if baseline.nccl else {}),
         "counts": {o: counts[o] for o in OUTCOMES if counts[o]},
         "policy": {c: baseline.policy[c] for c in POLICY_KEYS if c in baseline.policy},
     }

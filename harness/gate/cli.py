@@ -31,6 +31,7 @@ from .compare import (
     render_text,
     to_json,
 )
+from .versions import across
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", action="append", default=[], metavar="CATEGORY=LEVEL",
                    help=f"override the baseline's policy; LEVEL is fail, warn or ok; "
                         f"categories: {', '.join(bl.CATEGORIES)}")
+    p.add_argument("--same-version", action="store_true",
+                   help="classify as if report and baseline came from the same torch/NCCL "
+                        "versions even when their metadata differ (by default, outcomes that "
+                        "differ across versions are 'changed', not regressions)")
     p.add_argument("--strict", action="store_true",
                    help="every category but unchanged/new/changed fails (missing, newly "
                         "skipped and fixed included)")
@@ -111,12 +116,17 @@ def _label(path: str, backends: list[str], torch: str) -> str:
 
 def gate_files(report_path: str, baseline_path: str, match: Match = "auto",
                policy: dict[str, Level] | None = None,
-               pytest_status: int | None = None) -> GateResult:
-    """Load both files and compare them (and the session behind the report)."""
+               pytest_status: int | None = None, same_version: bool = False) -> GateResult:
+    """Load both files and compare them (and the session behind the report), across versions
+    when their versions differ."""
     report = _load_report(report_path)
     hint = bl.refresh_hint(baseline_path, report_path)
     base = bl.load(baseline_path, hint)
-    res = compare(bl.entries_from_report(report), base, match, policy)
+    versions = "" if same_version else across(report, base)
+    res = compare(bl.entries_from_report(report), base, match, policy, versions)
+    if not base.torch:
+        res.notes.append("the baseline records no torch version, so it is compared as if it "
+                         "came from the report's; refresh it (--update) to record one")
     check_session(res, report)
     if pytest_status is not None:
         check_exit_status(res, pytest_status, report)
@@ -161,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(update(args.report, args.baseline, args.keep_missing))
             return 0
         res = gate_files(args.report, args.baseline, args.match,
-                         cli_policy(args.policy, args.strict), args.pytest_status)
+                         cli_policy(args.policy, args.strict), args.pytest_status,
+                         args.same_version)
     except BaselineError as exc:
         sys.stderr.write(f"collective-gate: error: {exc}\n")
         return 2

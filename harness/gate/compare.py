@@ -19,6 +19,12 @@ Besides the instances, the gate checks the session behind the report: an incompl
 (policy key ``incomplete``, default fail) and pytest failures that no failing record explains
 (always fail: the gate is never more positive than the evidence).
 
+Across versions (report and baseline from different torch releases or NCCL versions, see
+:mod:`harness.gate.versions`) a matched instance whose outcome differs is ``changed``, never a
+regression, new failure, fix or newly skipped instance: the difference may be the new version's,
+not the code's. The result names both versions first; gate against a baseline of the same
+version to find regressions.
+
 The baseline's ``policy`` (overridable with ``--policy``) says which categories fail the gate
 (exit 1), which only warn, and which are informational. The command is
 :mod:`harness.gate.cli`.
@@ -73,6 +79,7 @@ class GateResult:
     # Session-level problems: (policy key or "unexplained", message); "unexplained" always fails.
     problems: list[tuple[str, str]] = field(default_factory=list)
     refresh_hint: str = ""  # how to refresh the baseline in use (default: the bundled one's)
+    across_versions: str = ""  # "report torch X vs baseline torch Y" when they differ
 
     def of(self, category: str) -> list[Change]:
         return [c for c in self.changes if c.category == category]
@@ -142,8 +149,13 @@ def _index(entries: list[Entry], with_backend: bool, side: str
 
 
 def compare(report_entries: list[Entry], base: Baseline, match: Match = "auto",
-            policy: dict[str, Level] | None = None) -> GateResult:
-    """Classify every instance of the report against the baseline."""
+            policy: dict[str, Level] | None = None, across_versions: str = "") -> GateResult:
+    """Classify every instance of the report against the baseline.
+
+    ``across_versions`` (non-empty: the two versions, for the result) says the report and the
+    baseline come from different versions: matched instances whose outcome differs are then
+    ``changed``.
+    """
     rb = sorted({e.backend for e in report_entries})
     bb = base.backends
     notes: list[str] = []
@@ -166,6 +178,8 @@ def compare(report_entries: list[Entry], base: Baseline, match: Match = "auto",
             changes.append(Change(cat, r.key, "", r.outcome, r.reason, r.where))
         else:
             cat = _classify_pair(b, r)
+            if across_versions and cat not in ("unchanged", "changed"):
+                cat = "changed"
             reason = r.reason if r.outcome != "passed" else (b.reason and f"was: {b.reason}")
             changes.append(Change(cat, r.key, b.outcome, r.outcome, reason, r.where))
     for ident, b in bidx.items():
@@ -173,8 +187,13 @@ def compare(report_entries: list[Entry], base: Baseline, match: Match = "auto",
             changes.append(Change("missing", b.key, b.outcome, "", "not in the report "
                                   "(removed, renamed or deselected)"))
     changes.sort(key=lambda c: c.key)
+    if across_versions:
+        notes.insert(0, f"{across_versions}: different versions, so an instance whose outcome "
+                        "differs is classified as changed, not as a regression, new failure, "
+                        "fix or newly skipped instance (gate against a baseline of the same "
+                        "version for those)")
     return GateResult(changes, {**base.policy, **(policy or {})}, agnostic, rb, bb,
-                      notes=notes)
+                      notes=notes, across_versions=across_versions)
 
 
 def check_session(res: GateResult, report: dict[str, Any]) -> None:
@@ -228,6 +247,8 @@ def render_text(res: GateResult, max_list: int = 200) -> str:
     """Plain text for a terminal: the verdict first, then each non-trivial category."""
     lines = [f"collective-gate: {res.verdict()}"]
     lines += [f"  {'FAIL' if k in res.failing() else 'WARN'}: {m}" for k, m in res.problems]
+    if res.across_versions:  # named before anything else: it changes what the verdict means
+        lines.insert(0, f"collective-gate: {res.across_versions} (different versions)")
     if res.report_label or res.baseline_label:
         lines.append(f"  report {res.report_label} vs baseline {res.baseline_label}")
     lines += [f"  {n}" for n in res.notes]
@@ -258,6 +279,9 @@ def render_markdown(res: GateResult, max_list: int = 100) -> str:
     """Markdown for ``$GITHUB_STEP_SUMMARY`` and PR comments: verdict heading first."""
     icon = "✅" if res.ok and not res.warning() else ("⚠️" if res.ok else "❌")
     out = [f"## {icon} Conformance gate: {_md_escape(res.verdict())}", ""]
+    if res.across_versions:
+        out[0] = (f"## {icon} Conformance gate across versions "
+                  f"({_md_escape(res.across_versions)}): {_md_escape(res.verdict())}")
     out += [f"> **{'FAIL' if k in res.failing() else 'WARN'}**: {_md_escape(m)}"
             for k, m in res.problems]
     if res.problems:
@@ -289,4 +313,5 @@ def to_json(res: GateResult) -> dict[str, Any]:
             "agnostic": res.agnostic, "report_backends": res.report_backends,
             "baseline_backends": res.baseline_backends,
             "problems": [{"key": k, "message": m} for k, m in res.problems],
+            "across_versions": res.across_versions,
             "changes": [c.__dict__ for c in res.changes if c.category != "unchanged"]}

@@ -104,6 +104,11 @@ class Op:
     entry_count_free: bool = False
     # Backends that implement the op at all (empty: any). Elsewhere instances skip.
     only_backends: tuple[str, ...] = ()
+    # The oldest torch the harness has seen this op in, among the versions ci/torch-matrix.sh
+    # ran (2.4.1, 2.13.0, 2.15.0); "" for an op every supported torch (2.4 on) has. "2.13"
+    # means absent in 2.4.1 and present in 2.13.0: the release that added it is not known.
+    # Where the installed torch lacks the op, its instances skip (see ``available``).
+    seen_from: str = ""
 
     # nccl-tests' bus-bandwidth factor F(n), busbw = algbw * F(n): "all_reduce" is 2(n-1)/n,
     # "ring" (n-1)/n (gathers, reduce-scatters, all-to-all: bytes of the full buffer),

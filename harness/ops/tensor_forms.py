@@ -1,7 +1,8 @@
 """Single-tensor forms of the gathers and scatters: one flat buffer instead of a tensor list.
 
-``all_gather_into_tensor``/``all_gather_single`` and ``reduce_scatter_tensor``/
-``reduce_scatter_single`` accept the big buffer in two shapes: the ranks' chunks concatenated
+``all_gather_into_tensor``/``all_gather_single``, ``reduce_scatter_tensor``/
+``reduce_scatter_single`` and ``gather_single``/``gather_into_tensor`` (torch 2.15) accept the
+big buffer in two shapes: the ranks' chunks concatenated
 along dim 0 (``form: concat``, the default) or stacked in a new dim 0 (``form: stack``).
 ``inplace: true`` passes the rank's own chunk of the big buffer as the small one (the aliasing
 NCCL documents as the in-place form). ``all_to_all_single`` splits dim 0 evenly, or by
@@ -97,6 +98,7 @@ class AllGatherIntoTensor(_GatherSingle):
 
 class AllGatherSingle(_GatherSingle):
     name = "all_gather_single"
+    seen_from = "2.13"
 
 
 class _ReduceScatterSingle(Op):
@@ -150,6 +152,48 @@ class ReduceScatterTensor(_ReduceScatterSingle):
 
 class ReduceScatterSingle(_ReduceScatterSingle):
     name = "reduce_scatter_single"
+    seen_from = "2.13"
+
+
+class _GatherIntoOne(Op):
+    """``gather_single`` (torch 2.15) and its alias ``gather_into_tensor``: ``gather`` into one
+    tensor on the destination. Only the output's element count is validated, so the flat
+    (``form: concat``) and the stacked (``form: stack``) output are both documented forms;
+    non-destination ranks pass no output."""
+
+    family = "gather"
+    roles = (Role("input", "in"), Role("output", "out", only="dst"))
+    args = ("dst", "form")
+    required_args = ("dst",)
+    in_role = "input"
+    out_role = "output"
+    seen_from = "2.15"
+
+    def out_shape(self, in_shape: tuple[int, ...], world_size: int,
+                  args: dict[str, Any] | None = None) -> tuple[int, ...]:
+        if _form(args) == "stack" or not in_shape:
+            return (world_size, *in_shape)
+        return (world_size * in_shape[0], *in_shape[1:])
+
+    def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        fn = getattr(ctx.dist, self.name)
+        return fn(bufs["input"], bufs["output"], dst=ctx.args["dst"], group=ctx.group,
+                  async_op=ctx.async_op)
+
+    def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
+        import torch
+
+        out = torch.stack([inputs[g] for g in ctx.group_ranks]).reshape(ctx.out_shape)
+        # Elsewhere the output is never handed to the op: it keeps its poison ("unchanged").
+        return [out if r == ctx.args["dst"] else None for r in range(ctx.world_size)]
+
+
+class GatherSingle(_GatherIntoOne):
+    name = "gather_single"
+
+
+class GatherIntoTensor(_GatherIntoOne):
+    name = "gather_into_tensor"
 
 
 def split_matrix(args: dict[str, Any], n: int, rows: int) -> list[list[int]]:
@@ -215,4 +259,5 @@ class AllToAllSingle(Op):
 
 
 OPS: tuple[Op, ...] = (AllGatherIntoTensor(), AllGatherSingle(), ReduceScatterTensor(),
-                       ReduceScatterSingle(), AllToAllSingle())
+                       ReduceScatterSingle(), AllToAllSingle(), GatherSingle(),
+                       GatherIntoTensor())

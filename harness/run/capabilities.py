@@ -83,8 +83,10 @@ class Capabilities:
                 continue
             op = ops.get(step.op)
             if not op.available(self.dist):
+                seen = f" (the harness has seen it from torch {op.seen_from})" if (
+                    op.seen_from) else ""
                 return (f"torch {self.torch_version} has no torch.distributed."
-                        f"{op.torch_name or op.name}")
+                        f"{op.torch_name or op.name}{seen}")
             if op.only_backends and backend not in op.only_backends:
                 return f"{op.name} is implemented only for {', '.join(op.only_backends)}"
             missing = self._group_addressing_missing(op, dict(step.args))
