@@ -454,8 +454,10 @@ def test_report_header_lists_overrides_not_applied(tmp_path: Path) -> None:
     assert entry["scope"] == "torch" and entry["when"] == "torch <2.0"
     assert entry["instances"] == 1 and entry["cases"] == ["known_elsewhere"]
     md = (where / "reports" / "conformance.md").read_text()
-    assert md.startswith("> **Overrides not applied** because of their scope: 1 because of "
-                         "the torch version (1 instance(s))")
+    notice = ("> **Overrides not applied** because of their scope: 1 because of "
+              "the torch version (1 instance(s))")
+    # In the header, right after the verdict (which stays the first thing to read).
+    assert md.index("**Verdict: FAIL**") < md.index(notice) < md.index("| op |")
     assert "wrong on an old torch only" in md
     assert "Overrides not applied" in (where / "reports" / "conformance.html").read_text()
 

@@ -70,13 +70,19 @@ def verdict_line(summary: dict[str, Any], session: dict[str, Any] | None = None)
 
 
 def session_notice(report: dict[str, Any]) -> list[str]:
-    """What the reader must know before any count: an incomplete session, overrides that did
-    not apply because of their torch/backend scope."""
+    """What the reader must know before any count: an incomplete session."""
     out: list[str] = []
     session = report.get("session")
     if isinstance(session, dict) and not session.get("complete", True):
         out += [f"> **⛔ INCOMPLETE SESSION**: {headline.incomplete_text(session)}. The counts "
                 "below cover only what ran; this report is not a verdict on the backend.", ""]
+    return out
+
+
+def not_applied_notice(report: dict[str, Any]) -> list[str]:
+    """Overrides that did not apply because of their torch/backend scope (after the verdict:
+    a long list must not push the verdict down the page)."""
+    out: list[str] = []
     scoped = report.get("summary", {}).get("overrides_not_applied") or []
     if scoped:
         parts = []
@@ -131,6 +137,8 @@ def render(report: dict[str, Any]) -> str:
         out.append("")
         out.append(verdict_line(summary, session if isinstance(session, dict) else None))
         out.append("")
+        if backend == (meta["backends"] or ["(none)"])[0]:
+            out.extend(not_applied_notice(report))
         out.append(f"World sizes: {', '.join(map(str, sorted({r['world_size'] for r in recs})))}"
                    f" · host {escape(meta.get('hostname', '?'))} · "
                    f"{escape(meta.get('created', ''))}")
