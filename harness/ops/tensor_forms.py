@@ -30,6 +30,14 @@ def _form(args: dict[str, Any] | None) -> str:
     return form
 
 
+def gathered_shape(in_shape: tuple[int, ...], world_size: int,
+                   args: dict[str, Any] | None) -> tuple[int, ...]:
+    """One chunk per rank: stacked in a new dim 0, or concatenated along dim 0 (the default)."""
+    if _form(args) == "stack" or not in_shape:
+        return (world_size, *in_shape)
+    return (world_size * in_shape[0], *in_shape[1:])
+
+
 def _chunk(big: Any, pos: int, small: Any, args: dict[str, Any]) -> Any:
     """Member ``pos``'s chunk of ``big`` (the gathered/scattered buffer) as a view."""
     if _form(args) == "stack" or big.dim() == small.dim() + 1:
@@ -70,9 +78,7 @@ class _GatherSingle(Op):
 
     def out_shape(self, in_shape: tuple[int, ...], world_size: int,
                   args: dict[str, Any] | None = None) -> tuple[int, ...]:
-        if _form(args) == "stack" or not in_shape:
-            return (world_size, *in_shape)
-        return (world_size * in_shape[0], *in_shape[1:])
+        return gathered_shape(in_shape, world_size, args)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         fn = getattr(ctx.dist, self.torch_name or self.name)
@@ -171,9 +177,7 @@ class _GatherIntoOne(Op):
 
     def out_shape(self, in_shape: tuple[int, ...], world_size: int,
                   args: dict[str, Any] | None = None) -> tuple[int, ...]:
-        if _form(args) == "stack" or not in_shape:
-            return (world_size, *in_shape)
-        return (world_size * in_shape[0], *in_shape[1:])
+        return gathered_shape(in_shape, world_size, args)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         fn = getattr(ctx.dist, self.name)
