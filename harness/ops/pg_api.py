@@ -318,9 +318,8 @@ class PgScatter(_PgOp):
 
 
 def _big(shape: tuple[int, ...], n: int) -> tuple[int, ...]:
-    if not shape:
-        raise ValueError("entries need at least one dimension (the one gathered along)")
-    return (shape[0] * n, *shape[1:])
+    """The shape n times longer in dim 0 (a 0-dim entry stays as it is: torch rejects it)."""
+    return (shape[0] * n, *shape[1:]) if shape else shape
 
 
 class PgAllgatherIntoTensorCoalesced(_PgOp):
