@@ -197,6 +197,28 @@ def test_a_root_rank_axis_names_the_instances() -> None:
                                      "root_tensor0"]
 
 
+def test_the_ordering_probes_delay_the_rank_the_others_depend_on() -> None:
+    from harness.ordering.plan import delayed_rank
+
+    def delayed(op: str, root: int) -> int:
+        inst = instances(f"""
+            cases:
+              - name: c
+                op: {op}
+                world_size: 3
+                async: true
+                args: {{root_rank: {root}}}
+                shape: [1, 3, 1]
+                input: 0
+            """)[0]
+        return delayed_rank(inst)
+
+    assert delayed("pg.broadcast", 1) == 1  # the root feeds everyone
+    assert delayed("pg.scatter", 0) == 0
+    assert delayed("pg.gather", 2) == 1  # the root collects: delay a contributor
+    assert delayed("pg.reduce", 1) == 2
+
+
 # -- a real run -----------------------------------------------------------------------------
 
 CASES = """

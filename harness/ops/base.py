@@ -118,6 +118,10 @@ class Op:
     bus: Literal["one", "ring", "all_reduce"] = "one"
     # The output holds one chunk per group member: its shape is (group size, *input shape).
     gathers: bool = False
+    # Ops addressed by a ``root_rank`` position (the process-group methods): True where the
+    # root feeds the others (broadcast, scatter), False where it collects (reduce, gather).
+    # The ordering probes delay the rank the others depend on.
+    root_feeds: bool | None = None
 
     def bus_factor(self, world_size: int) -> float:
         """nccl-tests' bus-bandwidth factor: busbw = algbw * factor."""

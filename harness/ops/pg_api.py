@@ -152,6 +152,7 @@ class PgAllreduce(_PgOp):
 
 class PgBroadcast(_PgOp):
     method = "broadcast"
+    root_feeds = True
     options_kind = "BroadcastOptions"
     options_forms = ("object", "overload")
     roles = (Role("tensors", "inout", form="list"),)
@@ -175,6 +176,7 @@ class PgBroadcast(_PgOp):
 
 class PgReduce(_PgOp):
     method = "reduce"
+    root_feeds = False
     options_kind = "ReduceOptions"
     options_forms = ("object", "overload")
     roles = (Role("tensors", "inout", form="list"),)
@@ -257,6 +259,7 @@ class PgGather(_PgOp):
     empty list, as upstream's non-roots do); a step passes what it names."""
 
     method = "gather"
+    root_feeds = False
     options_kind = "GatherOptions"
     options_forms = ("object", "int")
     roles = (Role("output", "out", form="nested", only="root"), Role("input", "in", form="list"))
@@ -290,6 +293,7 @@ class PgScatter(_PgOp):
     m of the root's input list i. In the op: form only the root passes its input lists."""
 
     method = "scatter"
+    root_feeds = True
     options_kind = "ScatterOptions"
     options_forms = ("object", "int")
     roles = (Role("output", "out", form="list"), Role("input", "in", form="nested", only="root"))
