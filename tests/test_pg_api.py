@@ -182,6 +182,30 @@ def test_pg_argument_values_are_checked_by_the_schema() -> None:
     assert "'root_tensor' does not apply to a wait step" in text
 
 
+def test_the_one_tensor_overload_takes_one_tensor_and_no_root_tensor() -> None:
+    text = problems("""
+        cases:
+          - name: bad
+            op: pg.broadcast
+            args: {root_rank: 0, root_tensor: 0, options: overload}
+            shape: [2, 1]
+            input: 0
+        """)
+    assert "cases/x.yaml:5:" in text and "the one-tensor overload takes no rootTensor" in text
+    assert "the list holds 2" in text
+    text = problems("""
+        cases:
+          - name: bad
+            world_size: 2
+            tensors:
+              x: {shape: [1], init: 0}
+            steps:
+              - {op: pg.reduce, tensors: [x, x], root_rank: 0, options: overload}
+            expected: {}
+        """)
+    assert "cases/x.yaml:8:" in text and "the list holds 2" in text
+
+
 def test_a_root_rank_axis_names_the_instances() -> None:
     insts = instances("""
         cases:

@@ -21,9 +21,21 @@ Path = tuple[Any, ...]
 
 
 def check(case: Case, op: Any, values: dict[str, Any], path: Path,
-          extra_names: tuple[str, ...] = ()) -> list[CaseFileError]:
-    """Problems of the pg arguments in ``values`` (a case's ``args`` or an op step)."""
+          extra_names: tuple[str, ...] = (), entries: Any = None) -> list[CaseFileError]:
+    """Problems of the pg arguments in ``values`` (a case's ``args`` or an op step).
+
+    ``entries``: how many tensors the list buffer holds where collection knows it (the first
+    dimension of a case's ``shape``, or a step's list of names), for the one-tensor overload.
+    """
     errs: list[CaseFileError] = []
+    if values.get("options") == "overload":
+        if "root_tensor" in values:
+            errs.append(case.error((*path, "root_tensor"), "the one-tensor overload takes no "
+                                   "rootTensor", "drop root_tensor, or use options: object"))
+        if isinstance(entries, int) and entries != 1:
+            errs.append(case.error((*path, "options"), f"the one-tensor overload passes one "
+                                   f"tensor; the list holds {entries}",
+                                   "give the list one entry (shape: [1, ...])"))
     for key in EXPR_KEYS:
         raw = values.get(key)
         for j, v in enumerate(as_list(raw) if raw is not None else []):

@@ -248,7 +248,9 @@ def check_case(case: Case) -> None:
             op = ops.get(raw["op"])
             args = raw.get("args", {})
             errs.extend(addressing.check_args(case, op, args, ("args",)))
-            errs.extend(pgargs.check(case, op, args, ("args",)))
+            shape = raw.get("shape")
+            errs.extend(pgargs.check(case, op, args, ("args",), entries=shape[0] if isinstance(
+                shape, list) and shape and isinstance(shape[0], int) else None))
             for req in op.required_args:
                 if req not in args and f"group_{req}" not in args:
                     errs.append(case.error(("name",), f"op {op.name} needs args.{req}",
@@ -449,7 +451,8 @@ def check_steps(case: Case) -> None:
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
         errs.extend(addressing.check_args(case, op, step, path))
-        errs.extend(pgargs.check(case, op, step, path, repeat.names(step)))
+        errs.extend(pgargs.check(case, op, step, path, repeat.names(step), entries=len(
+            step["tensors"]) if isinstance(step.get("tensors"), list) else None))
         if op.name == "batch_isend_irecv" and "p2p" not in step:
             errs.append(case.error(path, "batch_isend_irecv needs 'p2p:' (a list of "
                                    "{op: isend|irecv, tensor: NAME, peer: RANK})"))
