@@ -68,6 +68,8 @@ def test_broadcast_sends_the_root_tensor_of_the_root_rank_to_every_entry() -> No
     assert got[1].tolist() == [[1.0], [1.0]]
     with pytest.raises(ValueError, match="root_rank 2 is outside the group"):
         op.reference(inputs, ctx(2, root_rank=2))
+    with pytest.raises(ValueError, match="root_tensor 2 is outside the root's list of 2"):
+        op.reference(inputs, ctx(2, root_rank=0, root_tensor=2))
 
 
 def test_reduce_defines_the_root_entry_only() -> None:

@@ -92,6 +92,16 @@ def _entries(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list) else list(value.unbind(0))
 
 
+def _root_tensor(ctx: RefContext, entries: list[Any]) -> int:
+    """``root_tensor`` as an index into the root's list (checked: torch was not asked)."""
+    k = int(ctx.args.get("root_tensor", 0))
+    if not 0 <= k < len(entries):
+        raise ValueError(f"root_tensor {k} is outside the root's list of {len(entries)}: "
+                         "expected: auto has no result; state what the backend does "
+                         "(raises:)")
+    return k
+
+
 def _root(ctx: RefContext) -> int:
     """The global rank of the root (``root_rank`` is a position in the group)."""
     pos = int(ctx.args.get("root_rank", 0))
@@ -169,7 +179,8 @@ class PgBroadcast(_PgOp):
 
     def reference(self, inputs: Sequence[Any], ctx: RefContext) -> PerRank:
         """Entry ``root_tensor`` of the root's list, in every entry of every member."""
-        src = _entries(inputs[_root(ctx)])[int(ctx.args.get("root_tensor", 0))]
+        mine = _entries(inputs[_root(ctx)])
+        src = mine[_root_tensor(ctx, mine)]
         return [stack_or_list([src] * len(_entries(inputs[r]))) if r in ctx.group_ranks
                 else inputs[r] for r in range(ctx.world_size)]
 
@@ -196,8 +207,9 @@ class PgReduce(_PgOp):
         """On the root, entry ``root_tensor`` is the members' reduction of that entry and the
         other entries keep their input; elsewhere the contract says nothing."""
         assert ctx.reduce_op is not None
-        root, k = _root(ctx), int(ctx.args.get("root_tensor", 0))
+        root = _root(ctx)
         out = _entries(inputs[root])
+        k = _root_tensor(ctx, out)
         out[k] = reduce_tensors([_entries(inputs[g])[k] for g in ctx.group_ranks],
                                 ctx.reduce_op, ctx.args)
         return [stack_or_list(out) if r == root else
