@@ -74,15 +74,29 @@ class TensorSpec:
 
 
 # A list role given as several tensors (``input: [a, b, c]``: one list entry per tensor, of
-# any shape and dtype) is stored in Step.bufs as this prefix and the comma-joined names.
+# any shape and dtype) is stored in Step.bufs as this prefix and the comma-joined names; an
+# entry that is itself a list of names (the nested lists of the process-group methods,
+# ``output: [[a, b], [c, d]]``) is written ``[a b]``. Tensor names never hold ``,[] ``.
 TENSOR_LIST = "list:"
+
+def pack_tensor_list(items: list[str | list[str]]) -> str:
+    """The Step.bufs form of a list of tensor names (entries may be lists of names)."""
+    return TENSOR_LIST + ",".join(
+        "[" + " ".join(item) + "]" if isinstance(item, list) else item for item in items)
+
+
+def tensor_list(tname: str) -> list[str | list[str]]:
+    """The (possibly nested) list of names a packed Step.bufs entry stands for."""
+    rest = tname[len(TENSOR_LIST):]
+    return [item[1:-1].split() if item.startswith("[") else item
+            for item in (rest.split(",") if rest else [])]
 
 
 def tensor_names(tname: str) -> list[str]:
-    """The tensor names a Step.bufs entry stands for (one, or a packed list)."""
+    """The tensor names a Step.bufs entry stands for (one, or a packed list), flattened."""
     if tname.startswith(TENSOR_LIST):
-        rest = tname[len(TENSOR_LIST):]
-        return rest.split(",") if rest else []
+        return [n for item in tensor_list(tname)
+                for n in (item if isinstance(item, list) else [item])]
     return [tname]
 
 

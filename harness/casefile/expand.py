@@ -17,7 +17,6 @@ from .. import dtypes, ops
 from ..errors import CaseFileError, ExprError, quote
 from ..expr import Expr, parse
 from ..model import (
-    TENSOR_LIST,
     Case,
     Expectation,
     Fill,
@@ -26,9 +25,10 @@ from ..model import (
     Step,
     TensorSpec,
     Tolerance,
+    pack_tensor_list,
 )
 from ..ordering.plan import plan_instances
-from . import caseenv, opargs
+from . import caseenv, opargs, pgargs
 from . import entries as list_entries
 from . import repeat as step_repeat
 from . import returns as step_returns
@@ -40,7 +40,8 @@ from .steps import is_ordering_step, make_step
 MAX_ID = 200  # test ids are printed on every line of pytest's output
 DEFAULT_DEVICE = {"nccl": "cuda", "gloo": "cpu", "mpi": "cpu", "ucc": "cpu"}
 # Op arguments whose list value is a matrix axis (each value its own instance).
-AXIS_ARGS = ("src", "dst", "group", "form", "inplace", "group_src", "group_dst")
+AXIS_ARGS = ("src", "dst", "group", "form", "inplace", "group_src", "group_dst", "root_rank",
+             "root_tensor")
 # Op arguments passed through unchanged (``splits`` is evaluated per world size).
 PLAIN_ARGS = ("tag", "timeout", "wait_all_ranks")
 # ``world_size: launched``: as many ranks as the launcher gave (external-ranks mode), or
@@ -309,6 +310,10 @@ class _Expander:
         for key in PLAIN_ARGS:
             if key in self.raw.get("args", {}):
                 args[key] = self.raw["args"][key]
+        for key in pgargs.KEYS:  # the process-group methods' options
+            if f"args.{key}" in point or key in self.raw.get("args", {}):
+                args[key] = pgargs.case_value(self.case, key, point.get(
+                    f"args.{key}", self.raw.get("args", {}).get(key)), env)
         if "splits" in self.raw.get("args", {}):
             n = len(args["group"]) if "group" in args else ws
             args["splits"] = opargs.eval_splits(self.case, self.raw["args"]["splits"], n, env,
@@ -487,7 +492,7 @@ class _Expander:
             if "op" in s:
                 op = ops.get(s["op"])
                 bufs = tuple((role.name, s[role.name] if isinstance(s[role.name], str)
-                              else TENSOR_LIST + ",".join(s[role.name])) for role in op.roles)
+                              else pack_tensor_list(s[role.name])) for role in op.roles)
                 args: list[tuple[str, Any]] = []
                 for key in ("src", "dst", "tag", "group_src", "group_dst"):
                     if key in s:
@@ -497,6 +502,10 @@ class _Expander:
                 for key in ("form", "inplace", *PLAIN_ARGS[1:]):
                     if key in s:
                         args.append((key, s[key]))
+                for key in pgargs.KEYS:
+                    if key in s:
+                        args.append((key, pgargs.step_value(key, s[key], (
+                            *names, *step_repeat.names(s)))))
                 if "splits" in s:
                     n = len(s["group"]) if "group" in s else ws
                     args.append(("splits", opargs.eval_splits(self.case, s["splits"], n, env,

@@ -17,7 +17,7 @@ import jsonschema
 from .. import dtypes, expr, ops
 from ..errors import CaseFileError, CaseFileErrors, ExprError, quote
 from ..model import Case
-from . import addressing, caseenv, entries, opargs, patterns, repeat, returns
+from . import addressing, caseenv, entries, opargs, patterns, pgargs, repeat, returns
 from .fields import KEYWORDS, as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
@@ -31,7 +31,7 @@ OVERRIDE_NAMES = ("rank", "world_size", "i")  # what overrides.resolve gives an 
 STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future", "raise",
                 "abort", "exit", "segfault")
 # Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
-STEP_OP_ARGS = ("form", "inplace", "splits", "timeout", "wait_all_ranks")
+STEP_OP_ARGS = ("form", "inplace", "splits", "timeout", "wait_all_ranks", *pgargs.KEYS)
 
 
 @functools.cache
@@ -248,6 +248,9 @@ def check_case(case: Case) -> None:
             op = ops.get(raw["op"])
             args = raw.get("args", {})
             errs.extend(addressing.check_args(case, op, args, ("args",)))
+            shape = raw.get("shape")
+            errs.extend(pgargs.check(case, op, args, ("args",), entries=shape[0] if isinstance(
+                shape, list) and shape and isinstance(shape[0], int) else None))
             for req in op.required_args:
                 if req not in args and f"group_{req}" not in args:
                     errs.append(case.error(("name",), f"op {op.name} needs args.{req}",
@@ -448,6 +451,8 @@ def check_steps(case: Case) -> None:
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
         errs.extend(addressing.check_args(case, op, step, path))
+        errs.extend(pgargs.check(case, op, step, path, repeat.names(step), entries=len(
+            step["tensors"]) if isinstance(step.get("tensors"), list) else None))
         if op.name == "batch_isend_irecv" and "p2p" not in step:
             errs.append(case.error(path, "batch_isend_irecv needs 'p2p:' (a list of "
                                    "{op: isend|irecv, tensor: NAME, peer: RANK})"))
@@ -487,20 +492,30 @@ def check_steps(case: Case) -> None:
         raise CaseFileErrors(errs)
 
 
-def _check_tensor_list(case: Case, path: Path, op: ops.Op, role: ops.Role, names: list[str],
+def _check_tensor_list(case: Case, path: Path, op: ops.Op, role: ops.Role, names: list[Any],
                        tensors: dict[str, Any], object_tensors: set[str]
                        ) -> list[CaseFileError]:
-    """A list role given as a list of tensor names (entries of any shape and dtype)."""
-    if role.form != "list":
+    """A list role given as a list of tensor names (entries of any shape and dtype); a
+    nested role's entries may be lists of names themselves (``[[a, b], [c, d]]``)."""
+    if role.form not in ("list", "nested"):
         return [case.error(path, f"{op.name}'s {role.name!r} buffer is not a list of tensors",
                            "give one tensor name")]
     errs: list[CaseFileError] = []
-    for i, name in enumerate(names):
+    flat: list[tuple[Path, Any]] = []
+    for i, item in enumerate(names):
+        if isinstance(item, list) and role.form != "nested":
+            errs.append(case.error((*path, i), f"{op.name}'s {role.name!r} buffer is a list "
+                                   "of tensors, not a list of lists", "give tensor names"))
+        elif isinstance(item, list):
+            flat.extend(((*path, i, k), n) for k, n in enumerate(item))
+        else:
+            flat.append(((*path, i), item))
+    for where, name in flat:
         if name not in tensors:
-            errs.append(case.error((*path, i), f"unknown tensor {name!r}",
+            errs.append(case.error(where, f"unknown tensor {name!r}",
                                    suggest(name, tuple(tensors)) if tensors else
                                    "declare it under 'tensors:'"))
         elif name in object_tensors:
-            errs.append(case.error((*path, i), f"{name!r} is an object buffer; list entries "
+            errs.append(case.error(where, f"{name!r} is an object buffer; list entries "
                                    "are tensors"))
     return errs

@@ -6,11 +6,12 @@ add it to that module's ``OPS``; nothing else in the harness has per-op branches
 
 from __future__ import annotations
 
-from . import coalesced, collectives, objects, p2p, tensor_forms
+from . import coalesced, collectives, objects, p2p, pg_api, tensor_forms
 from .base import CallContext, Op, RefContext, Role, reduce_tensors, reference_tolerance
 
 ALL_OPS: dict[str, Op] = {op.name: op for op in (*collectives.OPS, *tensor_forms.OPS,
-                                                 *coalesced.OPS, *objects.OPS, *p2p.OPS)}
+                                                 *coalesced.OPS, *objects.OPS, *p2p.OPS,
+                                                 *pg_api.OPS)}
 
 # Ops that are always async (their name says so) ignore the case's ``async`` axis.
 ALWAYS_ASYNC = frozenset({"isend", "irecv", "batch_isend_irecv"})

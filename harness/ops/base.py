@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 Access = Literal["in", "out", "inout"]
 Form = Literal["tensor", "list", "nested", "object", "objects"]
-Only = Literal["all", "src", "dst"]
+Only = Literal["all", "src", "dst", "root"]
 
 # A value of None in a per-rank expectation list means "the contract leaves it unspecified".
 # Object collectives put Python objects where tensors would be.
@@ -43,8 +43,10 @@ class Role:
     (dims 0 and 1; ``all_gather_coalesced``'s output). ``form="object"`` is one picklable
     Python object and ``form="objects"`` a Python list of them (the object collectives): their
     buffers are built from plain YAML data, not tensors (see :mod:`harness.program.objects`).
-    ``only`` restricts the buffer to the root rank (``src``/``dst`` argument); other ranks pass
-    None.
+    ``only`` restricts the buffer to the root rank (``src``/``dst`` argument; ``root``: the
+    group position ``root_rank`` of the process-group methods); other ranks pass None. A
+    ``root`` buffer given in a step as a list of tensor names is passed as written on every
+    rank (the case says what each rank hands over).
     """
 
     name: str
@@ -116,6 +118,10 @@ class Op:
     bus: Literal["one", "ring", "all_reduce"] = "one"
     # The output holds one chunk per group member: its shape is (group size, *input shape).
     gathers: bool = False
+    # Ops addressed by a ``root_rank`` position (the process-group methods): True where the
+    # root feeds the others (broadcast, scatter), False where it collects (reduce, gather).
+    # The ordering probes delay the rank the others depend on.
+    root_feeds: bool | None = None
 
     def bus_factor(self, world_size: int) -> float:
         """nccl-tests' bus-bandwidth factor: busbw = algbw * factor."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from .. import ops
 from ..model import DEFAULT_ORDERING_DELAY_S, Instance, OrderingPlan
 
 if TYPE_CHECKING:
@@ -34,9 +35,13 @@ def delayed_rank(inst: Instance) -> int:
     members = _members(inst)
     args = dict(inst.steps[0].args) if inst.steps else {}
     src = args.get("src")
+    dst = args.get("dst")
+    root, op = args.get("root_rank"), ops.ALL_OPS.get(inst.op)
+    if op is not None and op.root_feeds is not None and isinstance(root, int) and (
+            0 <= root < len(members)):  # a position in the group (process-group methods)
+        src, dst = (members[root], dst) if op.root_feeds else (src, members[root])
     if isinstance(src, int) and src in members:
         return src
-    dst = args.get("dst")
     others = [m for m in members if m != dst]
     return (others or list(members))[-1]
 

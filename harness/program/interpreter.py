@@ -34,6 +34,7 @@ from ..model import (
     TensorCheck,
     TensorSpec,
     Tolerance,
+    tensor_list,
     tensor_names,
 )
 from . import objects, stepchecks, tensors
@@ -331,15 +332,19 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
     passed: dict[str, Any] = {}
     for role_name, tname in step.bufs:
         role = op.role(role_name)
-        root = args.get("src") if role.only == "src" else args.get("dst")
-        if role.only != "all" and renv.rank != root:
+        root = (_root_of(args, group_ranks) if role.only == "root" else
+                args.get("src") if role.only == "src" else args.get("dst"))
+        # A list of names in a step is what the case hands over, root or not (process-group
+        # methods: a non-root passing an output list is one of Gloo's input checks).
+        named = role.only == "root" and tname.startswith(TENSOR_LIST)
+        if role.only != "all" and renv.rank != root and not named:
             passed[role_name] = None
             continue
-        if tname.startswith(TENSOR_LIST):  # one list entry per named tensor
-            names = tensor_names(tname)
-            passed[role_name] = [bufs[n] for n in names]
+        if tname.startswith(TENSOR_LIST):  # one list entry per named tensor (or name list)
+            passed[role_name] = [[bufs[m] for m in n] if isinstance(n, list) else bufs[n]
+                                 for n in tensor_list(tname)]
             if role.access != "in":
-                written.update(names)
+                written.update(tensor_names(tname))
             continue
         t = bufs[tname]
         entries = (_spec(inst, tname).entries_for(renv.rank)
@@ -366,6 +371,12 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
                           async_op=step.async_op, args=_torch_args(args, renv), timing=timing,
                           returned=returned if returned is not None else {})
     return op.call(ctx, passed)
+
+
+def _root_of(args: dict[str, Any], group_ranks: tuple[int, ...]) -> int | None:
+    """The rank at group position ``root_rank`` (None when it is outside the group)."""
+    pos = args.get("root_rank", 0)
+    return group_ranks[pos] if isinstance(pos, int) and 0 <= pos < len(group_ranks) else None
 
 
 def _repeated(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
