@@ -79,6 +79,9 @@ class Capabilities:
             if not hasattr(self.torch, name):
                 return f"torch {self.torch_version} has no dtype {name}"
         for step in inst.steps:
+            if step.kind == "set_timeout" and not hasattr(self.dist.ProcessGroup, "set_timeout"):
+                return (f"torch {self.torch_version}'s ProcessGroup has no set_timeout "
+                        "(the set_timeout step)")
             if not step.op:
                 continue
             op = ops.get(step.op)
