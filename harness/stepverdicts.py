@@ -47,25 +47,26 @@ def _error_check(inst: Instance, obs: dict[str, Any]) -> TensorCheck:
                        note=f"{seen} (matches {step.raises!r}{limit})")
 
 
-def step_error_checks(inst: Instance, results: dict[int, RankResult]) -> list[str]:
-    """Add every rank's step-error checks to its result; lines for the failed ones."""
-    bad: list[str] = []
+def step_error_checks(inst: Instance, results: dict[int, RankResult]
+                      ) -> list[tuple[int, str]]:
+    """Add every rank's step-error checks to its result; (step, line) for the failed ones."""
+    bad: list[tuple[int, str]] = []
     for rank, res in sorted(results.items()):
         for obs in res.step_errors:
             check = _error_check(inst, obs)
             res.checks.append(check)
             if not check.ok:
-                bad.append(f"  rank {rank}, {check.tensor}: {check.note}")
+                bad.append((int(obs["step"]), f"  rank {rank}, {check.tensor}: {check.note}"))
     return bad
 
 
-def barrier_timing(inst: Instance, results: dict[int, RankResult]) -> tuple[list[str],
-                                                                            list[str], str]:
+def barrier_timing(inst: Instance, results: dict[int, RankResult]
+                   ) -> tuple[list[tuple[int, str]], list[str], str]:
     """(violations, observations, why not judged) of the ``blocks_until_all`` steps.
 
     Times are printed relative to the first entry into the step, in seconds.
     """
-    bad: list[str] = []
+    bad: list[tuple[int, str]] = []
     seen: list[str] = []
     for idx, step in enumerate(inst.steps):
         if not step.blocks_until_all:
@@ -89,8 +90,8 @@ def barrier_timing(inst: Instance, results: dict[int, RankResult]) -> tuple[list
                     for r, d in done.items()))
         early = [r for r, d in done.items() if d is not None and d < last]
         if early:
-            bad.append(head + f"; rank(s) {', '.join(map(str, early))} saw it complete before "
-                       f"rank {last_rank} entered it")
+            bad.append((idx, head + f"; rank(s) {', '.join(map(str, early))} saw it complete "
+                        f"before rank {last_rank} entered it"))
         elif any(d is None for d in done.values()):
             return [], [], (f"step {idx} ({step.describe()}): a rank's completion time was not "
                             "recorded, so nothing was judged")
@@ -100,21 +101,26 @@ def barrier_timing(inst: Instance, results: dict[int, RankResult]) -> tuple[list
     return bad, seen, ""
 
 
-def apply(inst: Instance, results: dict[int, RankResult], res: InstanceResult,
-          where: str) -> None:
+def _where(inst: Instance, step: int | None = None) -> str:
+    line = inst.steps[step].line if step is not None else inst.line
+    return f"{inst.file}:{line}: {inst.case}[{inst.id}]"
+
+
+def apply(inst: Instance, results: dict[int, RankResult], res: InstanceResult) -> None:
     """Fold the step checks into a verdict that the rest of the judgement reached."""
-    bad = step_error_checks(inst, results)
     violations, seen, unjudged = barrier_timing(inst, results)
+    bad = step_error_checks(inst, results) + violations
     if res.outcome != "passed":
         return  # already not a pass; the checks are in the record for the reader
-    if bad or violations:
+    if bad:
+        first = min(i for i, _ in bad)  # the failure names the YAML line of the first step
         res.outcome = "failed"
-        res.message = (f"{where}: a step did not behave as the case states\n"
-                       + "\n".join(bad + violations))
+        res.message = (f"{_where(inst, first)}: a step did not behave as the case states\n"
+                       + "\n".join(text for _, text in sorted(bad)))
         return
     if unjudged:
         res.outcome = "error"
-        res.message = f"{where}: {unjudged}"
+        res.message = f"{_where(inst)}: {unjudged}"
         return
     notes = [f"  rank {r}, {c.tensor}: {c.note}" for r, rr in sorted(results.items())
              for c in rr.checks if c.expectation == "raises" and c.ok]
