@@ -7,7 +7,6 @@ No test here sleeps: the sleeps and timeouts are inside the cases, as the behavi
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,8 @@ from harness.casefile import load as yamlload
 from harness.errors import CaseFileError, CaseFileErrors
 from harness.model import Instance, InstanceResult, RankResult
 from harness.mutate import faults
+
+from .helpers import load_report
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -223,7 +224,7 @@ def _run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
         str(pytester.path / "r.md"), "--report-html", str(pytester.path / "r.html"),
         "-p", "no:cacheprovider", "-q", *args, timeout=300)
     assert report.exists(), result.stdout.str()[-3000:]
-    return {r["case"]: r for r in json.loads(report.read_text())["records"]}
+    return {r["case"]: r for r in load_report(report)["records"]}  # schema-valid
 
 
 def test_real_runs_on_gloo(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -242,6 +243,10 @@ def test_real_runs_on_gloo(pytester: pytest.Pytester, monkeypatch: pytest.Monkey
     assert destroyed["message"].count("raised ValueError: Default process group") == 4
     waits = by["barrier_waits"]
     assert waits["outcome"] == "passed" and "last entry rank 1" in waits["message"]
+    # The raw readings behind the verdict are in the record, and they say what it says.
+    marks = [r["timing"]["steps"]["1"] for r in waits["ranks"]]
+    assert {r["timing"]["clock"] for r in waits["ranks"]} == {"CLOCK_MONOTONIC"}
+    assert min(m["done"] for m in marks) >= max(m["enter"] for m in marks)
 
 
 def test_a_barrier_that_does_not_wait_is_caught(pytester: pytest.Pytester,
