@@ -75,6 +75,10 @@ def test_step_keys_reach_the_steps_and_imply_a_private_pool() -> None:
     ("- {destroy: false}\n", "True was expected"),
     ("- {op: barrier, repeat: 2, raises: x}\n", "a step that must raise cannot be repeated"),
     ("- {sleep: 1, blocks_until_all: true}\n", "does not apply to a sleep step"),
+    ("- {op: barrier, async: true, handle: a}\n- {op: barrier, async: true, handle: b}\n"
+     "- {wait: [a, b], raises: x}\n", "a wait that must raise waits one handle"),
+    ("- {op: barrier, async: true, handle: a}\n- {wait: a, thread: true, raises: x}\n",
+     "cannot run in another thread"),
 ])
 def test_bad_step_keys_are_reported_at_their_line(steps: str, message: str) -> None:
     with pytest.raises((CaseFileError, CaseFileErrors)) as info:

@@ -76,6 +76,9 @@ def check(case: Case, path: tuple[Any, ...], step: dict[str, Any],
         if step.get("repeat", 1) != 1:
             errs.append(case.error((*path, "raises"), "a step that must raise cannot be "
                                    "repeated", "drop 'repeat:'"))
+        if action == "wait" and isinstance(step.get("wait"), list) and len(step["wait"]) != 1:
+            errs.append(case.error((*path, "raises"), "a wait that must raise waits one handle",
+                                   "split it: one wait step per handle"))
         if step.get("thread"):
             errs.append(case.error((*path, "raises"), "a wait that must raise cannot run in "
                                    "another thread", "drop 'thread: true'"))
