@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -261,3 +262,23 @@ def test_a_barrier_that_does_not_wait_is_caught(pytester: pytest.Pytester,
     rec = by["barrier_waits"]
     assert rec["outcome"] == "failed"
     assert "rank(s) 0 saw it complete before rank 1 entered it" in rec["message"]
+
+
+def test_skips_where_set_timeout_is_missing_or_the_world_would_be_destroyed() -> None:
+    import torch.distributed as dist
+
+    from harness.run.capabilities import Capabilities
+
+    (setter,) = instances("- {set_timeout: 1}\n")
+    (destroyer,) = instances("- {destroy: true}\n")
+    (sub,) = instances("- {destroy: true, group: [0, 1]}\n")
+    real = Capabilities(torch_version="x", cuda_devices=0, dist=dist,
+                        torch=SimpleNamespace(float32=1))
+    assert real.skip_reason(setter) == "" and real.skip_reason(destroyer) == ""
+    assert "external-ranks mode" in real.skip_reason(destroyer, local_rank=0)
+    assert real.skip_reason(sub, local_rank=0) == ""  # a subgroup may go
+    old = SimpleNamespace(ProcessGroup=object, is_backend_available=lambda b: True)
+    caps = Capabilities(torch_version="1.0", cuda_devices=0, dist=old,
+                        torch=SimpleNamespace(float32=1))
+    assert caps.skip_reason(setter) == ("torch 1.0's ProcessGroup has no set_timeout "
+                                        "(the set_timeout step)")

@@ -79,6 +79,11 @@ class Capabilities:
             if not hasattr(self.torch, name):
                 return f"torch {self.torch_version} has no dtype {name}"
         for step in inst.steps:
+            if (step.kind == "destroy" and local_rank is not None
+                    and dict(step.args).get("group") is None):
+                return ("destroys the default process group, which external-ranks mode runs "
+                        "the instance on and needs afterwards; run it on the harness's own "
+                        "pools")
             if step.kind == "set_timeout" and not hasattr(self.dist.ProcessGroup, "set_timeout"):
                 return (f"torch {self.torch_version}'s ProcessGroup has no set_timeout "
                         "(the set_timeout step)")
