@@ -277,6 +277,9 @@ def test_skips_where_set_timeout_is_missing_or_the_world_would_be_destroyed() ->
     assert real.skip_reason(setter) == "" and real.skip_reason(destroyer) == ""
     assert "external-ranks mode" in real.skip_reason(destroyer, local_rank=0)
     assert real.skip_reason(sub, local_rank=0) == ""  # a subgroup may go
+    (timed,) = instances("- {op: barrier}\n", "pg_timeout: 1\n")
+    assert real.skip_reason(timed) == ""
+    assert "external-ranks mode runs every instance" in real.skip_reason(timed, local_rank=0)
     old = SimpleNamespace(ProcessGroup=object, is_backend_available=lambda b: True)
     caps = Capabilities(torch_version="1.0", cuda_devices=0, dist=old,
                         torch=SimpleNamespace(float32=1))

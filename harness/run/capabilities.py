@@ -78,6 +78,11 @@ class Capabilities:
         for name in sorted(dtypes_used):
             if not hasattr(self.torch, name):
                 return f"torch {self.torch_version} has no dtype {name}"
+        if local_rank is not None and (inst.env or inst.pg_timeout is not None):
+            # Both must be in place before the process group starts; the launcher started
+            # one for the whole run (a pg_timeout case would hang instead of timing out).
+            return ("'env:' and 'pg_timeout:' are set before the process group starts; "
+                    "external-ranks mode runs every instance on the launcher's one group")
         for step in inst.steps:
             if (step.kind == "destroy" and local_rank is not None
                     and dict(step.args).get("group") is None):
