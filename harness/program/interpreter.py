@@ -104,6 +104,11 @@ def _group(renv: RankEnv, ranks: tuple[int, ...] | None,
     # A group made with its own timeout (``group_timeout``) is another group than the plain one.
     key: tuple[Any, ...] = members if timeout is None else (*members, ("timeout", timeout))
     if key not in renv.groups:
+        if timeout is not None:
+            # Meet first, under the world group's own (long) timeout: new_group connects its
+            # members under ``timeout``, and a rank late for reasons of load would let a
+            # short one expire before the group exists (observed: "Connect timeout").
+            dist.barrier(group=renv.world_group)
         renv.groups[key] = (dist.new_group(list(members)) if timeout is None else
                             dist.new_group(list(members),
                                            timeout=datetime.timedelta(seconds=timeout)))
