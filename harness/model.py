@@ -131,6 +131,14 @@ class Step:
     repeat: int = 1
     slices: bool = False
     warns: str | None = None  # op steps: a regex a warning of the call must match
+    # op/wait/destroy steps: the step must raise an error matching this regex (searched in
+    # "ExcType: message"), and the program goes on; ``raises_not_before``: and no earlier
+    # than this many seconds after the step was entered (a timeout must not fire early).
+    raises: str | None = None
+    raises_not_before: float | None = None
+    # barrier steps: every rank that runs the step must see it complete (the call's return,
+    # or its wait's) no earlier than the last rank entered it (judged across ranks).
+    blocks_until_all: bool = False
 
     def describe(self) -> str:
         if self.kind == "op":
@@ -371,6 +379,11 @@ class RankResult:
     ordering: dict[str, Any] = field(default_factory=dict)  # probe observations, reads
     perf: dict[str, Any] = field(default_factory=dict)  # raw timings (harness.program.perf)
     in_flight: int = 0  # async work handles left unwaited when the rank raised
+    # Cross-rank timing observations (``blocks_until_all``): the host's identity and, per
+    # step index, CLOCK_MONOTONIC seconds at entry and at completion (harness.program.lifecycle).
+    timing: dict[str, Any] = field(default_factory=dict)
+    # Steps that declare ``raises:``: what each raised (or that it did not), for the parent.
+    step_errors: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

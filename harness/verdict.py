@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from . import ops
+from . import ops, stepverdicts
 from .casefile import patterns
 from .model import Instance, InstanceResult, Outcome, PoolRun, RankResult, RankState
 from .ordering import verdicts as ordering
@@ -163,6 +163,7 @@ def judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
     """The outcome of one instance given what the pool observed."""
     exp = inst.expectation
     res = _judge(inst, run, deadline_s)
+    stepverdicts.apply(inst, run.results, res)
     ordering.apply(inst, run.results, res,
                    completed=run.kind == "done" and not _raised(run.results))
     res.expected_kind = exp.kind

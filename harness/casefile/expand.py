@@ -28,7 +28,7 @@ from ..model import (
     pack_tensor_list,
 )
 from ..ordering.plan import plan_instances
-from . import caseenv, opargs, pgargs
+from . import caseenv, lifecycle, opargs, pgargs
 from . import entries as list_entries
 from . import repeat as step_repeat
 from . import returns as step_returns
@@ -209,7 +209,8 @@ class _Expander:
             tensors=tensors, steps=steps, expected=expected, shorthand=shorthand,
             tolerance=Tolerance.parse(tol), expectation=expectation,
             overrides=self._overrides(), deadline=raw.get("deadline"),
-            isolate=bool(raw.get("isolate") or raw.get("hangs") or raw.get("crashes")),
+            isolate=bool(raw.get("isolate") or raw.get("hangs") or raw.get("crashes")
+                         or lifecycle.needs_private_pool(raw.get("steps", []))),
             marks=tuple(dict.fromkeys(marks)),
             premul_factor=self._premul(raw.get("args", {}).get("premul_factor", 2.0), env,
                                        ("args", "premul_factor")),
@@ -521,6 +522,8 @@ class _Expander:
                     args.append((f"p2p.{k}.tag", entry.get("tag", 0)))
                 if "group" in s:
                     args.append(("group", tuple(s["group"])))
+                if "group_timeout" in s:
+                    args.append(("group_timeout", float(s["group_timeout"])))
                 # A step's own reduce op (and premul factor) wins over the case's axis.
                 if "reduce_op" in s:
                     args.append(("reduce_op", s["reduce_op"]))
@@ -537,14 +540,23 @@ class _Expander:
                                   stream=s.get("stream", "current"), returns=rets,
                                   repeat=int(s.get("repeat", 1)),
                                   slices=bool(s.get("slices", False)),
-                                  warns=s.get("warns")))
+                                  warns=s.get("warns"), **lifecycle.step_fields(s)))
             elif "wait" in s:
                 wait_args: tuple[tuple[str, Any], ...] = (
                     (("thread", True),) if s.get("thread") else ())
                 if "timeout" in s:
                     wait_args = (*wait_args, ("timeout", float(s["timeout"])))
                 steps.append(Step("wait", line, ranks=ranks, waits=tuple(as_list(s["wait"])),
-                                  args=wait_args))
+                                  args=wait_args, **lifecycle.step_fields(s)))
+            elif any(k in s for k in lifecycle.LIFECYCLE_ACTIONS):
+                kind = next(k for k in lifecycle.LIFECYCLE_ACTIONS if k in s)
+                group_args: tuple[tuple[str, Any], ...] = (
+                    (("group", tuple(s["group"])),) if "group" in s else ())
+                if "group_timeout" in s:
+                    group_args = (*group_args, ("group_timeout", float(s["group_timeout"])))
+                steps.append(Step(kind, line, ranks=ranks, args=group_args,
+                                  value=float(s[kind]) if kind == "set_timeout" else None,
+                                  **lifecycle.step_fields(s)))
             elif is_ordering_step(s):
                 steps.append(make_step(self.case, s, idx, line, ranks, env))
             else:

@@ -36,6 +36,11 @@ ONLY_WITH: dict[str, tuple[str, ...]] = {
     **{k: ("op",) for k in OP_KEYS},
 }
 ONLY_WITH["tensor"] = ("op", "future")
+# Timeouts, expected step errors and group lifecycle (harness.casefile.lifecycle).
+ONLY_WITH["group"] = ("op", "set_timeout", "destroy")
+ONLY_WITH.update({"group_timeout": ("op", "set_timeout", "destroy"),
+                  "raises": ("op", "wait", "set_timeout", "destroy"),
+                  "blocks_until_all": ("op",)})
 
 
 def is_ordering_step(raw: dict[str, Any]) -> bool:

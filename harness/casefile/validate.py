@@ -17,7 +17,7 @@ import jsonschema
 from .. import dtypes, expr, ops
 from ..errors import CaseFileError, CaseFileErrors, ExprError, quote
 from ..model import Case
-from . import addressing, caseenv, entries, opargs, patterns, pgargs, repeat, returns
+from . import addressing, caseenv, entries, lifecycle, opargs, patterns, pgargs, repeat, returns
 from .fields import KEYWORDS, as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
@@ -29,7 +29,7 @@ PYTEST_MARKS = ("skip", "skipif", "xfail", "usefixtures", "parametrize", "filter
                 "dependency", "no_cover", "asyncio", "anyio", "django_db", "collective")
 OVERRIDE_NAMES = ("rank", "world_size", "i")  # what overrides.resolve gives an expression
 STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future", "raise",
-                "abort", "exit", "segfault")
+                "abort", "exit", "segfault", *lifecycle.LIFECYCLE_ACTIONS)
 # Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
 STEP_OP_ARGS = ("form", "inplace", "splits", "timeout", "wait_all_ranks", *pgargs.KEYS)
 
@@ -340,7 +340,7 @@ def check_safety(case: Case) -> list[CaseFileError]:
         errs.append(case.error(("args", "timeout"), f"timeout must be a finite number of "
                                f"seconds, got {timeout!r}"))
     for idx, step in enumerate(raw.get("steps", [])):
-        for key in ("sleep", "delay", "delay_stream", "timeout"):
+        for key in ("sleep", "delay", "delay_stream", "timeout", "group_timeout", "set_timeout"):
             value = step.get(key) if isinstance(step, dict) else None
             if isinstance(value, float) and not math.isfinite(value):
                 errs.append(case.error(("steps", idx, key), f"{key} must be a finite number of "
@@ -376,6 +376,7 @@ def check_steps(case: Case) -> None:
             continue
         action = actions[0]
         errs.extend(check_step(case, path, step, action, tensors, handles))
+        errs.extend(lifecycle.check(case, path, step, action))
         errs.extend(returns.check(case, path, step))
         errs.extend(returns.check_warns(case, path, step))
         step_op = ops.ALL_OPS.get(step.get("op", ""))

@@ -84,6 +84,8 @@ def not_timed(inst: Instance) -> str:
         return f"the program has {', '.join(kinds)} steps"
     if not any(s.kind == "op" for s in inst.steps):
         return "the program calls no op"
+    if any(s.raises is not None for s in inst.steps):
+        return "a step of the program must raise"
     if any(t.dtype == "object" for t in inst.tensors):
         return "object collectives move pickled objects, not a buffer"
     return ""

@@ -37,7 +37,7 @@ from ..model import (
     tensor_list,
     tensor_names,
 )
-from . import objects, stepchecks, tensors
+from . import lifecycle, objects, stepchecks, tensors
 from .timeline import STEP_KINDS, ProgramState
 
 REDUCE_OPS = {
@@ -62,7 +62,7 @@ class RankEnv:
     world_size: int
     device: str
     progress: Any = None  # shared int array [instance seq, step index], or None
-    groups: dict[tuple[int, ...], Any] = field(default_factory=dict)
+    groups: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     seq: int = 0
     members: tuple[int, ...] | None = None  # None: the default group is the whole world
     world_group: Any = None
@@ -97,12 +97,22 @@ def in_ranks(step: Step, rank: int, world_size: int, env: dict[str, Any]) -> boo
     return rank in step.ranks
 
 
-def _group(renv: RankEnv, ranks: tuple[int, ...] | None) -> tuple[Any, tuple[int, ...]]:
+def _group(renv: RankEnv, ranks: tuple[int, ...] | None,
+           timeout: float | None = None) -> tuple[Any, tuple[int, ...]]:
     if ranks is None:
         return renv.world_group, tuple(range(renv.world_size))
-    key = tuple(sorted(renv.to_global(r) for r in ranks))
+    members = tuple(sorted(renv.to_global(r) for r in ranks))
+    # A group made with its own timeout (``group_timeout``) is another group than the plain one.
+    key: tuple[Any, ...] = members if timeout is None else (*members, ("timeout", timeout))
     if key not in renv.groups:
-        renv.groups[key] = dist.new_group(list(key))
+        if timeout is not None:
+            # Meet first, under the world group's own (long) timeout: new_group connects its
+            # members under ``timeout``, and a rank late for reasons of load would let a
+            # short one expire before the group exists (observed: "Connect timeout").
+            dist.barrier(group=renv.world_group)
+        renv.groups[key] = (dist.new_group(list(members)) if timeout is None else
+                            dist.new_group(list(members),
+                                           timeout=datetime.timedelta(seconds=timeout)))
     # new_group orders members by global rank whatever order the list gives.
     return renv.groups[key], tuple(sorted(ranks))
 
@@ -126,9 +136,9 @@ def prepare_groups(inst: Instance, renv: RankEnv) -> None:
     the same order; caching per pool keeps later instances from creating it again.
     """
     for step in inst.steps:
-        group = dict(step.args).get("group")
-        if group is not None:
-            _group(renv, tuple(group))
+        args = dict(step.args)
+        if args.get("group") is not None:
+            _group(renv, tuple(args["group"]), args.get("group_timeout"))
 
 
 def _shape(shape: tuple[Any, ...] | None) -> tuple[int, ...] | None:
@@ -224,56 +234,67 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         rets: list[tuple[int, Step, dict[str, Any]]] = []
         state = ProgramState(inst, renv.rank, renv.world_size, renv.device, t0,
                                            env, bufs, before, written)
+        clock = lifecycle.Clock(inst)
         for step_idx, step in enumerate(inst.steps):
             if renv.progress is not None:
                 renv.progress[1] = step_idx
             if not in_ranks(step, renv.rank, renv.world_size, env):
                 continue
             ev = StepEvent(step_idx, step.describe(), time.perf_counter() - t0, 0.0)
-            if step.kind == "op":
-                state.touching([name for _, name in step.bufs])
-                returned: dict[str, Any] = {}
-                if step.returns is not None or step.warns is not None:
-                    rets.append((step_idx, step, returned))
-                # Warnings are recorded only for steps that declare one (``warns:``).
-                catcher: Any = (warnings.catch_warnings(record=True) if step.warns is not None
-                                else contextlib.nullcontext([]))
-                with state.stream(step), catcher as caught:
-                    if step.warns is not None:
-                        warnings.simplefilter("always")  # even if it warned before
-                    work = (call_op(inst, step, renv, env, bufs, written, returned)
-                            if step.repeat == 1 else
-                            _repeated(inst, step, renv, env, bufs, written, returned))
+            with lifecycle.expecting(step, step_idx, res):
+                if step.kind == "op":
+                    state.touching([name for _, name in step.bufs])
+                    returned: dict[str, Any] = {}
+                    if step.returns is not None or step.warns is not None:
+                        rets.append((step_idx, step, returned))
+                    # Warnings are recorded only for steps that declare one (``warns:``).
+                    catcher: Any = (warnings.catch_warnings(record=True)
+                                    if step.warns is not None else contextlib.nullcontext([]))
+                    clock.enter(step_idx)
+                    with state.stream(step), catcher as caught:
+                        if step.warns is not None:
+                            warnings.simplefilter("always")  # even if it warned before
+                        work = (call_op(inst, step, renv, env, bufs, written, returned)
+                                if step.repeat == 1 else
+                                _repeated(inst, step, renv, env, bufs, written, returned))
+                        ev.t_return = time.perf_counter() - t0
+                        state.issued(step, work, ev)
+                    returned["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
+                    if work is not None:
+                        state.returned(work, ev, receive_buffers(step))
+                        if step.handle:
+                            handles[step.handle] = (work, ev)
+                        else:
+                            state.wait(work, ev)
+                    if work is None or not step.handle:
+                        clock.done(step_idx)
+                elif step.kind == "wait":
+                    timeout = dict(step.args).get("timeout")
+                    for h in step.waits:
+                        if h in handles:
+                            work, wev = handles.pop(h)
+                            if timeout is not None:  # raises if the work misses the bound
+                                work.wait(datetime.timedelta(seconds=float(timeout)))
+                            state.wait(work, wev, thread=bool(dict(step.args).get("thread")))
+                            clock.done(wev.index)
                     ev.t_return = time.perf_counter() - t0
-                    state.issued(step, work, ev)
-                returned["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
-                if work is not None:
-                    state.returned(work, ev, receive_buffers(step))
-                    if step.handle:
-                        handles[step.handle] = (work, ev)
-                    else:
-                        state.wait(work, ev)
-            elif step.kind == "wait":
-                timeout = dict(step.args).get("timeout")
-                for h in step.waits:
-                    if h in handles:
-                        work, wev = handles.pop(h)
-                        if timeout is not None:  # raises if the work misses the bound
-                            work.wait(datetime.timedelta(seconds=float(timeout)))
-                        state.wait(work, wev, thread=bool(dict(step.args).get("thread")))
-                ev.t_return = time.perf_counter() - t0
-            elif step.kind in STEP_KINDS:
-                state.run(step, step_idx)
-                ev.t_return = time.perf_counter() - t0
-            else:
-                _special(step)
-                ev.t_return = time.perf_counter() - t0
-                if step.kind == "sync":
-                    state.synchronized()
+                elif step.kind in STEP_KINDS:
+                    state.run(step, step_idx)
+                    ev.t_return = time.perf_counter() - t0
+                elif step.kind in ("set_timeout", "destroy"):
+                    _lifecycle_step(step, renv)
+                    ev.t_return = time.perf_counter() - t0
+                else:
+                    _special(step)
+                    ev.t_return = time.perf_counter() - t0
+                    if step.kind == "sync":
+                        state.synchronized()
             res.events.append(ev)
         step_idx = len(inst.steps)
         for work, wev in handles.values():  # never leave work in flight: the pool is reused
             state.wait(work, wev)
+            clock.done(wev.index)
+        res.timing = clock.facts()
         if renv.device == "cuda":
             torch.cuda.synchronize()
             state.synchronized()
@@ -325,7 +346,7 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
     assert step.op is not None
     op = ops.get(step.op)
     args = step_args(step, renv.rank, renv.world_size, env)
-    group, group_ranks = _group(renv, args.pop("group", None))
+    group, group_ranks = _group(renv, args.pop("group", None), args.pop("group_timeout", None))
     reduce_op = args.pop("reduce_op", inst.reduce_op)
     premul = float(args.pop("premul_factor", inst.premul_factor))
     stepchecks.group_addressing(args, group_ranks)
@@ -391,6 +412,20 @@ def _repeated(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
         if work is not None:
             works.append(work)
     return ops.p2p.WorkList(works) if works else None
+
+
+def _lifecycle_step(step: Step, renv: RankEnv) -> None:
+    """``set_timeout`` / ``destroy`` on the step's group, or on the instance's world."""
+    args = dict(step.args)
+    if args.get("group") is not None:
+        group, _ = _group(renv, tuple(args["group"]), args.get("group_timeout"))
+    else:
+        group = renv.world_group  # None: the default group (the whole launched world)
+    if step.kind == "set_timeout":
+        lifecycle.set_timeout(group if group is not None else dist.group.WORLD,
+                              float(step.value))
+    else:
+        lifecycle.destroy(group)
 
 
 def _special(step: Step) -> None:

@@ -70,6 +70,8 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
             entry["events"] = [_compact(dataclasses.asdict(e)) for e in rr.events]
             if rr.ordering:
                 entry["ordering"] = rr.ordering
+            if rr.timing:  # blocks_until_all: the raw clock readings behind the verdict
+                entry["timing"] = rr.timing
             if rr.perf and result.perf:
                 entry["perf"] = {k: [round(t, 9) for t in v] if k == "times_s" else v
                                  for k, v in rr.perf.items()}

@@ -78,7 +78,20 @@ class Capabilities:
         for name in sorted(dtypes_used):
             if not hasattr(self.torch, name):
                 return f"torch {self.torch_version} has no dtype {name}"
+        if local_rank is not None and (inst.env or inst.pg_timeout is not None):
+            # Both must be in place before the process group starts; the launcher started
+            # one for the whole run (a pg_timeout case would hang instead of timing out).
+            return ("'env:' and 'pg_timeout:' are set before the process group starts; "
+                    "external-ranks mode runs every instance on the launcher's one group")
         for step in inst.steps:
+            if (step.kind == "destroy" and local_rank is not None
+                    and dict(step.args).get("group") is None):
+                return ("destroys the default process group, which external-ranks mode runs "
+                        "the instance on and needs afterwards; run it on the harness's own "
+                        "pools")
+            if step.kind == "set_timeout" and not hasattr(self.dist.ProcessGroup, "set_timeout"):
+                return (f"torch {self.torch_version}'s ProcessGroup has no set_timeout "
+                        "(the set_timeout step)")
             if not step.op:
                 continue
             op = ops.get(step.op)

@@ -1,0 +1,105 @@
+"""Case-format side of timeouts, expected step errors and process-group lifecycle.
+
+Keys and steps (README "Timeouts, step errors and group lifecycle"):
+
+- ``raises: RE`` or ``raises: {match: RE, not_before: S}`` on an op, wait, ``set_timeout`` or
+  ``destroy`` step: the step must raise a matching error (no earlier than S seconds after it
+  was entered), and the program goes on, so a later step can show what the error left behind;
+- ``group_timeout: S`` beside ``group:``: the subgroup is made with ``new_group(ranks,
+  timeout=S)``;
+- ``blocks_until_all: true`` on a barrier step: no rank sees the barrier complete before the
+  last rank entered it (judged across ranks, see :mod:`harness.stepverdicts`);
+- ``{set_timeout: S}`` (with ``group:`` for a subgroup): ``ProcessGroup.set_timeout``;
+- ``{destroy: true}`` (with ``group:`` for a subgroup): ``destroy_process_group``.
+
+A program with a step-level ``raises``, a ``set_timeout`` or a ``destroy`` runs on a private
+rank pool that is closed after it: an expected error may leave a communicator broken (Gloo
+closes the pairs of a timed-out group), a timeout set on a pooled group would leak into later
+instances, and a destroyed group must never be handed to another instance.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..errors import CaseFileError, quote
+from ..model import Case
+from . import patterns
+
+LIFECYCLE_ACTIONS = ("set_timeout", "destroy")
+# Ops whose contract is "no rank leaves before every rank arrived".
+BARRIER_OPS = ("barrier", "monitored_barrier")
+
+
+def _seconds(case: Case, path: tuple[Any, ...], value: Any, what: str) -> list[CaseFileError]:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return []  # the schema reports the type
+    if not math.isfinite(value) or value <= 0:
+        return [case.error(path, f"{what} must be a positive, finite number of seconds, got "
+                           f"{value!r}")]
+    return []
+
+
+def check(case: Case, path: tuple[Any, ...], step: dict[str, Any],
+          action: str) -> list[CaseFileError]:
+    """Problems of one step's timeout, error and lifecycle keys."""
+    errs: list[CaseFileError] = []
+    if "group_timeout" in step:
+        if "group" not in step:
+            errs.append(case.error((*path, "group_timeout"), "'group_timeout' needs 'group:'",
+                                   "the world group's timeout is the case's 'pg_timeout:'"))
+        errs += _seconds(case, (*path, "group_timeout"), step["group_timeout"], "group_timeout")
+    if "set_timeout" in step:
+        errs += _seconds(case, (*path, "set_timeout"), step["set_timeout"], "set_timeout")
+    if step.get("blocks_until_all") and action == "op" and step.get("op") not in BARRIER_OPS:
+        errs.append(case.error((*path, "blocks_until_all"),
+                               f"'blocks_until_all' is the contract of a barrier, not of "
+                               f"{quote(str(step.get('op')))}",
+                               "use it on a barrier or monitored_barrier step"))
+    if step.get("blocks_until_all") and step.get("repeat", 1) != 1:
+        errs.append(case.error((*path, "blocks_until_all"),
+                               "'blocks_until_all' times one call; it cannot be repeated",
+                               "drop 'repeat:' or write the barrier steps out"))
+    raw = step.get("raises")
+    if raw is not None:
+        match = raw.get("match") if isinstance(raw, dict) else raw
+        if isinstance(match, str):
+            try:
+                patterns.compile_pattern(match)
+            except patterns.PatternError as exc:
+                sub = ("raises", "match") if isinstance(raw, dict) else ("raises",)
+                errs.append(case.error((*path, *sub), f"bad pattern {quote(match)}: {exc}"))
+        if isinstance(raw, dict) and "not_before" in raw:
+            errs += _seconds(case, (*path, "raises", "not_before"), raw["not_before"],
+                             "not_before")
+        if step.get("repeat", 1) != 1:
+            errs.append(case.error((*path, "raises"), "a step that must raise cannot be "
+                                   "repeated", "drop 'repeat:'"))
+        if action == "wait" and isinstance(step.get("wait"), list) and len(step["wait"]) != 1:
+            errs.append(case.error((*path, "raises"), "a wait that must raise waits one handle",
+                                   "split it: one wait step per handle"))
+        if step.get("thread"):
+            errs.append(case.error((*path, "raises"), "a wait that must raise cannot run in "
+                                   "another thread", "drop 'thread: true'"))
+    return errs
+
+
+def step_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`~harness.model.Step` fields for a step's ``raises`` and
+    ``blocks_until_all`` (validated already)."""
+    out: dict[str, Any] = {}
+    r = raw.get("raises")
+    if r is not None:
+        out["raises"] = r["match"] if isinstance(r, dict) else r
+        if isinstance(r, dict) and "not_before" in r:
+            out["raises_not_before"] = float(r["not_before"])
+    if raw.get("blocks_until_all"):
+        out["blocks_until_all"] = True
+    return out
+
+
+def needs_private_pool(steps: list[Any]) -> bool:
+    """Whether a program must run on a private pool (see the module docstring)."""
+    return any(isinstance(s, dict) and ("raises" in s or any(a in s for a in LIFECYCLE_ACTIONS))
+               for s in steps)
