@@ -30,6 +30,7 @@ from ..model import (
 from ..ordering.plan import plan_instances
 from . import caseenv, opargs
 from . import entries as list_entries
+from . import groups as named_groups
 from . import repeat as step_repeat
 from . import returns as step_returns
 from .bounds import check_instance
@@ -208,7 +209,11 @@ class _Expander:
             tensors=tensors, steps=steps, expected=expected, shorthand=shorthand,
             tolerance=Tolerance.parse(tol), expectation=expectation,
             overrides=self._overrides(), deadline=raw.get("deadline"),
-            isolate=bool(raw.get("isolate") or raw.get("hangs") or raw.get("crashes")),
+            # Groups a program makes are left in torch's registry of the pool's ranks (and a
+            # new_group run by some ranks only shifts their group counters): a private pool,
+            # closed after the instance, keeps them from reaching any later instance.
+            isolate=bool(raw.get("isolate") or raw.get("hangs") or raw.get("crashes")
+                         or named_groups.uses_groups(steps)),
             marks=tuple(dict.fromkeys(marks)),
             premul_factor=self._premul(raw.get("args", {}).get("premul_factor", 2.0), env,
                                        ("args", "premul_factor")),
@@ -510,8 +515,9 @@ class _Expander:
                     args.append((f"p2p.{k}.peer", parse(peer, names) if isinstance(peer, str)
                                  else peer))
                     args.append((f"p2p.{k}.tag", entry.get("tag", 0)))
-                if "group" in s:
-                    args.append(("group", tuple(s["group"])))
+                if "group" in s:  # a list of ranks, or the name of a new_group step's group
+                    args.append(("group", s["group"] if isinstance(s["group"], str)
+                                 else tuple(s["group"])))
                 # A step's own reduce op (and premul factor) wins over the case's axis.
                 if "reduce_op" in s:
                     args.append(("reduce_op", s["reduce_op"]))
@@ -536,6 +542,8 @@ class _Expander:
                     wait_args = (*wait_args, ("timeout", float(s["timeout"])))
                 steps.append(Step("wait", line, ranks=ranks, waits=tuple(as_list(s["wait"])),
                                   args=wait_args))
+            elif "new_group" in s:
+                steps.append(named_groups.make_step(s, line, ranks, names))
             elif is_ordering_step(s):
                 steps.append(make_step(self.case, s, idx, line, ranks, env))
             else:

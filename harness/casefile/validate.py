@@ -17,7 +17,7 @@ import jsonschema
 from .. import dtypes, expr, ops
 from ..errors import CaseFileError, CaseFileErrors, ExprError, quote
 from ..model import Case
-from . import addressing, caseenv, entries, opargs, patterns, repeat, returns
+from . import addressing, caseenv, entries, groups, opargs, patterns, repeat, returns
 from .fields import KEYWORDS, as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
@@ -29,7 +29,7 @@ PYTEST_MARKS = ("skip", "skipif", "xfail", "usefixtures", "parametrize", "filter
                 "dependency", "no_cover", "asyncio", "anyio", "django_db", "collective")
 OVERRIDE_NAMES = ("rank", "world_size", "i")  # what overrides.resolve gives an expression
 STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future", "raise",
-                "abort", "exit", "segfault")
+                "abort", "exit", "segfault", "new_group")
 # Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
 STEP_OP_ARGS = ("form", "inplace", "splits", "timeout", "wait_all_ranks")
 
@@ -365,6 +365,7 @@ def check_steps(case: Case) -> None:
                 except CaseFileErrors as exc:
                     errs.extend(exc.errors)
     handles: set[str] = set()
+    errs.extend(groups.check(case, raw["steps"]))
     for idx, step in enumerate(raw["steps"]):
         path: Path = ("steps", idx)
         actions = [a for a in STEP_ACTIONS if a in step]

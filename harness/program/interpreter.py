@@ -36,6 +36,7 @@ from ..model import (
     Tolerance,
     tensor_names,
 )
+from . import groups as group_steps
 from . import objects, stepchecks, tensors
 from .timeline import STEP_KINDS, ProgramState
 
@@ -65,6 +66,9 @@ class RankEnv:
     seq: int = 0
     members: tuple[int, ...] | None = None  # None: the default group is the whole world
     world_group: Any = None
+    # Groups the running instance's new_group steps made, by name (never kept across
+    # instances: such an instance runs on a private pool).
+    named: dict[str, group_steps.Named] = field(default_factory=dict)
 
     def to_global(self, rank: int) -> int:
         """The global rank of the instance's rank ``rank``."""
@@ -96,9 +100,11 @@ def in_ranks(step: Step, rank: int, world_size: int, env: dict[str, Any]) -> boo
     return rank in step.ranks
 
 
-def _group(renv: RankEnv, ranks: tuple[int, ...] | None) -> tuple[Any, tuple[int, ...]]:
+def _group(renv: RankEnv, ranks: tuple[int, ...] | str | None) -> tuple[Any, tuple[int, ...]]:
     if ranks is None:
         return renv.world_group, tuple(range(renv.world_size))
+    if isinstance(ranks, str):  # made by a new_group step of this instance
+        return group_steps.resolve(renv.named, ranks, renv.rank)
     key = tuple(sorted(renv.to_global(r) for r in ranks))
     if key not in renv.groups:
         renv.groups[key] = dist.new_group(list(key))
@@ -126,7 +132,7 @@ def prepare_groups(inst: Instance, renv: RankEnv) -> None:
     """
     for step in inst.steps:
         group = dict(step.args).get("group")
-        if group is not None:
+        if group is not None and not isinstance(group, str):  # named ones: new_group steps
             _group(renv, tuple(group))
 
 
@@ -215,6 +221,8 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
     env: dict[str, Any] = dict(inst.params)
     step_idx = -1
     handles: dict[str, tuple[Any, StepEvent]] = {}
+    group_checks: list[TensorCheck] = []
+    renv.named = {}
     try:
         prepare_groups(inst, renv)
         bufs = build_buffers(inst, renv, env)
@@ -261,6 +269,9 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                             work.wait(datetime.timedelta(seconds=float(timeout)))
                         state.wait(work, wev, thread=bool(dict(step.args).get("thread")))
                 ev.t_return = time.perf_counter() - t0
+            elif step.kind == "new_group":
+                group_checks.append(group_steps.create(step, step_idx, renv, env, renv.named))
+                ev.t_return = time.perf_counter() - t0
             elif step.kind in STEP_KINDS:
                 state.run(step, step_idx)
                 ev.t_return = time.perf_counter() - t0
@@ -276,7 +287,7 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         if renv.device == "cuda":
             torch.cuda.synchronize()
             state.synchronized()
-        res.checks = check_results(inst, renv, env, bufs, before, written)
+        res.checks = group_checks + check_results(inst, renv, env, bufs, before, written)
         res.checks += [stepchecks.check_return(i, step, renv.rank, renv.world_size, env, got)
                        for i, step, got in rets
                        if step.returns is not None and step.returns[renv.rank] is not None]
