@@ -222,6 +222,7 @@ class _Expander:
             env=tuple(sorted((k.split(".", 1)[1], v) for k, v in point.items()
                              if k.startswith("env."))),
             pg_timeout=float(raw["pg_timeout"]) if "pg_timeout" in raw else None,
+            torch_modes=tuple(raw.get("torch_modes", ())),
         )
 
     def _key_line(self, *path: Any) -> int | None:
@@ -314,6 +315,7 @@ class _Expander:
         for key in PLAIN_ARGS:
             if key in self.raw.get("args", {}):
                 args[key] = self.raw["args"][key]
+        args.update(_omitted(self.op, self.raw.get("args", {}).get("omit")))
         if "splits" in self.raw.get("args", {}):
             n = len(args["group"]) if "group" in args else ws
             args["splits"] = opargs.eval_splits(self.case, self.raw["args"]["splits"], n, env,
@@ -502,6 +504,7 @@ class _Expander:
                 for key in ("form", "inplace", *PLAIN_ARGS[1:]):
                     if key in s:
                         args.append((key, s[key]))
+                args += sorted(_omitted(op, s.get("omit")).items())
                 if "splits" in s:
                     n = len(s["group"]) if "group" in s else ws
                     args.append(("splits", opargs.eval_splits(self.case, s["splits"], n, env,
@@ -581,6 +584,17 @@ def expand_all(cases: list[Case], backend: str, limits: Limits | None = None, *,
     out: list[Instance] = []
     for case in cases:
         out += expand(case, backend, limits, len(out), launched=launched)
+    return out
+
+
+def _omitted(op: ops.Op | None, names: list[str] | None) -> dict[str, Any]:
+    """Step arguments for ``omit:``: the names (not passed to torch) and, for a root, the
+    default torch documents, which the harness's own bookkeeping uses."""
+    if not names or op is None:
+        return {}
+    defaults = dict(op.defaults)
+    out: dict[str, Any] = {k: defaults[k] for k in names if k in ("src", "dst")}
+    out["omit"] = tuple(names)
     return out
 
 

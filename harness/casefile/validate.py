@@ -248,15 +248,17 @@ def check_case(case: Case) -> None:
             op = ops.get(raw["op"])
             args = raw.get("args", {})
             errs.extend(addressing.check_args(case, op, args, ("args",)))
+            errs.extend(opargs.check_omit(case, op, args, ("args",), raw.get("reduce_op")))
             for req in op.required_args:
-                if req not in args and f"group_{req}" not in args:
+                if req not in args and f"group_{req}" not in args and req not in args.get(
+                        "omit", ()):
                     errs.append(case.error(("name",), f"op {op.name} needs args.{req}",
                                            f"add 'args: {{{req}: 0}}'"))
             if isinstance(args.get("premul_factor"), str):
                 guard(check_expr, case, ("args", "premul_factor"), args["premul_factor"])
             for key in args:
                 if key not in (*op.args, "group", "premul_factor", "premul_tensor",
-                               *addressing.allowed(op)):
+                               *addressing.allowed(op), *(("omit",) if op.defaults else ())):
                     errs.append(case.error(("args", key), f"op {op.name} takes no argument "
                                            f"{key!r}", suggest(key, (*op.args, "group"))))
     guard(entries.check_case, case)
@@ -449,6 +451,12 @@ def check_steps(case: Case) -> None:
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
         errs.extend(addressing.check_args(case, op, step, path))
+        if "omit" in step and not op.defaults:
+            errs.append(case.error((*path, "omit"), f"{op.name} takes no 'omit': it has no "
+                                   "argument with a default the harness knows"))
+        else:
+            errs.extend(opargs.check_omit(case, op, step, path,
+                                          step.get("reduce_op", raw.get("reduce_op"))))
         if op.name == "batch_isend_irecv" and "p2p" not in step:
             errs.append(case.error(path, "batch_isend_irecv needs 'p2p:' (a list of "
                                    "{op: isend|irecv, tensor: NAME, peer: RANK})"))
@@ -465,7 +473,8 @@ def check_steps(case: Case) -> None:
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
         for req in op.required_args:
-            if req not in step and f"group_{req}" not in step:
+            if req not in step and f"group_{req}" not in step and req not in step.get(
+                    "omit", ()):
                 errs.append(case.error(path, f"{op.name} needs '{req}:'"))
         if "handle" in step:
             handles.add(step["handle"])

@@ -15,7 +15,7 @@ import os
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,7 +223,9 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
     handles: dict[str, tuple[Any, StepEvent]] = {}
     group_checks: list[TensorCheck] = []
     renv.named = {}
+    modes = contextlib.ExitStack()
     try:
+        modes.enter_context(torch_modes(inst.torch_modes))
         prepare_groups(inst, renv)
         bufs = build_buffers(inst, renv, env)
         before = {n: _snapshot(t) for n, t in bufs.items()}
@@ -307,8 +309,25 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         res.traceback = traceback.format_exc()
         res.step = step_idx
         res.in_flight = len(handles)  # the parent does not reuse a pool with work in flight
+    finally:
+        modes.close()  # the pool's next instance starts with torch's modes as they were
     res.duration = time.perf_counter() - t0
     return res
+
+
+@contextlib.contextmanager
+def torch_modes(names: tuple[str, ...]) -> Iterator[None]:
+    """Run under the case's global torch modes (``torch_modes:``), restored afterwards."""
+    with contextlib.ExitStack() as stack:
+        if "deterministic_algorithms" in names:
+            before = (torch.are_deterministic_algorithms_enabled(),
+                      torch.is_deterministic_algorithms_warn_only_enabled())
+            torch.use_deterministic_algorithms(True)
+            stack.callback(lambda: torch.use_deterministic_algorithms(before[0],
+                                                                      warn_only=before[1]))
+        if "inference_mode" in names:
+            stack.enter_context(torch.inference_mode())
+        yield
 
 
 def receive_buffers(step: Step) -> list[str]:
