@@ -223,6 +223,7 @@ class _Expander:
                              if k.startswith("env."))),
             pg_timeout=float(raw["pg_timeout"]) if "pg_timeout" in raw else None,
             torch_modes=tuple(raw.get("torch_modes", ())),
+            bind_device=device == "cuda" and named_groups.splits(steps),
         )
 
     def _key_line(self, *path: Any) -> int | None:

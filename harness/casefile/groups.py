@@ -112,6 +112,11 @@ def make_step(raw: dict[str, Any], line: int, ranks: tuple[int, ...] | Expr | No
     return Step("new_group", line, ranks=ranks, value=raw["new_group"], args=tuple(args))
 
 
+def splits(steps: tuple[Step, ...]) -> bool:
+    """Whether a program calls split_group (its pool binds the default group to the GPU)."""
+    return any(s.kind == "new_group" and dict(s.args)["how"] == "split" for s in steps)
+
+
 def uses_groups(steps: tuple[Step, ...]) -> bool:
     """Whether a program makes named groups (such an instance runs on a private pool)."""
     return any(s.kind == "new_group" for s in steps)
