@@ -3,8 +3,9 @@
 A ``{new_group: NAME, ...}`` step calls one of torch's group constructors on the ranks that
 run it, and later op steps name the result with ``group: NAME``:
 
-- ``members: [...]`` -> ``new_group(ranks=...)``, with ``sort_ranks`` and
-  ``use_local_synchronization`` passed through when given (entries may be expressions over
+- ``members: [...]`` -> ``new_group(ranks=...)``, with ``sort_ranks``,
+  ``use_local_synchronization`` and ``backend`` (another backend than the world's) passed
+  through when given (entries may be expressions over
   ``rank``, so each rank may name its own group, as upstream's local-synchronization tests do);
 - ``subgroups: N`` -> ``new_subgroups(group_size=N)`` (``parent:`` another named group:
   ``group=``), and ``subgroups: [[...], ...]`` -> ``new_subgroups_by_enumeration``: NAME is
@@ -26,7 +27,7 @@ from ..model import Case, Step
 from .fields import check_expr, suggest
 
 HOW = ("members", "subgroups", "split")
-OPTIONS = ("sort_ranks", "use_local_synchronization")
+OPTIONS = ("sort_ranks", "use_local_synchronization", "backend")
 GROUP_KEYS = (*HOW, "parent", *OPTIONS)
 Path = tuple[Any, ...]
 

@@ -64,7 +64,8 @@ def create(step: Step, idx: int, renv: Any, env: dict[str, Any],
     order: tuple[int, ...] = ()
     if how == "members":
         members = [_int(v, scope) for v in args["members"]]
-        kw = {k: args[k] for k in ("sort_ranks", "use_local_synchronization") if k in args}
+        kw = {k: args[k] for k in ("sort_ranks", "use_local_synchronization", "backend")
+              if k in args}
         pg = dist.new_group(ranks=[_global(renv, m) for m in members], **kw)
         order = tuple(members if args.get("sort_ranks") is False else sorted(members))
     elif how == "subgroups":
