@@ -261,3 +261,44 @@ def test_groups_of_one_instance_do_not_reach_the_next(tmp_path: Path) -> None:
     assert by_case["c_raises"]["outcome"] == "passed"
     # The error is the constructor's, in its step.
     assert {r["exception"]["step"] for r in by_case["c_raises"]["ranks"]} == {0}
+
+
+def test_instances_skip_where_torch_lacks_the_constructor_or_parameter() -> None:
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from harness.run.capabilities import Capabilities
+
+    (split,) = instances(PROGRAM.replace("{new_group: pairs, subgroups: 2}",
+                                         "{new_group: pairs, split: [[0, 1]]}"))
+    (ordered,) = instances(PROGRAM.replace("{new_group: pairs, subgroups: 2}",
+                                           "{new_group: pairs, members: [1, 0], "
+                                           "sort_ranks: false}"))
+    real = Capabilities(torch_version="x", cuda_devices=0, dist=dist,
+                        torch=SimpleNamespace(float32=1))
+    assert real.skip_reason(split) == "" and real.skip_reason(ordered) == ""
+
+    def new_group(ranks: Any = None, timeout: Any = None) -> None:
+        raise AssertionError("not called")
+
+    old = SimpleNamespace(new_group=new_group, all_reduce=dist.all_reduce,
+                          is_backend_available=lambda b: True)
+    caps = Capabilities(torch_version="1.0", cuda_devices=0, dist=old,
+                        torch=SimpleNamespace(float32=1))
+    assert caps.skip_reason(split) == "torch 1.0 has no torch.distributed.split_group"
+    assert caps.skip_reason(ordered) == "torch 1.0 has no new_group parameter 'sort_ranks'"
+
+
+def test_omit_in_a_step_needs_an_op_with_a_known_default() -> None:
+    text = problems("""
+cases:
+  - name: p
+    world_size: 2
+    tensors:
+      t: {shape: [2], init: 1}
+    steps:
+      - {op: broadcast, tensor: t, omit: [src]}
+    expected: {t: unspecified}
+""")
+    assert "broadcast takes no 'omit'" in text and "cases/x.yaml:8:" in text, text
