@@ -134,9 +134,12 @@ def resolve(named: dict[str, Named], name: str, rank: int) -> tuple[Any, tuple[i
         raise RuntimeError(f"harness: rank {rank} has no group {name!r}: its new_group step "
                            "did not run on this rank (see its 'ranks:')")
     made = named[name]
-    if not made.member and made.pg is None:
+    if made.pg is None:
         # torch treats group=None as the default group: passing it would run the op on the
         # world, which is not what the case says.
+        if made.member:
+            raise RuntimeError(f"torch returned None for group {name!r} on rank {rank}, which "
+                               "the case makes a member of it (the op was not called)")
         raise RuntimeError(f"harness: rank {rank} is not a member of group {name!r} (torch "
                            "returned None for it); limit the step with 'ranks:' to its members")
     return made.pg, made.order
