@@ -302,3 +302,31 @@ cases:
     expected: {t: unspecified}
 """)
     assert "broadcast takes no 'omit'" in text and "cases/x.yaml:8:" in text, text
+
+
+def test_an_op_on_a_group_torch_gave_none_is_refused_not_run_on_the_world() -> None:
+    """A non-member of a use_local_synchronization group gets None, and group=None would
+    mean the default group: the harness refuses the step instead of running it there."""
+    import torch.distributed as dist
+
+    from harness.program.interpreter import RankEnv, run_instance
+
+    (inst,) = instances("""
+cases:
+  - name: none
+    world_size: 1
+    tensors:
+      t: {shape: [2], init: 1}
+    steps:
+      - {new_group: far, members: [1], use_local_synchronization: true}
+      - {op: all_reduce, tensor: t, group: far}
+    expected: {t: unchanged}
+""")
+    dist.init_process_group("gloo", store=dist.HashStore(),  # type: ignore[attr-defined]
+                            rank=0, world_size=1)
+    try:
+        res = run_instance(inst, RankEnv(rank=0, world_size=1, device="cpu"))
+    finally:
+        dist.destroy_process_group()
+    assert res.status == "raised" and res.step == 1, res.traceback
+    assert "rank 0 is not a member of group 'far' (torch returned None" in res.exc_message
