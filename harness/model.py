@@ -298,6 +298,12 @@ class Instance:
     # Set in every rank before its process group starts (part of the pool key).
     env: tuple[tuple[str, str], ...] = ()
     pg_timeout: float | None = None  # seconds; None: the session's --pg-timeout default
+    # Global torch modes the rank program runs under: "inference_mode" (torch.inference_mode)
+    # and "deterministic_algorithms" (torch.use_deterministic_algorithms(True)).
+    torch_modes: tuple[str, ...] = ()
+    # Start its pool with the default group bound to each rank's GPU
+    # (init_process_group(device_id=...)): split_group refuses an unbound default group.
+    bind_device: bool = False
     ordering: OrderingPlan | None = None  # async-contract checks (harness.ordering.plan)
     perf: PerfPlan | None = None  # time it after the checks (--perf; harness.perf.plan)
     # Per buffer, the YAML line a value failure points at: its ``expected:`` entry, else the

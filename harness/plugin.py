@@ -409,7 +409,7 @@ class CaseItem(pytest.Item):
         deadline = inst.deadline or hs.deadline
         # A case's environment and process-group timeout are part of what a pool is.
         key = PoolKey(inst.backend, inst.device, inst.world_size, hs.backend_modules,
-                      env=inst.env, pg_timeout_s=inst.pg_timeout)
+                      env=inst.env, pg_timeout_s=inst.pg_timeout, bind_device=inst.bind_device)
         where = f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]"
         try:
             check_deadline(deadline)

@@ -30,6 +30,7 @@ from ..model import (
 from ..ordering.plan import plan_instances
 from . import caseenv, lifecycle, opargs, pgargs
 from . import entries as list_entries
+from . import groups as named_groups
 from . import repeat as step_repeat
 from . import returns as step_returns
 from .bounds import check_instance
@@ -209,8 +210,13 @@ class _Expander:
             tensors=tensors, steps=steps, expected=expected, shorthand=shorthand,
             tolerance=Tolerance.parse(tol), expectation=expectation,
             overrides=self._overrides(), deadline=raw.get("deadline"),
+            # Groups a program makes are left in torch's registry of the pool's ranks (and a
+            # new_group run by some ranks only shifts their group counters), and a destroyed or
+            # timed-out group is unusable: a private pool, closed after the instance, keeps
+            # either from reaching any later instance.
             isolate=bool(raw.get("isolate") or raw.get("hangs") or raw.get("crashes")
-                         or lifecycle.needs_private_pool(raw.get("steps", []))),
+                         or lifecycle.needs_private_pool(raw.get("steps", []))
+                         or named_groups.uses_groups(steps)),
             marks=tuple(dict.fromkeys(marks)),
             premul_factor=self._premul(raw.get("args", {}).get("premul_factor", 2.0), env,
                                        ("args", "premul_factor")),
@@ -219,6 +225,8 @@ class _Expander:
             env=tuple(sorted((k.split(".", 1)[1], v) for k, v in point.items()
                              if k.startswith("env."))),
             pg_timeout=float(raw["pg_timeout"]) if "pg_timeout" in raw else None,
+            torch_modes=tuple(raw.get("torch_modes", ())),
+            bind_device=device == "cuda" and named_groups.splits(steps),
         )
 
     def _key_line(self, *path: Any) -> int | None:
@@ -315,6 +323,7 @@ class _Expander:
             if f"args.{key}" in point or key in self.raw.get("args", {}):
                 args[key] = pgargs.case_value(self.case, key, point.get(
                     f"args.{key}", self.raw.get("args", {}).get(key)), env)
+        args.update(_omitted(self.op, self.raw.get("args", {}).get("omit")))
         if "splits" in self.raw.get("args", {}):
             n = len(args["group"]) if "group" in args else ws
             args["splits"] = opargs.eval_splits(self.case, self.raw["args"]["splits"], n, env,
@@ -507,6 +516,7 @@ class _Expander:
                     if key in s:
                         args.append((key, pgargs.step_value(key, s[key], (
                             *names, *step_repeat.names(s)))))
+                args += sorted(_omitted(op, s.get("omit")).items())
                 if "splits" in s:
                     n = len(s["group"]) if "group" in s else ws
                     args.append(("splits", opargs.eval_splits(self.case, s["splits"], n, env,
@@ -520,8 +530,8 @@ class _Expander:
                     args.append((f"p2p.{k}.peer", parse(peer, names) if isinstance(peer, str)
                                  else peer))
                     args.append((f"p2p.{k}.tag", entry.get("tag", 0)))
-                if "group" in s:
-                    args.append(("group", tuple(s["group"])))
+                if "group" in s:  # a list of ranks, or the name of a new_group step's group
+                    args.append(("group", _group_arg(s["group"])))
                 if "group_timeout" in s:
                     args.append(("group_timeout", float(s["group_timeout"])))
                 # A step's own reduce op (and premul factor) wins over the case's axis.
@@ -551,12 +561,14 @@ class _Expander:
             elif any(k in s for k in lifecycle.LIFECYCLE_ACTIONS):
                 kind = next(k for k in lifecycle.LIFECYCLE_ACTIONS if k in s)
                 group_args: tuple[tuple[str, Any], ...] = (
-                    (("group", tuple(s["group"])),) if "group" in s else ())
+                    (("group", _group_arg(s["group"])),) if "group" in s else ())
                 if "group_timeout" in s:
                     group_args = (*group_args, ("group_timeout", float(s["group_timeout"])))
                 steps.append(Step(kind, line, ranks=ranks, args=group_args,
                                   value=float(s[kind]) if kind == "set_timeout" else None,
                                   **lifecycle.step_fields(s)))
+            elif "new_group" in s:
+                steps.append(named_groups.make_step(s, line, ranks, names))
             elif is_ordering_step(s):
                 steps.append(make_step(self.case, s, idx, line, ranks, env))
             else:
@@ -594,6 +606,22 @@ def expand_all(cases: list[Case], backend: str, limits: Limits | None = None, *,
     out: list[Instance] = []
     for case in cases:
         out += expand(case, backend, limits, len(out), launched=launched)
+    return out
+
+
+def _group_arg(group: Any) -> str | tuple[int, ...]:
+    """A step's ``group``: a list of ranks, or the name a new_group step gave its group."""
+    return group if isinstance(group, str) else tuple(group)
+
+
+def _omitted(op: ops.Op | None, names: list[str] | None) -> dict[str, Any]:
+    """Step arguments for ``omit:``: the names (not passed to torch) and, for a root, the
+    default torch documents, which the harness's own bookkeeping uses."""
+    if not names or op is None:
+        return {}
+    defaults = dict(op.defaults)
+    out: dict[str, Any] = {k: defaults[k] for k in names if k in ("src", "dst")}
+    out["omit"] = tuple(names)
     return out
 
 

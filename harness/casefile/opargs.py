@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..errors import CaseFileErrors, ExprError, quote
+from ..errors import CaseFileError, CaseFileErrors, ExprError, quote
 from ..expr import parse
 from ..model import Case, Fill
 from .fields import KEYWORDS
@@ -108,3 +108,37 @@ def eval_splits(case: Case, value: Any, n: int, env: dict[str, Any], path: Path
 def uses_rank(shape: list[Any]) -> bool:
     """Whether a shape has an entry that depends on the rank (a per-rank shape)."""
     return any(isinstance(d, str) and re.search(r"\brank\b", d) for d in shape)
+
+
+def check_omit(case: Case, op: Any, given: dict[str, Any], path: Path,
+               reduce_op: Any = None) -> list[CaseFileError]:
+    """``omit: [...]``: arguments left out so that torch's default is tested.
+
+    Only arguments the op table documents a default for may be omitted (``op.defaults``), not
+    together with a value for them, and ``reduce_op`` only where the case's reduce op is that
+    default (the harness computes the expectation with it). ``reduce_op`` is the case's (or
+    the step's) reduce op, or None when not given.
+    """
+    names = given.get("omit")
+    if names is None:
+        return []
+    defaults = dict(op.defaults)
+    errs: list[CaseFileError] = []
+    for i, name in enumerate(names):
+        where = (*path, "omit", i)
+        if name not in defaults:
+            errs.append(case.error(where, f"{op.name} has no argument {name!r} with a default "
+                                   "the harness knows",
+                                   "it can omit: " + (", ".join(defaults) or "nothing")))
+        elif name in given or f"group_{name}" in given:
+            key = name if name in given else f"group_{name}"
+            errs.append(case.error((*path, key), f"{key!r} is given and omitted: choose one",
+                                   f"drop it to test torch's default ({defaults[name]!r})"))
+        elif name == "reduce_op" and reduce_op is not None and any(
+                r != defaults[name] for r in (reduce_op if isinstance(reduce_op, list)
+                                              else [reduce_op])):
+            errs.append(case.error(where, f"with 'reduce_op' omitted torch reduces with its "
+                                   f"default ({defaults[name]}); the case says "
+                                   f"{quote(reduce_op, 60)}",
+                                   f"drop 'reduce_op' or set it to {defaults[name]}"))
+    return errs

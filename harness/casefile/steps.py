@@ -28,7 +28,8 @@ from .fields import KEYWORDS, check_expr, check_fill, parse_fill, suggest
 STEP_KINDS = ("delay_stream", "write", "read", "future")
 SNAPSHOT_KEYWORDS = ("stale", "final", "unspecified")
 OP_KEYS = ("tensor", "input", "output", "src", "dst", "tag", "group", "async", "handle",
-           "reduce_op", "premul_factor", "root_rank", "root_tensor", "via", "options")
+           "reduce_op", "premul_factor", "root_rank", "root_tensor", "via", "options",
+           "omit")
 # Keys that belong to some step kinds only; anything else is a mistake worth naming.
 ONLY_WITH: dict[str, tuple[str, ...]] = {
     "value": ("write",), "delay": ("write",), "expect": ("read", "future"),

@@ -17,7 +17,18 @@ import jsonschema
 from .. import dtypes, expr, ops
 from ..errors import CaseFileError, CaseFileErrors, ExprError, quote
 from ..model import Case
-from . import addressing, caseenv, entries, lifecycle, opargs, patterns, pgargs, repeat, returns
+from . import (
+    addressing,
+    caseenv,
+    entries,
+    groups,
+    lifecycle,
+    opargs,
+    patterns,
+    pgargs,
+    repeat,
+    returns,
+)
 from .fields import KEYWORDS, as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
@@ -29,7 +40,7 @@ PYTEST_MARKS = ("skip", "skipif", "xfail", "usefixtures", "parametrize", "filter
                 "dependency", "no_cover", "asyncio", "anyio", "django_db", "collective")
 OVERRIDE_NAMES = ("rank", "world_size", "i")  # what overrides.resolve gives an expression
 STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future", "raise",
-                "abort", "exit", "segfault", *lifecycle.LIFECYCLE_ACTIONS)
+                "abort", "exit", "segfault", "new_group", *lifecycle.LIFECYCLE_ACTIONS)
 # Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
 STEP_OP_ARGS = ("form", "inplace", "splits", "timeout", "wait_all_ranks", *pgargs.KEYS)
 
@@ -251,15 +262,17 @@ def check_case(case: Case) -> None:
             shape = raw.get("shape")
             errs.extend(pgargs.check(case, op, args, ("args",), entries=shape[0] if isinstance(
                 shape, list) and shape and isinstance(shape[0], int) else None))
+            errs.extend(opargs.check_omit(case, op, args, ("args",), raw.get("reduce_op")))
             for req in op.required_args:
-                if req not in args and f"group_{req}" not in args:
+                if req not in args and f"group_{req}" not in args and req not in args.get(
+                        "omit", ()):
                     errs.append(case.error(("name",), f"op {op.name} needs args.{req}",
                                            f"add 'args: {{{req}: 0}}'"))
             if isinstance(args.get("premul_factor"), str):
                 guard(check_expr, case, ("args", "premul_factor"), args["premul_factor"])
             for key in args:
                 if key not in (*op.args, "group", "premul_factor", "premul_tensor",
-                               *addressing.allowed(op)):
+                               *addressing.allowed(op), *(("omit",) if op.defaults else ())):
                     errs.append(case.error(("args", key), f"op {op.name} takes no argument "
                                            f"{key!r}", suggest(key, (*op.args, "group"))))
     guard(entries.check_case, case)
@@ -368,6 +381,7 @@ def check_steps(case: Case) -> None:
                 except CaseFileErrors as exc:
                     errs.extend(exc.errors)
     handles: set[str] = set()
+    errs.extend(groups.check(case, raw["steps"]))
     for idx, step in enumerate(raw["steps"]):
         path: Path = ("steps", idx)
         actions = [a for a in STEP_ACTIONS if a in step]
@@ -454,6 +468,12 @@ def check_steps(case: Case) -> None:
         errs.extend(addressing.check_args(case, op, step, path))
         errs.extend(pgargs.check(case, op, step, path, repeat.names(step), entries=len(
             step["tensors"]) if isinstance(step.get("tensors"), list) else None))
+        if "omit" in step and not op.defaults:
+            errs.append(case.error((*path, "omit"), f"{op.name} takes no 'omit': it has no "
+                                   "argument with a default the harness knows"))
+        else:
+            errs.extend(opargs.check_omit(case, op, step, path,
+                                          step.get("reduce_op", raw.get("reduce_op"))))
         if op.name == "batch_isend_irecv" and "p2p" not in step:
             errs.append(case.error(path, "batch_isend_irecv needs 'p2p:' (a list of "
                                    "{op: isend|irecv, tensor: NAME, peer: RANK})"))
@@ -470,7 +490,8 @@ def check_steps(case: Case) -> None:
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
         for req in op.required_args:
-            if req not in step and f"group_{req}" not in step:
+            if req not in step and f"group_{req}" not in step and req not in step.get(
+                    "omit", ()):
                 errs.append(case.error(path, f"{op.name} needs '{req}:'"))
         if "handle" in step:
             handles.add(step["handle"])

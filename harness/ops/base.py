@@ -83,6 +83,10 @@ class Op:
     roles: tuple[Role, ...] = ()
     args: tuple[str, ...] = ()  # scalar arguments a step may pass (besides group/async)
     required_args: tuple[str, ...] = ()
+    # Arguments a case may leave out (``omit: [dst]``) so that torch's own default is what is
+    # tested, each with the value torch documents for it (the harness's bookkeeping uses it:
+    # root-only buffers, the reference model). ``reduce_op`` stands for the ``op=`` argument.
+    defaults: tuple[tuple[str, Any], ...] = ()
     reduces: bool = False
     supports_async: bool = True
     torch_name: str = ""  # attribute of torch.distributed that must exist; default: name
@@ -217,9 +221,16 @@ def for_members(value: Any, ctx: RefContext) -> PerRank:
 def root_kw(ctx: CallContext, key: str) -> dict[str, Any]:
     """The root argument of a call: ``src=``/``dst=`` (a global rank), or ``group_src=``/
     ``group_dst=`` (its position in the group) when the case addresses ranks in the group."""
+    if key in ctx.args.get("omit", ()):  # left out: torch's default applies
+        return {}
     if ctx.args.get("addressing") == "group" and f"group_{key}" in ctx.args:
         return {f"group_{key}": int(ctx.args[f"group_{key}"])}
     return {key: ctx.args.get(key)}
+
+
+def op_kw(ctx: CallContext) -> dict[str, Any]:
+    """The ``op=`` argument of a reducing call, or nothing when the case omits it."""
+    return {} if "reduce_op" in ctx.args.get("omit", ()) else {"op": ctx.reduce_op}
 
 
 def stack_or_list(ts: Sequence[Any]) -> Any:

@@ -14,6 +14,7 @@ from .base import (
     RefContext,
     Role,
     for_members,
+    op_kw,
     reduce_entries,
     reduce_tensors,
     root_kw,
@@ -38,11 +39,12 @@ class AllReduce(Op):
     family = "all_reduce"
     roles = (Role("tensor", "inout"),)
     reduces = True
+    defaults = (("reduce_op", "sum"),)
     agree = True
     bus = "all_reduce"
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return ctx.dist.all_reduce(bufs["tensor"], op=ctx.reduce_op, group=ctx.group,
+        return ctx.dist.all_reduce(bufs["tensor"], **op_kw(ctx), group=ctx.group,
                                    async_op=ctx.async_op)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
@@ -75,9 +77,10 @@ class Reduce(Op):
     args = ("dst",)
     required_args = ("dst",)
     reduces = True
+    defaults = (("reduce_op", "sum"),)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return ctx.dist.reduce(bufs["tensor"], **root_kw(ctx, "dst"), op=ctx.reduce_op,
+        return ctx.dist.reduce(bufs["tensor"], **root_kw(ctx, "dst"), **op_kw(ctx),
                                group=ctx.group, async_op=ctx.async_op)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
@@ -124,6 +127,7 @@ class Gather(Op):
     roles = (Role("input", "in"), Role("output", "out", form="list", only="dst"))
     args = ("dst",)
     required_args = ("dst",)
+    defaults = (("dst", 0),)  # "If both dst and group_dst are None, default is global rank 0"
     in_role = "input"
     out_role = "output"
     gathers = True
@@ -149,6 +153,7 @@ class Scatter(Op):
     roles = (Role("output", "out"), Role("input", "in", form="list", only="src"))
     args = ("src",)
     required_args = ("src",)
+    defaults = (("src", 0),)  # "If both src and group_src are None, default is global rank 0"
     in_role = "input"
     out_role = "output"
 

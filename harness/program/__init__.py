@@ -4,7 +4,8 @@ Takes an :class:`~harness.model.Instance` and an initialized default process gro
 :class:`~harness.model.RankResult` (status, per-buffer checks, timeline, ordering facts).
 ``interpreter`` builds buffers, executes steps and checks results (its public functions are
 what the ordering probes reuse); ``timeline`` runs waits, streams and ordering steps and
-records what happened when; ``tensors`` and ``objects`` make, poison, compare and digest
+records what happened when; ``groups`` runs ``new_group`` steps (torch's group constructors)
+and checks what they returned; ``tensors`` and ``objects`` make, poison, compare and digest
 values.
 
 Must not: decide outcomes (it reports facts; :mod:`harness.verdict` judges), talk to the

@@ -15,7 +15,7 @@ import os
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ from ..model import (
     tensor_list,
     tensor_names,
 )
+from . import groups as group_steps
 from . import lifecycle, objects, stepchecks, tensors
 from .timeline import STEP_KINDS, ProgramState
 
@@ -66,6 +67,9 @@ class RankEnv:
     seq: int = 0
     members: tuple[int, ...] | None = None  # None: the default group is the whole world
     world_group: Any = None
+    # Groups the running instance's new_group steps made, by name (never kept across
+    # instances: such an instance runs on a private pool).
+    named: dict[str, group_steps.Named] = field(default_factory=dict)
 
     def to_global(self, rank: int) -> int:
         """The global rank of the instance's rank ``rank``."""
@@ -97,10 +101,12 @@ def in_ranks(step: Step, rank: int, world_size: int, env: dict[str, Any]) -> boo
     return rank in step.ranks
 
 
-def _group(renv: RankEnv, ranks: tuple[int, ...] | None,
+def _group(renv: RankEnv, ranks: tuple[int, ...] | str | None,
            timeout: float | None = None) -> tuple[Any, tuple[int, ...]]:
     if ranks is None:
         return renv.world_group, tuple(range(renv.world_size))
+    if isinstance(ranks, str):  # made by a new_group step of this instance
+        return group_steps.resolve(renv.named, ranks, renv.rank)
     members = tuple(sorted(renv.to_global(r) for r in ranks))
     # A group made with its own timeout (``group_timeout``) is another group than the plain one.
     key: tuple[Any, ...] = members if timeout is None else (*members, ("timeout", timeout))
@@ -137,8 +143,9 @@ def prepare_groups(inst: Instance, renv: RankEnv) -> None:
     """
     for step in inst.steps:
         args = dict(step.args)
-        if args.get("group") is not None:
-            _group(renv, tuple(args["group"]), args.get("group_timeout"))
+        group = args.get("group")
+        if group is not None and not isinstance(group, str):  # named ones: new_group steps
+            _group(renv, tuple(group), args.get("group_timeout"))
 
 
 def _shape(shape: tuple[Any, ...] | None) -> tuple[int, ...] | None:
@@ -226,7 +233,11 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
     env: dict[str, Any] = dict(inst.params)
     step_idx = -1
     handles: dict[str, tuple[Any, StepEvent]] = {}
+    group_checks: list[TensorCheck] = []
+    renv.named = {}
+    modes = contextlib.ExitStack()
     try:
+        modes.enter_context(torch_modes(inst.torch_modes))
         prepare_groups(inst, renv)
         bufs = build_buffers(inst, renv, env)
         before = {n: _snapshot(t) for n, t in bufs.items()}
@@ -278,6 +289,10 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                             state.wait(work, wev, thread=bool(dict(step.args).get("thread")))
                             clock.done(wev.index)
                     ev.t_return = time.perf_counter() - t0
+                elif step.kind == "new_group":
+                    group_checks.append(group_steps.create(step, step_idx, renv, env,
+                                                           renv.named))
+                    ev.t_return = time.perf_counter() - t0
                 elif step.kind in STEP_KINDS:
                     state.run(step, step_idx)
                     ev.t_return = time.perf_counter() - t0
@@ -298,7 +313,7 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         if renv.device == "cuda":
             torch.cuda.synchronize()
             state.synchronized()
-        res.checks = check_results(inst, renv, env, bufs, before, written)
+        res.checks = group_checks + check_results(inst, renv, env, bufs, before, written)
         res.checks += [stepchecks.check_return(i, step, renv.rank, renv.world_size, env, got)
                        for i, step, got in rets
                        if step.returns is not None and step.returns[renv.rank] is not None]
@@ -318,8 +333,25 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         res.traceback = traceback.format_exc()
         res.step = step_idx
         res.in_flight = len(handles)  # the parent does not reuse a pool with work in flight
+    finally:
+        modes.close()  # the pool's next instance starts with torch's modes as they were
     res.duration = time.perf_counter() - t0
     return res
+
+
+@contextlib.contextmanager
+def torch_modes(names: tuple[str, ...]) -> Iterator[None]:
+    """Run under the case's global torch modes (``torch_modes:``), restored afterwards."""
+    with contextlib.ExitStack() as stack:
+        if "deterministic_algorithms" in names:
+            before = (torch.are_deterministic_algorithms_enabled(),
+                      torch.is_deterministic_algorithms_warn_only_enabled())
+            torch.use_deterministic_algorithms(True)
+            stack.callback(lambda: torch.use_deterministic_algorithms(before[0],
+                                                                      warn_only=before[1]))
+        if "inference_mode" in names:
+            stack.enter_context(torch.inference_mode())
+        yield
 
 
 def receive_buffers(step: Step) -> list[str]:
@@ -418,7 +450,8 @@ def _lifecycle_step(step: Step, renv: RankEnv) -> None:
     """``set_timeout`` / ``destroy`` on the step's group, or on the instance's world."""
     args = dict(step.args)
     if args.get("group") is not None:
-        group, _ = _group(renv, tuple(args["group"]), args.get("group_timeout"))
+        g = args["group"]
+        group, _ = _group(renv, g if isinstance(g, str) else tuple(g), args.get("group_timeout"))
     else:
         group = renv.world_group  # None: the default group (the whole launched world)
     if step.kind == "set_timeout":

@@ -49,6 +49,26 @@ class Capabilities:
             return ""
         return next((k for k in wanted if k not in params), "")
 
+    def _group_step_missing(self, args: dict[str, Any]) -> str:
+        """The group constructor (or its parameter) a new_group step needs that the
+        installed torch lacks, or ""."""
+        fn_name = {"members": "new_group", "subgroups": "new_subgroups",
+                   "enumeration": "new_subgroups_by_enumeration",
+                   "split": "split_group"}[args["how"]]
+        fn = getattr(self.dist, fn_name, None)
+        if fn is None:
+            return f"torch.distributed.{fn_name}"
+        wanted: list[str] = [k for k in ("sort_ranks", "use_local_synchronization")
+                             if k in args]
+        if args["how"] == "subgroups" and "parent" in args:
+            wanted.append("group")
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            return ""
+        missing = next((k for k in wanted if k not in params), "")
+        return f"{fn_name} parameter {missing!r}" if missing else ""
+
     def skip_reason(self, inst: Instance, local_rank: int | None = None) -> str:
         """Why ``inst`` cannot run here, or "" if it can.
 
@@ -92,6 +112,10 @@ class Capabilities:
             if step.kind == "set_timeout" and not hasattr(self.dist.ProcessGroup, "set_timeout"):
                 return (f"torch {self.torch_version}'s ProcessGroup has no set_timeout "
                         "(the set_timeout step)")
+            if step.kind == "new_group":
+                missing = self._group_step_missing(dict(step.args))
+                if missing:
+                    return f"torch {self.torch_version} has no {missing}"
             if not step.op:
                 continue
             op = ops.get(step.op)

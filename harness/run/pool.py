@@ -92,6 +92,9 @@ class PoolKey:
     isolated: int = 0  # non-zero: a private pool for one instance
     env: tuple[tuple[str, str], ...] = ()  # the case's environment (set before init)
     pg_timeout_s: float | None = None  # the case's process-group timeout
+    # init_process_group(device_id=...): the default group is bound to the rank's GPU, which
+    # split_group needs (programs with a split step on CUDA; see Instance.bind_device).
+    bind_device: bool = False
 
 
 class PoolStartError(RuntimeError):
@@ -153,7 +156,7 @@ class RankPool:
                              owner_pid=os.getpid(), log_path=self.log_path(r),
                              stack_path=self.stack_path(r), backend_modules=key.backend_modules,
                              pg_timeout_s=pg_timeout_s, fr_path=self.fr_path(r), env=env,
-                             nonce=self.nonce)
+                             nonce=self.nonce, bind_device=key.bind_device)
             proc = ctx.Process(target=rank_main, args=(cfg, child_conn, progress, fr_recv),
                                name=f"collective-rank{r}", daemon=True)
             with _without_main_module():
@@ -569,7 +572,8 @@ class PoolManager:
         self._isolated += 1
         self.started += 1
         return RankPool(PoolKey(key.backend, key.device, key.world_size, key.backend_modules,
-                                self._isolated, key.env, key.pg_timeout_s), self.pg_timeout_s)
+                                self._isolated, key.env, key.pg_timeout_s, key.bind_device),
+                        self.pg_timeout_s)
 
     def settle(self, pool: RankPool, inst: Instance, run: PoolRun) -> str:
         """Keep ``pool`` for the next instance or replace it; returns why it was replaced

@@ -42,6 +42,7 @@ class RankConfig:
     fr_path: str = ""
     env: tuple[tuple[str, str], ...] = ()
     nonce: str = ""  # the pool's identity: every message in either direction carries it
+    bind_device: bool = False  # init_process_group(device_id=this rank's GPU)
 
 
 # Every message, in either direction, is ``(kind, nonce, seq, payload)``: the pool's nonce and
@@ -194,9 +195,12 @@ def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None
         if cfg.device == "cuda":
             torch.cuda.set_device(cfg.rank % max(1, torch.cuda.device_count()))
         store = dist.FileStore(cfg.store_path, cfg.world_size)  # type: ignore[attr-defined]
+        bound: dict[str, Any] = {}
+        if cfg.bind_device and cfg.device == "cuda":
+            bound["device_id"] = torch.device("cuda", torch.cuda.current_device())
         dist.init_process_group(cfg.backend, store=store, rank=cfg.rank,
                                 world_size=cfg.world_size,
-                                timeout=datetime.timedelta(seconds=cfg.pg_timeout_s))
+                                timeout=datetime.timedelta(seconds=cfg.pg_timeout_s), **bound)
     except BaseException as exc:
         conn.send_bytes(encode("failed", cfg.nonce, 0, (f"{type(exc).__name__}: {exc}",
                                                           traceback.format_exc())))

@@ -10,7 +10,8 @@ round's end and wait there.
 Some instances cannot share the world with others:
 
 - programs with subgroups of their own (``group:`` arguments): ``new_group`` is collective
-  over the whole launched world, so every rank must take part, in the same order;
+  over the whole launched world, so every rank must take part, in the same order; and
+  programs that omit a root (``omit: [dst]``): torch's default is global rank 0;
 - instances that must hang, crash or may poison the process group (``hangs``, ``crashes``,
   ``isolate``): they end with the launcher restarting every rank, so they run alone, after
   everything else.
@@ -64,6 +65,10 @@ def alone_reason(inst: Instance) -> str:
     if inst.isolate or inst.expectation.kind in ("hangs", "crashes"):
         return ALONE_RESTART
     if any(dict(s.args).get("group") is not None for s in inst.steps):
+        return ALONE_GROUPS
+    # An omitted root is torch's default, global rank 0: the instance's rank 0 only in a
+    # block that starts there.
+    if any("omit" in dict(s.args) for s in inst.steps):
         return ALONE_GROUPS
     return ""
 
