@@ -17,7 +17,7 @@ import jsonschema
 from .. import dtypes, expr, ops
 from ..errors import CaseFileError, CaseFileErrors, ExprError, quote
 from ..model import Case
-from . import addressing, caseenv, entries, opargs, patterns, repeat, returns
+from . import addressing, caseenv, cudasteps, entries, opargs, patterns, repeat, returns
 from .fields import KEYWORDS, as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
@@ -29,7 +29,7 @@ PYTEST_MARKS = ("skip", "skipif", "xfail", "usefixtures", "parametrize", "filter
                 "dependency", "no_cover", "asyncio", "anyio", "django_db", "collective")
 OVERRIDE_NAMES = ("rank", "world_size", "i")  # what overrides.resolve gives an expression
 STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future", "raise",
-                "abort", "exit", "segfault")
+                "abort", "exit", "segfault", *cudasteps.CUDA_STEPS)
 # Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
 STEP_OP_ARGS = ("form", "inplace", "splits", "timeout", "wait_all_ranks")
 
@@ -330,7 +330,7 @@ def check_safety(case: Case) -> list[CaseFileError]:
                 errs.append(case.error((*path, key), f"tolerance {key} must be finite, got "
                                        f"{value!r}", "an infinite tolerance accepts any value"))
     for i, o in enumerate(raw.get("overrides", [])):
-        if isinstance(o, dict) and "expected" in o:
+        if isinstance(o, dict) and "expected" in o and "steps" not in raw:
             errs.extend(_override_exprs(case, ("overrides", i, "expected"), o["expected"]))
     timeout = raw.get("args", {}).get("timeout") if isinstance(raw.get("args"), dict) else None
     if isinstance(timeout, float) and not math.isfinite(timeout):
@@ -365,8 +365,8 @@ def check_steps(case: Case) -> None:
                 except CaseFileErrors as exc:
                     errs.extend(exc.errors)
     handles: set[str] = set()
-    for idx, step in enumerate(raw["steps"]):
-        path: Path = ("steps", idx)
+    errs.extend(cudasteps.check_program(case, STEP_ACTIONS))
+    for path, step in cudasteps.walk(raw["steps"]):
         actions = [a for a in STEP_ACTIONS if a in step]
         if len(actions) != 1:
             errs.append(case.error(path, "a step needs exactly one of: " + ", ".join(STEP_ACTIONS)))
@@ -468,19 +468,23 @@ def check_steps(case: Case) -> None:
                 errs.append(case.error(path, f"{op.name} needs '{req}:'"))
         if "handle" in step:
             handles.add(step["handle"])
-    expected = raw.get("expected", {})
-    if not isinstance(expected, dict) or "generator" in expected:
-        errs.append(case.error(("expected",), "with 'steps', expected maps tensor names to values",
-                               "e.g. expected: {out: {0: [1, 2], 1: [3, 4]}}"))
-    else:
+    sources: list[tuple[Path, Any]] = [(("expected",), raw.get("expected", {}))]
+    sources += [(("overrides", i, "expected"), o["expected"])
+                for i, o in enumerate(raw.get("overrides", []))
+                if isinstance(o, dict) and "expected" in o]
+    for epath, expected in sources:  # an override's expected: has the program's form too
+        if not isinstance(expected, dict) or "generator" in expected:
+            errs.append(case.error(epath, "with 'steps', expected maps tensor names to values",
+                                   "e.g. expected: {out: {0: [1, 2], 1: [3, 4]}}"))
+            continue
         for tname, fill in expected.items():
             if tname not in tensors:
-                errs.append(case.error(("expected", tname), f"unknown tensor {tname!r}",
+                errs.append(case.error((*epath, tname), f"unknown tensor {tname!r}",
                                        suggest(str(tname), tuple(tensors))))
                 continue
             try:
                 (opargs.check_object_fill if tname in object_tensors else check_fill)(
-                    case, ("expected", tname), fill, True)
+                    case, (*epath, tname), fill, True)
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
     if errs:

@@ -34,9 +34,11 @@ from ..model import (
     TensorCheck,
     TensorSpec,
     Tolerance,
+    flat_steps,
     tensor_names,
 )
 from . import objects, stepchecks, tensors
+from .graphs import Graphs
 from .timeline import STEP_KINDS, ProgramState
 
 REDUCE_OPS = {
@@ -124,7 +126,7 @@ def prepare_groups(inst: Instance, renv: RankEnv) -> None:
     ``new_group`` is collective over the whole world, so non-members must call it too, and in
     the same order; caching per pool keeps later instances from creating it again.
     """
-    for step in inst.steps:
+    for step in flat_steps(inst.steps):  # a captured op's group must exist before capture
         group = dict(step.args).get("group")
         if group is not None:
             _group(renv, tuple(group))
@@ -223,6 +225,7 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         rets: list[tuple[int, Step, dict[str, Any]]] = []
         state = ProgramState(inst, renv.rank, renv.world_size, renv.device, t0,
                                            env, bufs, before, written)
+        graphs = Graphs(renv.device)
         for step_idx, step in enumerate(inst.steps):
             if renv.progress is not None:
                 renv.progress[1] = step_idx
@@ -263,6 +266,10 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                 ev.t_return = time.perf_counter() - t0
             elif step.kind in STEP_KINDS:
                 state.run(step, step_idx)
+                ev.t_return = time.perf_counter() - t0
+            elif step.kind in CUDA_KINDS:
+                state.touching(list(bufs))  # a capture or replay may write any of them
+                _cuda_step(inst, step, renv, env, bufs, written, graphs, state, handles)
                 ev.t_return = time.perf_counter() - t0
             else:
                 _special(step)
@@ -380,6 +387,41 @@ def _repeated(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
         if work is not None:
             works.append(work)
     return ops.p2p.WorkList(works) if works else None
+
+
+CUDA_KINDS = ("capture", "replay", "block_current_stream", "wait_stream")
+
+
+def _cuda_step(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
+               bufs: dict[str, Any], written: set[str], graphs: Graphs, state: ProgramState,
+               handles: dict[str, tuple[Any, StepEvent]]) -> None:
+    """One CUDA-only step (see :mod:`harness.program.graphs`)."""
+    if step.kind == "replay":
+        graphs.replay(step)
+    elif step.kind == "wait_stream":
+        graphs.wait_stream(step, state.side)
+    elif step.kind == "block_current_stream":
+        graphs.block_current_stream(step, handles.get(step.waits[0], (None, None))[0])
+    else:
+
+        def run_inner(inner: Step, works: dict[str, Any]) -> None:
+            # No timeline facts inside a capture: is_completed() queries events, which a
+            # capture forbids; the captured works are waited (recorded) right here.
+            if not in_ranks(inner, renv.rank, renv.world_size, env):
+                return
+            if inner.kind == "wait":
+                for h in inner.waits:
+                    if h in works:
+                        works.pop(h).wait()
+                return
+            work = (call_op(inst, inner, renv, env, bufs, written) if inner.repeat == 1 else
+                    _repeated(inst, inner, renv, env, bufs, written, {}))
+            if work is not None and inner.handle:
+                works[inner.handle] = work
+            elif work is not None:
+                work.wait()
+
+        graphs.capture(step, run_inner)
 
 
 def _special(step: Step) -> None:

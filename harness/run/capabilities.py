@@ -17,9 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import ops
-from ..model import Instance
+from ..model import Instance, flat_steps
 
 BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
+# Steps that only mean something on a GPU (README "CUDA steps").
+CUDA_STEP_KINDS = ("capture", "replay", "wait_stream", "block_current_stream")
+# Backends whose collectives a CUDA graph cannot record: Gloo runs them on host threads
+# (copying CUDA tensors through the host), which a stream capture cannot contain.
+NO_GRAPH_CAPTURE = ("gloo",)
 
 
 @dataclass
@@ -49,6 +54,12 @@ class Capabilities:
             return ""
         return next((k for k in wanted if k not in params), "")
 
+    @staticmethod
+    def _cuda_steps(inst: Instance) -> list[str]:
+        """The CUDA-only step kinds ``inst`` uses (``stream: side`` ops need ``device:
+        cuda``, which the device check below covers)."""
+        return sorted({s.kind for s in inst.steps if s.kind in CUDA_STEP_KINDS})
+
     def skip_reason(self, inst: Instance, local_rank: int | None = None) -> str:
         """Why ``inst`` cannot run here, or "" if it can.
 
@@ -64,6 +75,13 @@ class Capabilities:
         if backend not in BUILTIN_BACKENDS and not _registered(self.dist, backend):
             return (f"backend {backend!r} is not registered; pass --backend-module MODULE that "
                     "calls torch.distributed.Backend.register_backend")
+        cuda_only = self._cuda_steps(inst)
+        if cuda_only and self.cuda_devices == 0:
+            return (f"needs a CUDA device ({', '.join(cuda_only)}); there is none on this "
+                    "machine")
+        if "capture" in cuda_only and backend in NO_GRAPH_CAPTURE:
+            return (f"{backend} cannot record collectives in a CUDA graph (it runs them on "
+                    "host threads; graph capture is an NCCL feature)")
         if inst.device == "cuda":
             if self.cuda_devices == 0:
                 return "no CUDA device on this machine"
@@ -78,7 +96,7 @@ class Capabilities:
         for name in sorted(dtypes_used):
             if not hasattr(self.torch, name):
                 return f"torch {self.torch_version} has no dtype {name}"
-        for step in inst.steps:
+        for step in flat_steps(inst.steps):
             if not step.op:
                 continue
             op = ops.get(step.op)
