@@ -301,9 +301,9 @@ def test_capture_records_inside_the_graph_and_replay_repeats(
         log.append("end")
         capturing[0] = False
 
-    monkeypatch.setattr(graphs_mod.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(graphs_mod.torch.cuda, "CUDAGraph", _FakeGraph)
-    monkeypatch.setattr(graphs_mod.torch.cuda, "graph", fake_graph)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
     (inst,) = _program("- capture: g\n  steps:\n    - {op: all_reduce, tensor: t}\n"
                        "    - {op: all_reduce, tensor: t, async: true, handle: a}\n"
                        "    - {wait: a}\n"
