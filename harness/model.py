@@ -122,6 +122,9 @@ class Step:
     slices: bool = False
     warns: str | None = None  # op steps: a regex a warning of the call must match
     steps: tuple[Step, ...] = ()  # capture steps: the steps recorded into the graph
+    # op steps: issue the call inside allow_inflight_collective_as_graph_input_ctx(), which
+    # registers its Work under its tensors (what a ``wait_tensor`` step looks up)
+    register_work: bool = False
 
     def describe(self) -> str:
         if self.kind == "op":

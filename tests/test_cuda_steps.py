@@ -258,7 +258,8 @@ def test_the_bundled_cuda_cases_skip_here_and_never_pass(pytester: pytest.Pytest
         pytest.skip("this machine has a GPU: the CUDA cases run instead of skipping")
     report = pytester.path / "r.json"
     result = pytester.runpytest_subprocess(
-        str(ROOT / "cases" / "cuda.yaml"), "-k", "not future_then_chain and not p2p_non_dense",
+        str(ROOT / "cases" / "cuda.yaml"), "-k",
+        "not future_then_chain and not p2p_non_dense and not wait_tensor",
         "--report-json", str(report), "--report-md", str(pytester.path / "r.md"),
         "--rootdir", str(ROOT), "-p", "no:cacheprovider", "-rs", timeout=120)
     outcomes = result.parseoutcomes()
@@ -328,3 +329,33 @@ def test_capture_records_inside_the_graph_and_replay_repeats(
     assert g.graphs["g"] is not first
     with pytest.raises(RuntimeError, match="graph 'h' was not captured on this rank"):
         g.replay(Step("replay", 1, waits=("h",), value=1))
+
+
+# -- wait_tensor / register_work ---------------------------------------------------------------
+
+def test_wait_tensor_and_register_work_reach_the_steps() -> None:
+    (inst,) = _program("- {op: all_reduce, tensor: t, async: true, handle: h, "
+                       "register_work: true}\n- {wait_tensor: t}\n- {wait: h}")
+    assert inst.steps[0].register_work and not inst.steps[2].register_work
+    assert inst.steps[1].kind == "wait_tensor" and inst.steps[1].bufs == (("tensor", "t"),)
+
+
+@pytest.mark.parametrize(("step", "message"), [
+    ("{wait_tensor: w}", "unknown tensor 'w'"),
+    ("{sleep: 0.1, register_work: true}", "'register_work' does not apply to a sleep step"),
+    ("{wait_tensor: t, register_work: true}", "'register_work' does not apply to a "
+     "wait_tensor step"),
+])
+def test_bad_wait_tensor_steps_are_rejected(step: str, message: str) -> None:
+    with pytest.raises((CaseFileError, CaseFileErrors)) as info:
+        _program(f"- {step}")
+    assert message in str(info.value) and "cases/x.yaml:9" in str(info.value), str(info.value)
+
+
+def test_register_work_skips_where_torch_lacks_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    (inst,) = _program("- {op: all_reduce, tensor: t, async: true, handle: h, "
+                       "register_work: true}\n- {wait: h}")
+    caps = _caps(1)
+    assert caps.skip_reason(inst) == ""
+    monkeypatch.setattr(capabilities, "_functional_collectives", lambda: None)
+    assert "has no allow_inflight_collective_as_graph_input_ctx" in caps.skip_reason(inst)

@@ -540,7 +540,8 @@ class _Expander:
                               stream=s.get("stream", "current"), returns=rets,
                               repeat=int(s.get("repeat", 1)),
                               slices=bool(s.get("slices", False)),
-                              warns=s.get("warns"))
+                              warns=s.get("warns"),
+                              register_work=bool(s.get("register_work", False)))
         if "wait" in s:
             wait_args: tuple[tuple[str, Any], ...] = (
                 (("thread", True),) if s.get("thread") else ())

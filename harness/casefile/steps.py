@@ -14,6 +14,8 @@ Steps a program may use to make the async contract visible (README "Ordering"):
   chains callbacks from a fixed vocabulary (each maps every tensor of the value) and compares
   the first tensor of the chain's value with EXP;
 - ``{wait: H, thread: true}``: call ``wait()`` from another thread;
+- ``{wait_tensor: T}``: ``torch.ops.c10d_functional.wait_tensor(T)``, which waits for the Work
+  an op with ``register_work: true`` registered under T (and does nothing for others);
 - ``{op: ..., stream: side}``: issue the op on a side CUDA stream that first waits for the
   current one (cases using it must say ``device: cuda``).
 """
@@ -27,10 +29,10 @@ from ..expr import Expr
 from ..model import Case, Fill, Step
 from .fields import KEYWORDS, check_expr, check_fill, parse_fill, suggest
 
-STEP_KINDS = ("delay_stream", "write", "read", "future")
+STEP_KINDS = ("delay_stream", "write", "read", "future", "wait_tensor")
 SNAPSHOT_KEYWORDS = ("stale", "final", "unspecified")
 OP_KEYS = ("tensor", "input", "output", "src", "dst", "tag", "group", "async", "handle",
-           "reduce_op", "premul_factor")
+           "reduce_op", "premul_factor", "register_work")
 # Keys that belong to some step kinds only; anything else is a mistake worth naming.
 ONLY_WITH: dict[str, tuple[str, ...]] = {
     "value": ("write",), "delay": ("write",), "expect": ("read", "future"),
@@ -101,8 +103,8 @@ def check_step(case: Case, path: tuple[Any, ...], step: dict[str, Any], action: 
                 check_fill(case, (*path, "value"), step["value"], False)
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
-    elif action == "read":
-        _tensor(case, path, "read", step["read"], tensors, errs)
+    elif action in ("read", "wait_tensor"):
+        _tensor(case, path, action, step[action], tensors, errs)
     elif action == "future":
         if step["future"] not in handles:
             errs.append(case.error((*path, "future"), f"no earlier step has handle "
@@ -177,6 +179,8 @@ def make_step(case: Case, raw: dict[str, Any], idx: int, line: int,
     needed = _running_ranks(ranks, env)
     if "delay_stream" in raw:
         return Step("delay_stream", line, ranks=ranks, value=float(raw["delay_stream"]))
+    if "wait_tensor" in raw:
+        return Step("wait_tensor", line, ranks=ranks, bufs=(("tensor", raw["wait_tensor"]),))
     if "write" in raw:
         fill = parse_fill(case, raw["value"])
         _cover(case, (*path, "value"), fill, needed)

@@ -28,8 +28,8 @@ PYTEST_MARKS = ("skip", "skipif", "xfail", "usefixtures", "parametrize", "filter
                 "tryfirst", "trylast", "timeout", "flaky", "forked", "order", "run",
                 "dependency", "no_cover", "asyncio", "anyio", "django_db", "collective")
 OVERRIDE_NAMES = ("rank", "world_size", "i")  # what overrides.resolve gives an expression
-STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future", "raise",
-                "abort", "exit", "segfault", *cudasteps.CUDA_STEPS)
+STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future",
+                "wait_tensor", "raise", "abort", "exit", "segfault", *cudasteps.CUDA_STEPS)
 # Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
 STEP_OP_ARGS = ("form", "inplace", "splits", "timeout", "wait_all_ranks")
 

@@ -240,7 +240,7 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                 # Warnings are recorded only for steps that declare one (``warns:``).
                 catcher: Any = (warnings.catch_warnings(record=True) if step.warns is not None
                                 else contextlib.nullcontext([]))
-                with state.stream(step), catcher as caught:
+                with state.stream(step), _registering(step), catcher as caught:
                     if step.warns is not None:
                         warnings.simplefilter("always")  # even if it warned before
                     work = (call_op(inst, step, renv, env, bufs, written, returned)
@@ -390,6 +390,16 @@ def _repeated(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
 
 
 CUDA_KINDS = ("capture", "replay", "block_current_stream", "wait_stream")
+
+
+def _registering(step: Step) -> Any:
+    """``register_work: true``: the call's Work is registered under its tensors, where
+    ``torch.ops.c10d_functional.wait_tensor`` finds it."""
+    if not step.register_work:
+        return contextlib.nullcontext()
+    from torch.distributed import _functional_collectives as funcol
+
+    return funcol.allow_inflight_collective_as_graph_input_ctx()
 
 
 def _cuda_step(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],

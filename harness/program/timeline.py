@@ -22,7 +22,7 @@ import torch
 from ..model import Instance, Step, StepEvent, TensorCheck
 from . import tensors
 
-STEP_KINDS = frozenset({"delay_stream", "write", "read", "future"})
+STEP_KINDS = frozenset({"delay_stream", "write", "read", "future", "wait_tensor"})
 SETTLE_MIN_S = 0.25  # shortest settle poll on CPU (see harness.ordering.probes)
 POLL_S = 0.0005
 CALIBRATION_CYCLES = 2_000_000
@@ -219,6 +219,11 @@ class ProgramState:
             self.snaps.append((step, index, self.bufs[step.bufs[0][1]].detach().clone()))
         elif step.kind == "future":
             self._future(step, index)
+        elif step.kind == "wait_tensor":
+            # Importing the module registers the c10d_functional op namespace.
+            import torch.distributed._functional_collectives
+
+            torch.ops.c10d_functional.wait_tensor(self.bufs[step.bufs[0][1]])
 
     def _future(self, step: Step, index: int) -> None:
         handle = step.waits[0]

@@ -111,6 +111,11 @@ class Capabilities:
             if missing:
                 return (f"torch {self.torch_version}'s {op.torch_name or op.name} has no "
                         f"{missing} parameter (group-local addressing)")
+        if any(s.kind == "wait_tensor" or s.register_work for s in flat_steps(inst.steps)):
+            funcol = _functional_collectives()
+            if not hasattr(funcol, "allow_inflight_collective_as_graph_input_ctx"):
+                return (f"torch {self.torch_version} has no allow_inflight_collective_as_"
+                        "graph_input_ctx (register_work / wait_tensor)")
         if inst.reduce_op == "premul_sum" and not hasattr(self.dist, "_make_nccl_premul_sum"):
             return f"torch {self.torch_version} has no PREMUL_SUM"
         return ""
@@ -126,6 +131,14 @@ class Capabilities:
             "nccl_version": self.nccl_version,
             "gloo_available": bool(self.dist.is_gloo_available()),
         }
+
+
+def _functional_collectives() -> Any:
+    """torch.distributed._functional_collectives, or None where torch lacks it."""
+    try:
+        return importlib.import_module("torch.distributed._functional_collectives")
+    except ImportError:
+        return None
 
 
 def _registered(dist: Any, backend: str) -> bool:
