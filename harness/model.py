@@ -107,8 +107,12 @@ class Step:
     ``kind`` is ``op`` (call ``op`` with ``bufs`` role->tensor name and ``args``), ``wait``
     (wait on ``waits`` handles), ``sleep`` (``value`` seconds on the host), ``sync``
     (device synchronize), an ordering step (``delay_stream``, ``write``, ``read``, ``future``:
-    see :mod:`harness.ordering_steps`), or a deliberate fault used to test the harness and to
-    document failure modes: ``raise`` (message), ``abort``, ``exit`` (code), ``segfault``.
+    see :mod:`harness.casefile.steps`), a CUDA step (``capture``: ``steps`` recorded into the
+    CUDA graph ``handle``; ``replay``: the graph ``waits[0]`` replayed ``value`` times;
+    ``wait_stream``: the current stream waits for the side stream; ``block_current_stream``:
+    of the work ``waits[0]``; see :mod:`harness.casefile.cudasteps`), or a deliberate fault
+    used to test the harness and to document failure modes: ``raise`` (message), ``abort``,
+    ``exit`` (code), ``segfault``.
     """
 
     kind: str
@@ -139,16 +143,31 @@ class Step:
     # barrier steps: every rank that runs the step must see it complete (the call's return,
     # or its wait's) no earlier than the last rank entered it (judged across ranks).
     blocks_until_all: bool = False
+    steps: tuple[Step, ...] = ()  # capture steps: the steps recorded into the graph
+    # op steps: issue the call inside allow_inflight_collective_as_graph_input_ctx(), which
+    # registers its Work under its tensors (what a ``wait_tensor`` step looks up)
+    register_work: bool = False
 
     def describe(self) -> str:
         if self.kind == "op":
             return f"{self.op}(" + ", ".join(f"{k}={v}" for k, v in self.bufs) + ")"
         if self.kind == "wait":
             return "wait(" + ", ".join(self.waits) + ")"
+        if self.kind == "capture":
+            return f"capture({self.handle}: {len(self.steps)} step(s))"
+        if self.kind == "replay":
+            return f"replay({self.waits[0]} x{self.value})"
+        if self.kind == "block_current_stream":
+            return f"block_current_stream({self.waits[0]})"
         if self.kind in ("write", "read", "future"):
             what = ", ".join((*self.waits, *(t for _, t in self.bufs)))
             return f"{self.kind}({what})"
         return f"{self.kind}({self.value!r})" if self.value is not None else self.kind
+
+
+def flat_steps(steps: tuple[Step, ...]) -> list[Step]:
+    """Every step of a program, each ``capture`` step followed by the steps it records."""
+    return [s for top in steps for s in (top, *top.steps)]
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,8 @@ def check_instance(case: Case, inst: Instance, limits: Limits) -> None:
     # document how a backend rejects it); any other such step would only hang until the deadline.
     misuse = any(case.raw.get(k) for k in ("raises", "hangs", "crashes"))
     sleep = [0.0] * ws
-    for idx, step in enumerate(inst.steps):
+    # A capture's own steps are checked at the capture's index (their errors point at it).
+    for idx, step in ((i, s) for i, top in enumerate(inst.steps) for s in (top, *top.steps)):
         runs = _ranks_running(case, step, ws, env, idx)
         if step.kind == "op" and not misuse:
             _check_peers(case, step, runs, ws, env, idx)

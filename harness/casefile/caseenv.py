@@ -17,7 +17,7 @@ from .fields import suggest
 # Variables a case may set, per backend ("*": every backend). Each changes backend
 # behaviour that upstream's tests exercise; see README "Per-case environment".
 ALLOWED: dict[str, tuple[str, ...]] = {
-    "*": ("TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG_LEVEL"),
+    "*": ("TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG_LEVEL", "PYTORCH_CUDA_ALLOC_CONF"),
     "gloo": ("TORCH_GLOO_LAZY_INIT", "GLOO_SOCKET_IFNAME"),
     "nccl": ("TORCH_NCCL_NAN_CHECK", "TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
              "TORCH_NCCL_USE_COMM_NONBLOCKING", "TORCH_NCCL_HIGH_PRIORITY",

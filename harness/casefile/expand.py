@@ -28,7 +28,7 @@ from ..model import (
     pack_tensor_list,
 )
 from ..ordering.plan import plan_instances
-from . import caseenv, lifecycle, opargs, pgargs
+from . import caseenv, cudasteps, lifecycle, opargs, pgargs
 from . import entries as list_entries
 from . import groups as named_groups
 from . import repeat as step_repeat
@@ -86,7 +86,8 @@ class _Expander:
         self.backend = backend
         self.launched = launched
         self.op = ops.get(self.raw["op"]) if "op" in self.raw else None
-        self.step_ops = [ops.get(s["op"]) for s in self.raw.get("steps", []) if "op" in s]
+        self.step_ops = [ops.get(s["op"]) for _, s in cudasteps.walk(self.raw.get("steps", []))
+                         if "op" in s]
         self.all_ops = [self.op] if self.op else self.step_ops
 
     # -- axes ------------------------------------------------------------------------------
@@ -461,7 +462,6 @@ class _Expander:
     def _program(self, point: dict[str, Any], env: dict[str, Any]) -> tuple[
             tuple[TensorSpec, ...], tuple[Step, ...], tuple[tuple[str, Fill], ...]]:
         raw, ws = self.raw, point["world_size"]
-        names = (*expr_names(self.case),)
         tensors: list[TensorSpec] = []
         for name, spec in raw.get("tensors", {}).items():
             is_obj = spec.get("dtype") == "object"
@@ -489,98 +489,108 @@ class _Expander:
                                       "contiguous" if entry_shapes else
                                       spec.get("layout", point["layout"]),
                                       rank_shapes=rank_shapes, entry_shapes=entry_shapes))
-        steps: list[Step] = []
-        for idx, s in enumerate(raw["steps"]):
-            line = self.case.doc.pos((*self.case.origin["steps"], idx)).line
-            ranks: tuple[int, ...] | Expr | None = None
-            if "ranks" in s:
-                r = s["ranks"]
-                ranks = parse(r, names) if isinstance(r, str) else tuple(as_list(r))
-                if isinstance(ranks, tuple) and any(x >= ws for x in ranks):
-                    raise self.case.error(("steps", idx, "ranks"), f"ranks {list(ranks)} "
-                                          f"outside world_size {ws}")
-            if "op" in s:
-                op = ops.get(s["op"])
-                bufs = tuple((role.name, s[role.name] if isinstance(s[role.name], str)
-                              else pack_tensor_list(s[role.name])) for role in op.roles)
-                args: list[tuple[str, Any]] = []
-                for key in ("src", "dst", "tag", "group_src", "group_dst"):
-                    if key in s:
-                        v = s[key]
-                        args.append((key, parse(v, (*names, *step_repeat.names(s)))
-                                     if isinstance(v, str) else v))
-                for key in ("form", "inplace", *PLAIN_ARGS[1:]):
-                    if key in s:
-                        args.append((key, s[key]))
-                for key in pgargs.KEYS:
-                    if key in s:
-                        args.append((key, pgargs.step_value(key, s[key], (
-                            *names, *step_repeat.names(s)))))
-                args += sorted(_omitted(op, s.get("omit")).items())
-                if "splits" in s:
-                    n = len(s["group"]) if "group" in s else ws
-                    args.append(("splits", opargs.eval_splits(self.case, s["splits"], n, env,
-                                                        ("steps", idx, "splits"))))
-                for k, entry in enumerate(s.get("p2p", [])):
-                    bufs = (*bufs, (f"p2p.{k}", entry["tensor"]))
-                    peer = entry["peer"] if "peer" in entry else entry["group_peer"]
-                    if "group_peer" in entry:
-                        args.append((f"p2p.{k}.by_group", True))
-                    args.append((f"p2p.{k}.op", entry["op"]))
-                    args.append((f"p2p.{k}.peer", parse(peer, names) if isinstance(peer, str)
-                                 else peer))
-                    args.append((f"p2p.{k}.tag", entry.get("tag", 0)))
-                if "group" in s:  # a list of ranks, or the name of a new_group step's group
-                    args.append(("group", _group_arg(s["group"])))
-                if "group_timeout" in s:
-                    args.append(("group_timeout", float(s["group_timeout"])))
-                # A step's own reduce op (and premul factor) wins over the case's axis.
-                if "reduce_op" in s:
-                    args.append(("reduce_op", s["reduce_op"]))
-                if "premul_factor" in s:
-                    args.append(("premul_factor", self._premul(s["premul_factor"], env,
-                                                               ("steps", idx, "premul_factor"))))
-                asy = (s.get("async", bool(point.get("async", False)))
-                       or op.name in ops.ALWAYS_ASYNC)
-                rets = (step_returns.per_rank(self.case, s["returns"], ws,
-                                              ("steps", idx, "returns"))
-                        if "returns" in s else None)
-                steps.append(Step("op", line, op=op.name, bufs=bufs, args=tuple(args),
-                                  ranks=ranks, async_op=asy, handle=s.get("handle"),
-                                  stream=s.get("stream", "current"), returns=rets,
-                                  repeat=int(s.get("repeat", 1)),
-                                  slices=bool(s.get("slices", False)),
-                                  warns=s.get("warns"), **lifecycle.step_fields(s)))
-            elif "wait" in s:
-                wait_args: tuple[tuple[str, Any], ...] = (
-                    (("thread", True),) if s.get("thread") else ())
-                if "timeout" in s:
-                    wait_args = (*wait_args, ("timeout", float(s["timeout"])))
-                steps.append(Step("wait", line, ranks=ranks, waits=tuple(as_list(s["wait"])),
-                                  args=wait_args, **lifecycle.step_fields(s)))
-            elif any(k in s for k in lifecycle.LIFECYCLE_ACTIONS):
-                kind = next(k for k in lifecycle.LIFECYCLE_ACTIONS if k in s)
-                group_args: tuple[tuple[str, Any], ...] = (
-                    (("group", _group_arg(s["group"])),) if "group" in s else ())
-                if "group_timeout" in s:
-                    group_args = (*group_args, ("group_timeout", float(s["group_timeout"])))
-                steps.append(Step(kind, line, ranks=ranks, args=group_args,
-                                  value=float(s[kind]) if kind == "set_timeout" else None,
-                                  **lifecycle.step_fields(s)))
-            elif "new_group" in s:
-                steps.append(named_groups.make_step(s, line, ranks, names))
-            elif is_ordering_step(s):
-                steps.append(make_step(self.case, s, idx, line, ranks, env))
-            else:
-                kind = next(k for k in ("sleep", "sync", "raise", "abort", "exit", "segfault")
-                            if k in s)
-                steps.append(Step(kind, line, ranks=ranks, value=s[kind]))
+        steps = tuple(self._step(s, ("steps", idx), point, env)
+                      for idx, s in enumerate(raw["steps"]))
         expected: list[tuple[str, Fill]] = []
         for tname, fill_raw in raw.get("expected", {}).items():
             fill = parse_fill(self.case, fill_raw)
             self._check_ranks(fill, ws, ("expected", tname), f"expected.{tname}")
             expected.append((tname, fill))
-        return tuple(tensors), tuple(steps), tuple(expected)
+        return tuple(tensors), steps, tuple(expected)
+
+    def _step(self, s: dict[str, Any], path: tuple[Any, ...], point: dict[str, Any],
+              env: dict[str, Any]) -> Step:
+        """The :class:`Step` of raw step ``s`` at ``path`` (a capture's own steps inside it)."""
+        ws = point["world_size"]
+        names = (*expr_names(self.case),)
+        line = self.case.doc.pos((*self.case.origin["steps"], *path[1:])).line
+        ranks: tuple[int, ...] | Expr | None = None
+        if "ranks" in s:
+            r = s["ranks"]
+            ranks = parse(r, names) if isinstance(r, str) else tuple(as_list(r))
+            if isinstance(ranks, tuple) and any(x >= ws for x in ranks):
+                raise self.case.error((*path, "ranks"), f"ranks {list(ranks)} "
+                                      f"outside world_size {ws}")
+        if "op" in s:
+            op = ops.get(s["op"])
+            bufs = tuple((role.name, s[role.name] if isinstance(s[role.name], str)
+                          else pack_tensor_list(s[role.name])) for role in op.roles)
+            args: list[tuple[str, Any]] = []
+            for key in ("src", "dst", "tag", "group_src", "group_dst"):
+                if key in s:
+                    v = s[key]
+                    args.append((key, parse(v, (*names, *step_repeat.names(s)))
+                                 if isinstance(v, str) else v))
+            for key in ("form", "inplace", *PLAIN_ARGS[1:]):
+                if key in s:
+                    args.append((key, s[key]))
+            for key in pgargs.KEYS:
+                if key in s:
+                    args.append((key, pgargs.step_value(key, s[key], (
+                        *names, *step_repeat.names(s)))))
+            args += sorted(_omitted(op, s.get("omit")).items())
+            if "splits" in s:
+                n = len(s["group"]) if "group" in s else ws
+                args.append(("splits", opargs.eval_splits(self.case, s["splits"], n, env,
+                                                    (*path, "splits"))))
+            for k, entry in enumerate(s.get("p2p", [])):
+                bufs = (*bufs, (f"p2p.{k}", entry["tensor"]))
+                peer = entry["peer"] if "peer" in entry else entry["group_peer"]
+                if "group_peer" in entry:
+                    args.append((f"p2p.{k}.by_group", True))
+                args.append((f"p2p.{k}.op", entry["op"]))
+                args.append((f"p2p.{k}.peer", parse(peer, names) if isinstance(peer, str)
+                             else peer))
+                args.append((f"p2p.{k}.tag", entry.get("tag", 0)))
+            if "group" in s:  # a list of ranks, or the name of a new_group step's group
+                args.append(("group", _group_arg(s["group"])))
+            if "group_timeout" in s:
+                args.append(("group_timeout", float(s["group_timeout"])))
+            # A step's own reduce op (and premul factor) wins over the case's axis.
+            if "reduce_op" in s:
+                args.append(("reduce_op", s["reduce_op"]))
+            if "premul_factor" in s:
+                args.append(("premul_factor", self._premul(s["premul_factor"], env,
+                                                           (*path, "premul_factor"))))
+            asy = (s.get("async", bool(point.get("async", False)))
+                   or op.name in ops.ALWAYS_ASYNC)
+            rets = (step_returns.per_rank(self.case, s["returns"], ws, (*path, "returns"))
+                    if "returns" in s else None)
+            return Step("op", line, op=op.name, bufs=bufs, args=tuple(args),
+                        ranks=ranks, async_op=asy, handle=s.get("handle"),
+                        stream=s.get("stream", "current"), returns=rets,
+                        repeat=int(s.get("repeat", 1)),
+                        slices=bool(s.get("slices", False)),
+                        warns=s.get("warns"),
+                        register_work=bool(s.get("register_work", False)),
+                        **lifecycle.step_fields(s))
+        if "wait" in s:
+            wait_args: tuple[tuple[str, Any], ...] = (
+                (("thread", True),) if s.get("thread") else ())
+            if "timeout" in s:
+                wait_args = (*wait_args, ("timeout", float(s["timeout"])))
+            return Step("wait", line, ranks=ranks, waits=tuple(as_list(s["wait"])),
+                        args=wait_args, **lifecycle.step_fields(s))
+        if any(k in s for k in lifecycle.LIFECYCLE_ACTIONS):
+            kind = next(k for k in lifecycle.LIFECYCLE_ACTIONS if k in s)
+            group_args: tuple[tuple[str, Any], ...] = (
+                (("group", _group_arg(s["group"])),) if "group" in s else ())
+            if "group_timeout" in s:
+                group_args = (*group_args, ("group_timeout", float(s["group_timeout"])))
+            return Step(kind, line, ranks=ranks, args=group_args,
+                        value=float(s[kind]) if kind == "set_timeout" else None,
+                        **lifecycle.step_fields(s))
+        if "new_group" in s:
+            return named_groups.make_step(s, line, ranks, names)
+        if is_ordering_step(s):
+            return make_step(self.case, s, path[1], line, ranks, env)
+        if cudasteps.is_cuda_step(s):
+            inner = tuple(self._step(x, (*path, "steps", j), point, env)
+                          for j, x in enumerate(s.get("steps", ())))
+            return cudasteps.make_step(s, line, ranks, inner)
+        kind = next(k for k in ("sleep", "sync", "raise", "abort", "exit", "segfault")
+                    if k in s)
+        return Step(kind, line, ranks=ranks, value=s[kind])
 
     def _overrides(self) -> tuple[Override, ...]:
         out: list[Override] = []

@@ -92,21 +92,39 @@ def resolve(inst: Instance, torch_version: str) -> Instance:
             exp = replace(exp, kind="crashes", reason=reason)
         if "tolerance" in patch:
             tol = Tolerance.parse(patch["tolerance"])
-        if "expected" in patch and inst.shorthand:
-            out_name = inst.shorthand[1]
-            expected = tuple((n, _override_fill(patch["expected"]) if n == out_name else f)
-                             for n, f in expected)
+        if "expected" in patch:
+            expected = _patch_expected(inst, expected, patch["expected"])
     plan = inst.ordering
     if plan is not None:
         plan = replace(plan, known=tuple(sorted(known.items())))
     return replace(inst, expectation=exp, tolerance=tol, expected=expected, ordering=plan)
 
 
-def _override_fill(raw: Any) -> Fill:
+def _patch_expected(inst: Instance, expected: tuple[tuple[str, Fill], ...], raw: Any
+                    ) -> tuple[tuple[str, Fill], ...]:
+    """The expectation with an override's ``expected:`` applied.
+
+    The shorthand form's patch is the output buffer's fill; a program's maps tensor names to
+    fills (like its own ``expected:``), and replaces the named tensors' expectations only.
+    """
+    names = ("rank", "world_size", "i", "j", "k", *dict(inst.params))
+    if inst.shorthand:
+        out_name = inst.shorthand[1]
+        return tuple((n, _override_fill(raw, names) if n == out_name else f)
+                     for n, f in expected)
+    fills = {str(n): _override_fill(v, names) for n, v in raw.items()}
+    patched = tuple((n, fills.pop(n, f)) for n, f in expected)
+    return patched + tuple(fills.items())  # tensors the case left without an expectation
+
+
+def _override_fill(raw: Any, names: tuple[str, ...]) -> Fill:
     if isinstance(raw, str) and raw in KEYWORDS:
         return Fill(raw)  # type: ignore[arg-type]
+    if isinstance(raw, dict) and "generator" in raw:
+        params = {k: v for k, v in raw.items() if k != "generator"}
+        return Fill("generator", (raw["generator"], tuple(sorted(params.items()))))
     if isinstance(raw, dict):
-        return Fill("per_rank", {k: _override_fill(v) for k, v in raw.items()})
+        return Fill("per_rank", {k: _override_fill(v, names) for k, v in raw.items()})
     if isinstance(raw, str):
-        return Fill("expr", parse(raw, ("rank", "world_size", "i", "j", "k")))
+        return Fill("expr", parse(raw, names))
     return Fill("list", raw)

@@ -10,8 +10,12 @@ Steps a program may use to make the async contract visible (README "Ordering"):
   synchronize), compared at the end with EXP: ``stale`` (T's contents at program start),
   ``final`` (T's contents at program end), ``unspecified``, or a fill;
 - ``{future: H, tensor: T, as: NAME, expect: EXP}``: wait for ``get_future().then(cb)`` of
-  handle H, where ``cb`` snapshots T;
+  handle H, where ``cb`` snapshots T; ``{future: H, then: [{mul: 3}, {add: 1}], expect: EXP}``
+  chains callbacks from a fixed vocabulary (each maps every tensor of the value) and compares
+  the first tensor of the chain's value with EXP;
 - ``{wait: H, thread: true}``: call ``wait()`` from another thread;
+- ``{wait_tensor: T}``: ``torch.ops.c10d_functional.wait_tensor(T)``, which waits for the Work
+  an op with ``register_work: true`` registered under T (and does nothing for others);
 - ``{op: ..., stream: side}``: issue the op on a side CUDA stream that first waits for the
   current one (cases using it must say ``device: cuda``).
 """
@@ -25,11 +29,11 @@ from ..expr import Expr
 from ..model import Case, Fill, Step
 from .fields import KEYWORDS, check_expr, check_fill, parse_fill, suggest
 
-STEP_KINDS = ("delay_stream", "write", "read", "future")
+STEP_KINDS = ("delay_stream", "write", "read", "future", "wait_tensor")
 SNAPSHOT_KEYWORDS = ("stale", "final", "unspecified")
 OP_KEYS = ("tensor", "input", "output", "src", "dst", "tag", "group", "async", "handle",
            "reduce_op", "premul_factor", "root_rank", "root_tensor", "via", "options",
-           "omit")
+           "omit", "register_work")
 # Keys that belong to some step kinds only; anything else is a mistake worth naming.
 ONLY_WITH: dict[str, tuple[str, ...]] = {
     "value": ("write",), "delay": ("write",), "expect": ("read", "future"),
@@ -42,6 +46,7 @@ ONLY_WITH["group"] = ("op", "set_timeout", "destroy")
 ONLY_WITH.update({"group_timeout": ("op", "set_timeout", "destroy"),
                   "raises": ("op", "wait", "set_timeout", "destroy"),
                   "blocks_until_all": ("op",)})
+ONLY_WITH.update({"steps": ("capture",), "times": ("replay",), "then": ("future",)})
 
 
 def is_ordering_step(raw: dict[str, Any]) -> bool:
@@ -104,13 +109,15 @@ def check_step(case: Case, path: tuple[Any, ...], step: dict[str, Any], action: 
                 check_fill(case, (*path, "value"), step["value"], False)
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
-    elif action == "read":
-        _tensor(case, path, "read", step["read"], tensors, errs)
+    elif action in ("read", "wait_tensor"):
+        _tensor(case, path, action, step[action], tensors, errs)
     elif action == "future":
         if step["future"] not in handles:
             errs.append(case.error((*path, "future"), f"no earlier step has handle "
                                    f"{step['future']!r}", "give the async op 'handle: NAME'"))
-        if "tensor" in step:
+        if "then" in step:
+            errs.extend(_check_then(case, path, step))
+        elif "tensor" in step:
             _tensor(case, path, "tensor", step["tensor"], tensors, errs)
         elif "expect" in step:
             errs.append(case.error(path, "'expect' on a future step needs 'tensor: NAME'",
@@ -118,6 +125,28 @@ def check_step(case: Case, path: tuple[Any, ...], step: dict[str, Any], action: 
     if "expect" in step and action in ("read", "future"):
         _check_expect(case, (*path, "expect"), step["expect"], errs)
     return errs
+
+
+def _check_then(case: Case, path: tuple[Any, ...], step: dict[str, Any]
+                ) -> list[CaseFileError]:
+    """A chained future states the chain's value: no tensor, an expectation that is a fill."""
+    errs: list[CaseFileError] = []
+    if "tensor" in step:
+        errs.append(case.error((*path, "tensor"), "a future step with 'then' checks the "
+                               "value the chain returns, not a tensor", "drop 'tensor'"))
+    if "expect" not in step:
+        errs.append(case.error(path, "a future step with 'then' needs 'expect: FILL' (the "
+                               "chain's value)", "e.g. expect: \"2 * world_size * 3 + 1\""))
+    for key in _snapshot_keywords(step.get("expect")):
+        errs.append(case.error((*path, "expect"), f"{key!r} refers to a tensor; the chain's "
+                               "value has none", "give a list, a number or an expression"))
+    return errs
+
+
+def _snapshot_keywords(value: Any) -> list[str]:
+    if isinstance(value, dict) and "generator" not in value:
+        return [k for v in value.values() for k in _snapshot_keywords(v)]
+    return [value] if value in ("stale", "final") else []
 
 
 def parse_expect(case: Case, raw: Any) -> Fill | None:
@@ -156,6 +185,8 @@ def make_step(case: Case, raw: dict[str, Any], idx: int, line: int,
     needed = _running_ranks(ranks, env)
     if "delay_stream" in raw:
         return Step("delay_stream", line, ranks=ranks, value=float(raw["delay_stream"]))
+    if "wait_tensor" in raw:
+        return Step("wait_tensor", line, ranks=ranks, bufs=(("tensor", raw["wait_tensor"]),))
     if "write" in raw:
         fill = parse_fill(case, raw["value"])
         _cover(case, (*path, "value"), fill, needed)
@@ -168,5 +199,8 @@ def make_step(case: Case, raw: dict[str, Any], idx: int, line: int,
                     handle=raw.get("as") or f"{raw['read']}@step{idx}", value=expect)
     handle = raw["future"]
     bufs = (("tensor", raw["tensor"]),) if "tensor" in raw else ()
+    # ``then``: callbacks chained on the future, as (name, number) pairs of a fixed vocabulary.
+    then = tuple(next(iter(t.items())) for t in raw.get("then", ()))
     return Step("future", line, ranks=ranks, waits=(handle,), bufs=bufs,
+                args=(("then", then),) if then else (),
                 handle=raw.get("as") or f"{handle}.future@step{idx}", value=expect)

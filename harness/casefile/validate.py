@@ -20,6 +20,7 @@ from ..model import Case
 from . import (
     addressing,
     caseenv,
+    cudasteps,
     entries,
     groups,
     lifecycle,
@@ -39,8 +40,9 @@ PYTEST_MARKS = ("skip", "skipif", "xfail", "usefixtures", "parametrize", "filter
                 "tryfirst", "trylast", "timeout", "flaky", "forked", "order", "run",
                 "dependency", "no_cover", "asyncio", "anyio", "django_db", "collective")
 OVERRIDE_NAMES = ("rank", "world_size", "i")  # what overrides.resolve gives an expression
-STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future", "raise",
-                "abort", "exit", "segfault", "new_group", *lifecycle.LIFECYCLE_ACTIONS)
+STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future",
+                "wait_tensor", "raise", "abort", "exit", "segfault", "new_group",
+                *lifecycle.LIFECYCLE_ACTIONS, *cudasteps.CUDA_STEPS)
 # Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
 STEP_OP_ARGS = ("form", "inplace", "splits", "timeout", "wait_all_ranks", *pgargs.KEYS)
 
@@ -346,7 +348,7 @@ def check_safety(case: Case) -> list[CaseFileError]:
                 errs.append(case.error((*path, key), f"tolerance {key} must be finite, got "
                                        f"{value!r}", "an infinite tolerance accepts any value"))
     for i, o in enumerate(raw.get("overrides", [])):
-        if isinstance(o, dict) and "expected" in o:
+        if isinstance(o, dict) and "expected" in o and "steps" not in raw:
             errs.extend(_override_exprs(case, ("overrides", i, "expected"), o["expected"]))
     timeout = raw.get("args", {}).get("timeout") if isinstance(raw.get("args"), dict) else None
     if isinstance(timeout, float) and not math.isfinite(timeout):
@@ -382,8 +384,8 @@ def check_steps(case: Case) -> None:
                     errs.extend(exc.errors)
     handles: set[str] = set()
     errs.extend(groups.check(case, raw["steps"]))
-    for idx, step in enumerate(raw["steps"]):
-        path: Path = ("steps", idx)
+    errs.extend(cudasteps.check_program(case, STEP_ACTIONS))
+    for path, step in cudasteps.walk(raw["steps"]):
         actions = [a for a in STEP_ACTIONS if a in step]
         if len(actions) != 1:
             errs.append(case.error(path, "a step needs exactly one of: " + ", ".join(STEP_ACTIONS)))
@@ -495,19 +497,23 @@ def check_steps(case: Case) -> None:
                 errs.append(case.error(path, f"{op.name} needs '{req}:'"))
         if "handle" in step:
             handles.add(step["handle"])
-    expected = raw.get("expected", {})
-    if not isinstance(expected, dict) or "generator" in expected:
-        errs.append(case.error(("expected",), "with 'steps', expected maps tensor names to values",
-                               "e.g. expected: {out: {0: [1, 2], 1: [3, 4]}}"))
-    else:
+    sources: list[tuple[Path, Any]] = [(("expected",), raw.get("expected", {}))]
+    sources += [(("overrides", i, "expected"), o["expected"])
+                for i, o in enumerate(raw.get("overrides", []))
+                if isinstance(o, dict) and "expected" in o]
+    for epath, expected in sources:  # an override's expected: has the program's form too
+        if not isinstance(expected, dict) or "generator" in expected:
+            errs.append(case.error(epath, "with 'steps', expected maps tensor names to values",
+                                   "e.g. expected: {out: {0: [1, 2], 1: [3, 4]}}"))
+            continue
         for tname, fill in expected.items():
             if tname not in tensors:
-                errs.append(case.error(("expected", tname), f"unknown tensor {tname!r}",
+                errs.append(case.error((*epath, tname), f"unknown tensor {tname!r}",
                                        suggest(str(tname), tuple(tensors))))
                 continue
             try:
                 (opargs.check_object_fill if tname in object_tensors else check_fill)(
-                    case, ("expected", tname), fill, True)
+                    case, (*epath, tname), fill, True)
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
     if errs:

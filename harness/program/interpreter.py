@@ -34,11 +34,13 @@ from ..model import (
     TensorCheck,
     TensorSpec,
     Tolerance,
+    flat_steps,
     tensor_list,
     tensor_names,
 )
 from . import groups as group_steps
 from . import lifecycle, objects, stepchecks, tensors
+from .graphs import Graphs
 from .timeline import STEP_KINDS, ProgramState
 
 REDUCE_OPS = {
@@ -141,7 +143,7 @@ def prepare_groups(inst: Instance, renv: RankEnv) -> None:
     ``new_group`` is collective over the whole world, so non-members must call it too, and in
     the same order; caching per pool keeps later instances from creating it again.
     """
-    for step in inst.steps:
+    for step in flat_steps(inst.steps):  # a captured op's group must exist before capture
         args = dict(step.args)
         group = args.get("group")
         if group is not None and not isinstance(group, str):  # named ones: new_group steps
@@ -246,6 +248,7 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         state = ProgramState(inst, renv.rank, renv.world_size, renv.device, t0,
                                            env, bufs, before, written)
         clock = lifecycle.Clock(inst)
+        graphs = Graphs(renv.device)
         for step_idx, step in enumerate(inst.steps):
             if renv.progress is not None:
                 renv.progress[1] = step_idx
@@ -262,7 +265,7 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                     catcher: Any = (warnings.catch_warnings(record=True)
                                     if step.warns is not None else contextlib.nullcontext([]))
                     clock.enter(step_idx)
-                    with state.stream(step), catcher as caught:
+                    with state.stream(step), _registering(step), catcher as caught:
                         if step.warns is not None:
                             warnings.simplefilter("always")  # even if it warned before
                         work = (call_op(inst, step, renv, env, bufs, written, returned)
@@ -295,6 +298,10 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                     ev.t_return = time.perf_counter() - t0
                 elif step.kind in STEP_KINDS:
                     state.run(step, step_idx)
+                    ev.t_return = time.perf_counter() - t0
+                elif step.kind in CUDA_KINDS:
+                    state.touching(list(bufs))  # a capture or replay may write any of them
+                    _cuda_step(inst, step, renv, env, bufs, written, graphs, state, handles)
                     ev.t_return = time.perf_counter() - t0
                 elif step.kind in ("set_timeout", "destroy"):
                     _lifecycle_step(step, renv)
@@ -459,6 +466,51 @@ def _lifecycle_step(step: Step, renv: RankEnv) -> None:
                               float(step.value))
     else:
         lifecycle.destroy(group)
+
+
+CUDA_KINDS = ("capture", "replay", "block_current_stream", "wait_stream")
+
+
+def _registering(step: Step) -> Any:
+    """``register_work: true``: the call's Work is registered under its tensors, where
+    ``torch.ops.c10d_functional.wait_tensor`` finds it."""
+    if not step.register_work:
+        return contextlib.nullcontext()
+    from torch.distributed import _functional_collectives as funcol
+
+    return funcol.allow_inflight_collective_as_graph_input_ctx()
+
+
+def _cuda_step(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
+               bufs: dict[str, Any], written: set[str], graphs: Graphs, state: ProgramState,
+               handles: dict[str, tuple[Any, StepEvent]]) -> None:
+    """One CUDA-only step (see :mod:`harness.program.graphs`)."""
+    if step.kind == "replay":
+        graphs.replay(step)
+    elif step.kind == "wait_stream":
+        graphs.wait_stream(step, state.side)
+    elif step.kind == "block_current_stream":
+        graphs.block_current_stream(step, handles.get(step.waits[0], (None, None))[0])
+    else:
+
+        def run_inner(inner: Step, works: dict[str, Any]) -> None:
+            # No timeline facts inside a capture: is_completed() queries events, which a
+            # capture forbids; the captured works are waited (recorded) right here.
+            if not in_ranks(inner, renv.rank, renv.world_size, env):
+                return
+            if inner.kind == "wait":
+                for h in inner.waits:
+                    if h in works:
+                        works.pop(h).wait()
+                return
+            work = (call_op(inst, inner, renv, env, bufs, written) if inner.repeat == 1 else
+                    _repeated(inst, inner, renv, env, bufs, written, {}))
+            if work is not None and inner.handle:
+                works[inner.handle] = work
+            elif work is not None:
+                work.wait()
+
+        graphs.capture(step, run_inner)
 
 
 def _special(step: Step) -> None:

@@ -11,6 +11,7 @@ snapshots that the parent judges (:mod:`harness.ordering.verdicts`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ import torch
 from ..model import Instance, Step, StepEvent, TensorCheck
 from . import tensors
 
-STEP_KINDS = frozenset({"delay_stream", "write", "read", "future"})
+STEP_KINDS = frozenset({"delay_stream", "write", "read", "future", "wait_tensor"})
 SETTLE_MIN_S = 0.25  # shortest settle poll on CPU (see harness.ordering.probes)
 POLL_S = 0.0005
 CALIBRATION_CYCLES = 2_000_000
@@ -51,6 +52,15 @@ def _sleep_cycles_per_s() -> float:
             rates.append(CALIBRATION_CYCLES / max(start.elapsed_time(end), 1e-3) * 1000.0)
         _cycles_per_s = sorted(rates)[1]
     return _cycles_per_s
+
+
+def _transform(how: str, by: Any, fut: Any) -> Any:
+    """One callback of a ``then`` chain: every tensor of the future's value times/plus ``by``
+    (a fixed vocabulary: nothing from the case file is evaluated)."""
+    value = fut.value()
+    if isinstance(value, list | tuple):
+        return [t * by if how == "mul" else t + by for t in value]
+    return value * by if how == "mul" else value + by
 
 
 class Device:
@@ -107,6 +117,11 @@ class ProgramState:
         self._side: Any = None
         # Receive buffers snapshotted when a p2p Work said is_completed() at return, by event.
         self.early: dict[int, tuple[StepEvent, dict[str, torch.Tensor]]] = {}
+
+    @property
+    def side(self) -> Any:
+        """The side CUDA stream ops with ``stream: side`` ran on (None before the first)."""
+        return self._side
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -204,6 +219,11 @@ class ProgramState:
             self.snaps.append((step, index, self.bufs[step.bufs[0][1]].detach().clone()))
         elif step.kind == "future":
             self._future(step, index)
+        elif step.kind == "wait_tensor":
+            # Importing the module registers the c10d_functional op namespace.
+            import torch.distributed._functional_collectives
+
+            torch.ops.c10d_functional.wait_tensor(self.bufs[step.bufs[0][1]])
 
     def _future(self, step: Step, index: int) -> None:
         handle = step.waits[0]
@@ -213,6 +233,10 @@ class ProgramState:
         name = step.bufs[0][1] if step.bufs else None
         rec: dict[str, Any] = {"handle": handle, "step": index, "callback_ran": False,
                                "t_callback": None, "completed_in_callback": None}
+        then = dict(step.args).get("then")
+        if then:
+            self._chain(step, index, work, then, rec)
+            return
         box: dict[str, torch.Tensor] = {}
 
         def callback(fut: Any) -> bool:
@@ -229,11 +253,28 @@ class ProgramState:
             self.snaps.append((step, index, box["snap"]))
         self.futures.append(rec)
 
+    def _chain(self, step: Step, index: int, work: Any, then: tuple[tuple[str, Any], ...],
+               rec: dict[str, Any]) -> None:
+        """``get_future().then(f1).then(f2)...wait()``; the value's first tensor is kept as
+        the step's snapshot (upstream compares ``res[0]``)."""
+        fut = work.get_future()
+        for how, by in then:
+            fut = fut.then(functools.partial(_transform, how, by))
+        value = fut.wait()
+        rec["t_callback"] = round(self.now(), 6)
+        rec["callback_ran"] = True
+        first = value[0] if isinstance(value, list | tuple) and value else value
+        if not isinstance(first, torch.Tensor):
+            raise RuntimeError(f"the future chain of {step.waits[0]!r} returned "
+                               f"{type(value).__name__}, not tensors")
+        self.snaps.append((step, index, first.detach().clone()))
+        self.futures.append(rec)
+
     def results(self) -> dict[str, Any]:
         """Snapshot comparisons and future facts (call after the final synchronize)."""
         reads: list[dict[str, Any]] = []
         for step, index, snap in self.snaps:
-            tname = step.bufs[0][1]
+            tname = step.bufs[0][1] if step.bufs else f"value of {step.waits[0]}"
             fill = step.value.for_rank(self.rank) if step.value is not None else None
             entry: dict[str, Any] = {"name": step.handle, "tensor": tname, "step": index,
                                      "kind": step.kind, "expect": None,

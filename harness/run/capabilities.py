@@ -17,9 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import ops
-from ..model import Instance
+from ..model import Instance, flat_steps
 
 BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
+# Steps that only mean something on a GPU (README "CUDA steps").
+CUDA_STEP_KINDS = ("capture", "replay", "wait_stream", "block_current_stream")
+# Backends whose collectives a CUDA graph cannot record: Gloo runs them on host threads
+# (copying CUDA tensors through the host), which a stream capture cannot contain.
+NO_GRAPH_CAPTURE = ("gloo",)
 
 
 @dataclass
@@ -68,6 +73,11 @@ class Capabilities:
             return ""
         missing = next((k for k in wanted if k not in params), "")
         return f"{fn_name} parameter {missing!r}" if missing else ""
+    @staticmethod
+    def _cuda_steps(inst: Instance) -> list[str]:
+        """The CUDA-only step kinds ``inst`` uses (``stream: side`` ops need ``device:
+        cuda``, which the device check below covers)."""
+        return sorted({s.kind for s in inst.steps if s.kind in CUDA_STEP_KINDS})
 
     def skip_reason(self, inst: Instance, local_rank: int | None = None) -> str:
         """Why ``inst`` cannot run here, or "" if it can.
@@ -84,6 +94,13 @@ class Capabilities:
         if backend not in BUILTIN_BACKENDS and not _registered(self.dist, backend):
             return (f"backend {backend!r} is not registered; pass --backend-module MODULE that "
                     "calls torch.distributed.Backend.register_backend")
+        cuda_only = self._cuda_steps(inst)
+        if cuda_only and self.cuda_devices == 0:
+            return (f"needs a CUDA device ({', '.join(cuda_only)}); there is none on this "
+                    "machine")
+        if "capture" in cuda_only and backend in NO_GRAPH_CAPTURE:
+            return (f"{backend} cannot record collectives in a CUDA graph (it runs them on "
+                    "host threads; graph capture is an NCCL feature)")
         if inst.device == "cuda":
             if self.cuda_devices == 0:
                 return "no CUDA device on this machine"
@@ -103,7 +120,7 @@ class Capabilities:
             # one for the whole run (a pg_timeout case would hang instead of timing out).
             return ("'env:' and 'pg_timeout:' are set before the process group starts; "
                     "external-ranks mode runs every instance on the launcher's one group")
-        for step in inst.steps:
+        for step in flat_steps(inst.steps):
             if (step.kind == "destroy" and local_rank is not None
                     and dict(step.args).get("group") is None):
                 return ("destroys the default process group, which external-ranks mode runs "
@@ -130,6 +147,11 @@ class Capabilities:
             if missing:
                 return (f"torch {self.torch_version}'s {op.torch_name or op.name} has no "
                         f"{missing} parameter (group-local addressing)")
+        if any(s.kind == "wait_tensor" or s.register_work for s in flat_steps(inst.steps)):
+            funcol = _functional_collectives()
+            if not hasattr(funcol, "allow_inflight_collective_as_graph_input_ctx"):
+                return (f"torch {self.torch_version} has no allow_inflight_collective_as_"
+                        "graph_input_ctx (register_work / wait_tensor)")
         if inst.reduce_op == "premul_sum" and not hasattr(self.dist, "_make_nccl_premul_sum"):
             return f"torch {self.torch_version} has no PREMUL_SUM"
         return ""
@@ -145,6 +167,14 @@ class Capabilities:
             "nccl_version": self.nccl_version,
             "gloo_available": bool(self.dist.is_gloo_available()),
         }
+
+
+def _functional_collectives() -> Any:
+    """torch.distributed._functional_collectives, or None where torch lacks it."""
+    try:
+        return importlib.import_module("torch.distributed._functional_collectives")
+    except ImportError:
+        return None
 
 
 def _registered(dist: Any, backend: str) -> bool:

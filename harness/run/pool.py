@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import ops
-from ..model import Instance, PoolRun, RankState
+from ..model import Instance, PoolRun, RankState, flat_steps
 from .rank import STACK_SIGNAL, RankConfig, decode, encode, rank_main
 
 FAIL_FAST_GRACE_S = 2.0
@@ -529,7 +529,7 @@ def reuse_blockers(inst: Instance, run: PoolRun) -> list[str]:
     left = sorted(r.rank for r in raised if r.in_flight)
     if left:
         why.append(f"rank(s) {left} raised with async work in flight")
-    for step in inst.steps:
+    for step in flat_steps(inst.steps):
         if step.kind != "op" or step.op is None:
             continue
         if step.op in ops.ALL_OPS and ops.get(step.op).point_to_point:

@@ -26,7 +26,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..model import Instance
+from ..model import Instance, flat_steps
 
 # Why an instance runs alone (the round's ``alone`` value).
 ALONE_GROUPS = "subgroups"  # its program creates subgroups: every rank calls new_group
@@ -64,7 +64,7 @@ def alone_reason(inst: Instance) -> str:
     """Why ``inst`` must have the launched world to itself, or ""."""
     if inst.isolate or inst.expectation.kind in ("hangs", "crashes"):
         return ALONE_RESTART
-    if any(dict(s.args).get("group") is not None for s in inst.steps):
+    if any(dict(s.args).get("group") is not None for s in flat_steps(inst.steps)):
         return ALONE_GROUPS
     # An omitted root is torch's default, global rank 0: the instance's rank 0 only in a
     # block that starts there.
