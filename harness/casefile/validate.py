@@ -17,7 +17,7 @@ import jsonschema
 from .. import dtypes, expr, ops
 from ..errors import CaseFileError, CaseFileErrors, ExprError, quote
 from ..model import Case
-from . import addressing, caseenv, entries, opargs, patterns, pgargs, repeat, returns
+from . import addressing, caseenv, entries, opargs, patterns, pgargs, repeat, returns, sparse
 from .fields import KEYWORDS, as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
@@ -264,6 +264,7 @@ def check_case(case: Case) -> None:
                                            f"{key!r}", suggest(key, (*op.args, "group"))))
     guard(entries.check_case, case)
     errs.extend(caseenv.check(case))
+    errs.extend(sparse.check_case(case))
     if has_steps:
         guard(check_steps, case)
     errs.extend(check_safety(case))

@@ -175,6 +175,10 @@ def build_buffers(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> dict[st
     dev = _device(renv)
     for spec in inst.tensors:
         t = _materialize(inst, spec, renv.rank, renv.world_size, env)
+        if spec.sparse is not None:
+            bufs[spec.name] = tensors.to_sparse(t.to(dev), spec.sparse.sparse_dim,
+                                                spec.sparse.uncoalesced)
+            continue
         bufs[spec.name] = (t if spec.dtype == "object" else
                            tensors.with_layout(t.to(dev), spec.layout))
     return bufs
@@ -494,6 +498,10 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
                 tol = Tolerance(*slack) if slack else None
             checks.append(tensors.compare(spec.name, got, exp.to(got.dtype), how, tol, bound,
                                           tol_text))
+            if spec.sparse is not None and got.layout != torch.sparse_coo:
+                checks[-1].ok = False  # the op must keep the buffer a sparse tensor
+                checks[-1].note = (f"declared sparse_coo, came back {got.layout}; "
+                                   + checks[-1].note).rstrip("; ")
     return checks
 
 
