@@ -71,7 +71,8 @@ def check_case(case: Case) -> list[CaseFileError]:
             continue
         for role in step_op.roles:
             tname = step.get(role.name)
-            if isinstance(tname, str) and role.form != "tensor" and tname in sparse:
+            if (isinstance(tname, str) and role.form in ("list", "nested") and tname in sparse
+                    and raw["tensors"][tname].get("dtype") != "object"):
                 errs.append(case.error(
                     ("steps", idx, role.name), f"{step_op.name}'s {role.name!r} buffer is a "
                     f"list, and the sparse tensor {tname!r} cannot be split into entries",

@@ -71,7 +71,8 @@ def to_sparse(t: torch.Tensor, sparse_dim: int | None, uncoalesced: bool) -> tor
         first = torch.div(vals, 2, rounding_mode="floor")
         second = vals - first
     return torch.sparse_coo_tensor(torch.cat([idx, idx], 1), torch.cat([first, second]),
-                                   t.shape, dtype=t.dtype, device=t.device)
+                                   t.shape, dtype=t.dtype, device=t.device,
+                                   check_invariants=True)
 
 
 def _bits_view(t: torch.Tensor) -> torch.Tensor:
