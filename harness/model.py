@@ -150,8 +150,8 @@ class Step:
     def describe(self) -> str:
         if self.kind == "op":
             return f"{self.op}(" + ", ".join(f"{k}={v}" for k, v in self.bufs) + ")"
-        if self.kind == "wait":
-            return "wait(" + ", ".join(self.waits) + ")"
+        if self.kind in ("wait", "work_state"):
+            return f"{self.kind}(" + ", ".join(self.waits) + ")"
         if self.kind in ("write", "read", "future"):
             what = ", ".join((*self.waits, *(t for _, t in self.bufs)))
             return f"{self.kind}({what})"

@@ -33,6 +33,7 @@ from . import entries as list_entries
 from . import repeat as step_repeat
 from . import returns as step_returns
 from . import sparse as sparse_layout
+from . import workstate as work_state
 from .bounds import check_instance
 from .fields import as_list, expr_names, parse_fill
 from .limits import Limits
@@ -210,7 +211,8 @@ class _Expander:
             tensors=tensors, steps=steps, expected=expected, shorthand=shorthand,
             tolerance=Tolerance.parse(tol), expectation=expectation,
             overrides=self._overrides(), deadline=raw.get("deadline"),
-            isolate=bool(raw.get("isolate") or raw.get("hangs") or raw.get("crashes")),
+            isolate=bool(raw.get("isolate") or raw.get("hangs") or raw.get("crashes")
+                         or work_state.isolates(raw)),
             marks=tuple(dict.fromkeys(marks)),
             premul_factor=self._premul(raw.get("args", {}).get("premul_factor", 2.0), env,
                                        ("args", "premul_factor")),
@@ -550,8 +552,12 @@ class _Expander:
                     (("thread", True),) if s.get("thread") else ())
                 if "timeout" in s:
                     wait_args = (*wait_args, ("timeout", float(s["timeout"])))
+                if "fails" in s:
+                    wait_args = (*wait_args, ("fails", s["fails"]))
                 steps.append(Step("wait", line, ranks=ranks, waits=tuple(as_list(s["wait"])),
                                   args=wait_args))
+            elif "work_state" in s:
+                steps.append(work_state.make_step(s, line, ranks))
             elif is_ordering_step(s):
                 steps.append(make_step(self.case, s, idx, line, ranks, env))
             else:

@@ -17,7 +17,18 @@ import jsonschema
 from .. import dtypes, expr, ops
 from ..errors import CaseFileError, CaseFileErrors, ExprError, quote
 from ..model import Case
-from . import addressing, caseenv, entries, opargs, patterns, pgargs, repeat, returns, sparse
+from . import (
+    addressing,
+    caseenv,
+    entries,
+    opargs,
+    patterns,
+    pgargs,
+    repeat,
+    returns,
+    sparse,
+    workstate,
+)
 from .fields import KEYWORDS, as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .steps import check_step
@@ -29,7 +40,7 @@ PYTEST_MARKS = ("skip", "skipif", "xfail", "usefixtures", "parametrize", "filter
                 "dependency", "no_cover", "asyncio", "anyio", "django_db", "collective")
 OVERRIDE_NAMES = ("rank", "world_size", "i")  # what overrides.resolve gives an expression
 STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future", "raise",
-                "abort", "exit", "segfault")
+                "abort", "exit", "segfault", "work_state")
 # Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
 STEP_OP_ARGS = ("form", "inplace", "splits", "timeout", "wait_all_ranks", *pgargs.KEYS)
 
@@ -379,6 +390,7 @@ def check_steps(case: Case) -> None:
         errs.extend(check_step(case, path, step, action, tensors, handles))
         errs.extend(returns.check(case, path, step))
         errs.extend(returns.check_warns(case, path, step))
+        errs.extend(workstate.check(case, path, step, action, handles))
         step_op = ops.ALL_OPS.get(step.get("op", ""))
         errs.extend(repeat.check(case, path, step, action, tensors,
                                  tuple(r.name for r in step_op.roles) if step_op else ()))

@@ -226,6 +226,8 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         before = {n: _snapshot(t) for n, t in bufs.items()}
         written: set[str] = set()
         rets: list[tuple[int, Step, dict[str, Any]]] = []
+        waited: dict[str, Any] = {}  # handle -> its Work, once waited (work_state steps)
+        late: list[TensorCheck] = []  # checks of failing waits and Work states, in order
         state = ProgramState(inst, renv.rank, renv.world_size, renv.device, t0,
                                            env, bufs, before, written)
         for step_idx, step in enumerate(inst.steps):
@@ -258,13 +260,30 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                     else:
                         state.wait(work, ev)
             elif step.kind == "wait":
-                timeout = dict(step.args).get("timeout")
+                wargs = dict(step.args)
                 for h in step.waits:
-                    if h in handles:
-                        work, wev = handles.pop(h)
-                        if timeout is not None:  # raises if the work misses the bound
-                            work.wait(datetime.timedelta(seconds=float(timeout)))
-                        state.wait(work, wev, thread=bool(dict(step.args).get("thread")))
+                    entry = handles.pop(h, None)
+                    if entry is not None:
+                        waited[h] = entry[0]
+                    if "fails" not in wargs:
+                        if entry is not None:
+                            _wait(state, *entry, wargs)
+                        continue
+                    # ``fails:``: the wait must raise; the error is the observation, and the
+                    # program goes on (the work's state may be checked next).
+                    raised = None
+                    try:
+                        if entry is not None:
+                            _wait(state, *entry, wargs)
+                    except Exception as exc:
+                        raised = f"{type(exc).__name__}: {exc}"
+                    late.append(stepchecks.check_fails(step_idx, step, h, entry is not None,
+                                                       raised))
+                ev.t_return = time.perf_counter() - t0
+            elif step.kind == "work_state":
+                h = step.waits[0]
+                late.append(stepchecks.check_work_state(
+                    step_idx, step, waited.get(h, handles.get(h, (None, None))[0])))
                 ev.t_return = time.perf_counter() - t0
             elif step.kind in STEP_KINDS:
                 state.run(step, step_idx)
@@ -287,6 +306,7 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                        if step.returns is not None and step.returns[renv.rank] is not None]
         res.checks += [stepchecks.check_warns(i, step, got) for i, step, got in rets
                        if step.warns is not None]
+        res.checks += late
         if timer is not None and inst.perf is not None:
             try:
                 res.perf = timer(inst, renv, env, bufs, all(c.ok for c in res.checks))
@@ -303,6 +323,13 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         res.in_flight = len(handles)  # the parent does not reuse a pool with work in flight
     res.duration = time.perf_counter() - t0
     return res
+
+
+def _wait(state: ProgramState, work: Any, ev: StepEvent, wargs: dict[str, Any]) -> None:
+    timeout = wargs.get("timeout")
+    if timeout is not None:  # raises if the work misses the bound
+        work.wait(datetime.timedelta(seconds=float(timeout)))
+    state.wait(work, ev, thread=bool(wargs.get("thread")))
 
 
 def receive_buffers(step: Step) -> list[str]:
