@@ -194,3 +194,38 @@ def test_gloo_sums_sparse_tensors_and_a_wrong_expectation_fails(
     assert bad["outcome"] == "failed"
     # ranks 0 and 1 contribute 1 at index 0, rank 1 at index 1: index 0 holds 2, not 1
     assert "2" in bad["message"] and "tensor" in bad["message"]
+
+
+def test_the_byte_limit_counts_indices_and_duplicates() -> None:
+    from harness.casefile import sparse
+    from harness.casefile.limits import Limits
+    from harness.model import SparseSpec
+
+    # int8 [4, 4, 4], every dim sparse, uncoalesced: 64 dense bytes + 128 values + 128 entries
+    # x 3 indices x 8 bytes.
+    assert sparse.bytes_bound((4, 4, 4), 1, SparseSpec(None, True)) == 64 + 128 + 128 * 24
+    assert sparse.bytes_bound((4, 4, 4), 1, SparseSpec(1, False)) == 64 + 64 + 4 * 8
+    text = """
+    cases:
+      - name: s
+        op: all_reduce
+        world_size: 2
+        dtype: int8
+        layout: {layout}
+        sparse: {{uncoalesced: true}}
+        shape: [4, 4, 4]
+        input: 1
+    """
+    limits = Limits(buffer_bytes=1024)
+    doc = yamlload.load_text(textwrap.dedent(text.format(layout="[sparse_coo]")),
+                             "cases/x.yaml")
+    (case,) = validate.load_cases(doc)
+    with pytest.raises(CaseFileError) as info:
+        expand.expand(case, "gloo", limits)
+    assert ("buffer 'tensor' of shape [4, 4, 4] (int8, sparse_coo: dense fill and indices) "
+            "takes up to 3264 bytes per rank; the limit is 1024") in str(info.value)
+    # The same buffer dense is well inside the limit.
+    dense = validate.load_cases(yamlload.load_text(textwrap.dedent(
+        text.format(layout="contiguous").replace("        sparse: {uncoalesced: true}\n", "")),
+        "cases/x.yaml"))
+    assert expand.expand(dense[0], "gloo", limits)

@@ -9,6 +9,7 @@ Runs in the pytest process: no torch.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .. import ops
@@ -96,3 +97,15 @@ def spec(case: Case, path: Path, raw: dict[str, Any], layout: str,
                              f"{list(shape)}", f"give 1..{len(shape)}" if shape else
                              "a 0-dim buffer takes no sparse_dim")
     return SparseSpec(dim, bool(conf.get("uncoalesced", False)))
+
+
+def bytes_bound(shape: tuple[int, ...], itemsize: int, sp: SparseSpec) -> int:
+    """The most bytes a sparse buffer of ``shape`` can take on a rank: the dense fill it is
+    built from, plus the COO tensor if every element is non-zero (int64 indices per stored
+    entry, twice the entries when ``uncoalesced``). Index overhead can make this many times
+    the dense size (a fully sparse 3-d int8 buffer: 1 + 2 x (3 x 8 + 1) bytes per element)."""
+    numel = math.prod(shape)
+    sd = len(shape) if sp.sparse_dim is None else sp.sparse_dim
+    entries = math.prod(shape[:sd]) * (2 if sp.uncoalesced else 1)
+    values = numel * itemsize * (2 if sp.uncoalesced else 1)
+    return numel * itemsize + values + entries * max(sd, 1) * 8
