@@ -229,3 +229,33 @@ def test_the_byte_limit_counts_indices_and_duplicates() -> None:
         text.format(layout="contiguous").replace("        sparse: {uncoalesced: true}\n", "")),
         "cases/x.yaml"))
     assert expand.expand(dense[0], "gloo", limits)
+
+
+def test_future_result_snapshots_the_futures_one_tensor() -> None:
+    from harness.program.timeline import future_tensor
+
+    t = torch.ones(2)
+    assert future_tensor([t]) is t and future_tensor(t) is t
+    with pytest.raises(RuntimeError, match="the future's value is a list of 2; 'result: true' "
+                       "needs one tensor"):
+        future_tensor([t, t])
+    with pytest.raises(RuntimeError, match="is a NoneType"):
+        future_tensor(None)
+
+
+@pytest.mark.parametrize(("step", "where", "message"), [
+    ("{read: d, result: true}", "10:27", "'result' does not apply to a read step"),
+    ("{future: h, result: true}", "10:9", "'result' on a future step needs 'tensor: NAME'"),
+])
+def test_bad_future_result_is_reported_at_its_position(step: str, where: str,
+                                                      message: str) -> None:
+    text = error_text(PROGRAM.format(step="{op: all_reduce, tensor: s, async: true, handle: h}"
+                                     "\n      - " + step))
+    assert f"cases/x.yaml:{where}:" in text and message in text, text
+
+
+def test_future_result_reaches_the_step() -> None:
+    (inst,) = instances(PROGRAM.format(
+        step="{op: all_reduce, tensor: s, async: true, handle: h}\n"
+             "      - {future: h, tensor: s, result: true, expect: final}"))
+    assert dict(inst.steps[1].args) == {"result": True}

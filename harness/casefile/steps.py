@@ -10,7 +10,8 @@ Steps a program may use to make the async contract visible (README "Ordering"):
   synchronize), compared at the end with EXP: ``stale`` (T's contents at program start),
   ``final`` (T's contents at program end), ``unspecified``, or a fill;
 - ``{future: H, tensor: T, as: NAME, expect: EXP}``: wait for ``get_future().then(cb)`` of
-  handle H, where ``cb`` snapshots T;
+  handle H, where ``cb`` snapshots T (with ``result: true``: the future's value, its one
+  tensor, which must hold T's result);
 - ``{wait: H, thread: true}``: call ``wait()`` from another thread;
 - ``{op: ..., stream: side}``: issue the op on a side CUDA stream that first waits for the
   current one (cases using it must say ``device: cuda``).
@@ -32,7 +33,7 @@ OP_KEYS = ("tensor", "input", "output", "src", "dst", "tag", "group", "async", "
 # Keys that belong to some step kinds only; anything else is a mistake worth naming.
 ONLY_WITH: dict[str, tuple[str, ...]] = {
     "value": ("write",), "delay": ("write",), "expect": ("read", "future"),
-    "as": ("read", "future"), "thread": ("wait",), "stream": ("op",),
+    "as": ("read", "future"), "thread": ("wait",), "stream": ("op",), "result": ("future",),
     **{k: ("op",) for k in OP_KEYS},
 }
 ONLY_WITH["tensor"] = ("op", "future")
@@ -106,9 +107,11 @@ def check_step(case: Case, path: tuple[Any, ...], step: dict[str, Any], action: 
                                    f"{step['future']!r}", "give the async op 'handle: NAME'"))
         if "tensor" in step:
             _tensor(case, path, "tensor", step["tensor"], tensors, errs)
-        elif "expect" in step:
-            errs.append(case.error(path, "'expect' on a future step needs 'tensor: NAME'",
-                                   "name the tensor the callback reads"))
+        elif "expect" in step or "result" in step:
+            key = "expect" if "expect" in step else "result"
+            errs.append(case.error(path, f"'{key}' on a future step needs 'tensor: NAME'",
+                                   "name the tensor the callback reads (or whose result the "
+                                   "future's value holds)"))
     if "expect" in step and action in ("read", "future"):
         _check_expect(case, (*path, "expect"), step["expect"], errs)
     return errs
@@ -163,4 +166,5 @@ def make_step(case: Case, raw: dict[str, Any], idx: int, line: int,
     handle = raw["future"]
     bufs = (("tensor", raw["tensor"]),) if "tensor" in raw else ()
     return Step("future", line, ranks=ranks, waits=(handle,), bufs=bufs,
-                handle=raw.get("as") or f"{handle}.future@step{idx}", value=expect)
+                handle=raw.get("as") or f"{handle}.future@step{idx}", value=expect,
+                args=(("result", True),) if raw.get("result") else ())

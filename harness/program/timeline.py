@@ -220,7 +220,9 @@ class ProgramState:
             rec["t_callback"] = round(self.now(), 6)
             rec["completed_in_callback"] = bool(work.is_completed())
             if name is not None:
-                box["snap"] = self.bufs[name].detach().clone()
+                held = (future_tensor(fut.value()) if dict(step.args).get("result")
+                        else self.bufs[name])
+                box["snap"] = held.detach().clone()
             return True
 
         work.get_future().then(callback).wait()
@@ -259,3 +261,16 @@ class ProgramState:
         if self.futures:
             out["futures"] = self.futures
         return out
+
+
+def future_tensor(value: Any) -> torch.Tensor:
+    """The one tensor a Work's future holds (``result: true`` of a future step): the value
+    itself, or the only element of a one-element list (what ``get_future()`` of a collective
+    on one tensor returns)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, list | tuple) and len(value) == 1 and isinstance(value[0], torch.Tensor):
+        return value[0]
+    what = f"a {type(value).__name__}" + (f" of {len(value)}" if isinstance(value, list | tuple)
+                                          else "")
+    raise RuntimeError(f"the future's value is {what}; 'result: true' needs one tensor")
