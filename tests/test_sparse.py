@@ -236,11 +236,16 @@ def test_future_result_snapshots_the_futures_one_tensor() -> None:
 
     t = torch.ones(2)
     assert future_tensor([t]) is t and future_tensor(t) is t
-    with pytest.raises(RuntimeError, match="the future's value is a list of 2; 'result: true' "
+    with pytest.raises(RuntimeError, match="the future's value is a list of 2; 'result' "
                        "needs one tensor"):
         future_tensor([t, t])
     with pytest.raises(RuntimeError, match="is a NoneType"):
         future_tensor(None)
+    u = torch.zeros(2)
+    assert future_tensor([t, u], 1) is u and future_tensor([t], 0) is t
+    with pytest.raises(RuntimeError, match="list of 2; 'result' needs a list with a tensor at "
+                       "index 2"):
+        future_tensor([t, u], 2)
 
 
 @pytest.mark.parametrize(("step", "where", "message"), [
@@ -259,3 +264,7 @@ def test_future_result_reaches_the_step() -> None:
         step="{op: all_reduce, tensor: s, async: true, handle: h}\n"
              "      - {future: h, tensor: s, result: true, expect: final}"))
     assert dict(inst.steps[1].args) == {"result": True}
+    (second,) = instances(PROGRAM.format(
+        step="{op: all_reduce, tensor: s, async: true, handle: h}\n"
+             "      - {future: h, tensor: s, result: 0, expect: final}"))
+    assert dict(second.steps[1].args) == {"result": 0}

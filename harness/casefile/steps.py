@@ -11,7 +11,7 @@ Steps a program may use to make the async contract visible (README "Ordering"):
   ``final`` (T's contents at program end), ``unspecified``, or a fill;
 - ``{future: H, tensor: T, as: NAME, expect: EXP}``: wait for ``get_future().then(cb)`` of
   handle H, where ``cb`` snapshots T (with ``result: true``: the future's value, its one
-  tensor, which must hold T's result);
+  tensor, which must hold T's result; ``result: N``: entry N of the value's list);
 - ``{wait: H, thread: true}``: call ``wait()`` from another thread;
 - ``{op: ..., stream: side}``: issue the op on a side CUDA stream that first waits for the
   current one (cases using it must say ``device: cuda``).
@@ -167,4 +167,5 @@ def make_step(case: Case, raw: dict[str, Any], idx: int, line: int,
     bufs = (("tensor", raw["tensor"]),) if "tensor" in raw else ()
     return Step("future", line, ranks=ranks, waits=(handle,), bufs=bufs,
                 handle=raw.get("as") or f"{handle}.future@step{idx}", value=expect,
-                args=(("result", True),) if raw.get("result") else ())
+                args=(("result", raw["result"]),) if raw.get("result") is not None
+                and raw.get("result") is not False else ())
