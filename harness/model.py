@@ -48,6 +48,20 @@ class Fill:
 
 
 @dataclass(frozen=True)
+class SparseSpec:
+    """How a ``layout: sparse_coo`` buffer is built from its dense fill.
+
+    The fill gives the dense values; the non-zero elements become the stored entries
+    (``to_sparse(sparse_dim)``: the first ``sparse_dim`` dims are indexed, the rest are
+    dense; None: every dim). ``uncoalesced`` stores each entry twice at the same index (two
+    halves of its value), so the backend receives duplicate indices it must sum.
+    """
+
+    sparse_dim: int | None = None
+    uncoalesced: bool = False
+
+
+@dataclass(frozen=True)
 class TensorSpec:
     """A named buffer of the program, created on every rank before the first step."""
 
@@ -63,6 +77,7 @@ class TensorSpec:
     # flat tensor of all entries' elements (``rank_shapes`` gives its length); an op gets
     # views of its consecutive pieces, reshaped.
     entry_shapes: tuple[tuple[tuple[int, ...], ...] | None, ...] | None = None
+    sparse: SparseSpec | None = None  # set exactly when layout is "sparse_coo"
 
     def shape_for(self, rank: int) -> tuple[int | Expr, ...] | None:
         """This rank's shape."""
@@ -151,8 +166,8 @@ class Step:
     def describe(self) -> str:
         if self.kind == "op":
             return f"{self.op}(" + ", ".join(f"{k}={v}" for k, v in self.bufs) + ")"
-        if self.kind == "wait":
-            return "wait(" + ", ".join(self.waits) + ")"
+        if self.kind in ("wait", "work_state"):
+            return f"{self.kind}(" + ", ".join(self.waits) + ")"
         if self.kind == "capture":
             return f"capture({self.handle}: {len(self.steps)} step(s))"
         if self.kind == "replay":

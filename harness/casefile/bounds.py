@@ -17,6 +17,7 @@ from .. import dtypes
 from ..errors import CaseFileError, ExprError, quote
 from ..expr import Expr
 from ..model import Case, Fill, Instance, Step, TensorSpec
+from . import sparse
 from .limits import Limits
 
 Path = tuple[Any, ...]
@@ -105,9 +106,13 @@ def _bytes(case: Case, spec: TensorSpec, fill: Fill, shape: tuple[int, ...] | No
         return 0  # taken from explicit values, which the node limit already bounds
     itemsize = max(1, dtypes.info(spec.dtype).bits // 8)
     nbytes = math.prod(shape) * itemsize
+    layout, takes = "", "takes"
+    if spec.sparse is not None:  # indices and duplicates on top of the dense values
+        nbytes = sparse.bytes_bound(shape, itemsize, spec.sparse)
+        layout, takes = ", sparse_coo: dense fill and indices", "takes up to"
     if nbytes > limits.buffer_bytes:
         raise case.error(path, f"buffer {spec.name!r} of shape {quote(list(shape), 80)} "
-                         f"({spec.dtype}) takes {nbytes} bytes per rank; the limit is "
+                         f"({spec.dtype}{layout}) {takes} {nbytes} bytes per rank; the limit is "
                          f"{limits.buffer_bytes}", "make it smaller, or raise "
                          "--max-buffer-bytes / ini collective_max_buffer_bytes")
     return int(nbytes)

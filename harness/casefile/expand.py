@@ -33,6 +33,8 @@ from . import entries as list_entries
 from . import groups as named_groups
 from . import repeat as step_repeat
 from . import returns as step_returns
+from . import sparse as sparse_layout
+from . import workstate as work_state
 from .bounds import check_instance
 from .fields import as_list, expr_names, parse_fill
 from .limits import Limits
@@ -366,8 +368,11 @@ class _Expander:
                                   for r in range(ws))
                 out_shapes = tuple(per_rank[pos[r]][1] if r in pos else per_rank[0][1]
                                    for r in range(ws))
+            sparse = sparse_layout.spec(self.case, (), raw, point["layout"],
+                                        list(in_shapes or (in_shape,)))
             tensors.append(TensorSpec(in_name, in_shape, "object" if in_obj else point["dtype"],
-                                      init, point["layout"], rank_shapes=in_shapes))
+                                      init, point["layout"], rank_shapes=in_shapes,
+                                      sparse=sparse))
             bufs.append((op.in_role, in_name))
             if out_name != in_name:
                 try:
@@ -378,7 +383,7 @@ class _Expander:
                 tensors.append(TensorSpec(out_name, out_shape,
                                           "object" if out_obj else point["dtype"],
                                           Fill("poison"), point["layout"],
-                                          rank_shapes=out_shapes))
+                                          rank_shapes=out_shapes, sparse=sparse))
                 bufs.append((op.out_role, out_name))
                 expected.append((in_name, Fill("unchanged")))
             exp = _fill(self.case, raw.get("expected", "auto"), bool(out_obj))
@@ -485,10 +490,13 @@ class _Expander:
             if dtype is None:
                 raise self.case.error(("tensors", name, "dtype"),
                                       f"unknown dtype {spec['dtype']!r}")
-            tensors.append(TensorSpec(name, shape, dtype, init,
-                                      "contiguous" if entry_shapes else
-                                      spec.get("layout", point["layout"]),
-                                      rank_shapes=rank_shapes, entry_shapes=entry_shapes))
+            layout = "contiguous" if entry_shapes else spec.get("layout", point["layout"])
+            tensors.append(TensorSpec(name, shape, dtype, init, layout,
+                                      rank_shapes=rank_shapes, entry_shapes=entry_shapes,
+                                      sparse=sparse_layout.spec(
+                                          self.case, ("tensors", name) if "sparse" in spec
+                                          else (), spec if "sparse" in spec else raw, layout,
+                                          list(rank_shapes or (shape,)))))
         steps = tuple(self._step(s, ("steps", idx), point, env)
                       for idx, s in enumerate(raw["steps"]))
         expected: list[tuple[str, Fill]] = []
@@ -582,6 +590,8 @@ class _Expander:
                         **lifecycle.step_fields(s))
         if "new_group" in s:
             return named_groups.make_step(s, line, ranks, names)
+        if "work_state" in s:
+            return work_state.make_step(s, line, ranks)
         if is_ordering_step(s):
             return make_step(self.case, s, path[1], line, ranks, env)
         if cudasteps.is_cuda_step(s):

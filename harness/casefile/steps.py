@@ -10,9 +10,11 @@ Steps a program may use to make the async contract visible (README "Ordering"):
   synchronize), compared at the end with EXP: ``stale`` (T's contents at program start),
   ``final`` (T's contents at program end), ``unspecified``, or a fill;
 - ``{future: H, tensor: T, as: NAME, expect: EXP}``: wait for ``get_future().then(cb)`` of
-  handle H, where ``cb`` snapshots T; ``{future: H, then: [{mul: 3}, {add: 1}], expect: EXP}``
-  chains callbacks from a fixed vocabulary (each maps every tensor of the value) and compares
-  the first tensor of the chain's value with EXP;
+  handle H, where ``cb`` snapshots T (with ``result: true``: the future's value, its one
+  tensor, which must hold T's result; ``result: N``: entry N of the value's list);
+  ``{future: H, then: [{mul: 3}, {add: 1}], expect: EXP}`` chains callbacks from a fixed
+  vocabulary (each maps every tensor of the value) and compares the first tensor of the
+  chain's value with EXP;
 - ``{wait: H, thread: true}``: call ``wait()`` from another thread;
 - ``{wait_tensor: T}``: ``torch.ops.c10d_functional.wait_tensor(T)``, which waits for the Work
   an op with ``register_work: true`` registered under T (and does nothing for others);
@@ -37,7 +39,7 @@ OP_KEYS = ("tensor", "input", "output", "src", "dst", "tag", "group", "async", "
 # Keys that belong to some step kinds only; anything else is a mistake worth naming.
 ONLY_WITH: dict[str, tuple[str, ...]] = {
     "value": ("write",), "delay": ("write",), "expect": ("read", "future"),
-    "as": ("read", "future"), "thread": ("wait",), "stream": ("op",),
+    "as": ("read", "future"), "thread": ("wait",), "stream": ("op",), "result": ("future",),
     **{k: ("op",) for k in OP_KEYS},
 }
 ONLY_WITH["tensor"] = ("op", "future")
@@ -119,9 +121,11 @@ def check_step(case: Case, path: tuple[Any, ...], step: dict[str, Any], action: 
             errs.extend(_check_then(case, path, step))
         elif "tensor" in step:
             _tensor(case, path, "tensor", step["tensor"], tensors, errs)
-        elif "expect" in step:
-            errs.append(case.error(path, "'expect' on a future step needs 'tensor: NAME'",
-                                   "name the tensor the callback reads"))
+        elif "expect" in step or "result" in step:
+            key = "expect" if "expect" in step else "result"
+            errs.append(case.error(path, f"'{key}' on a future step needs 'tensor: NAME'",
+                                   "name the tensor the callback reads (or whose result the "
+                                   "future's value holds)"))
     if "expect" in step and action in ("read", "future"):
         _check_expect(case, (*path, "expect"), step["expect"], errs)
     return errs
@@ -202,5 +206,7 @@ def make_step(case: Case, raw: dict[str, Any], idx: int, line: int,
     # ``then``: callbacks chained on the future, as (name, number) pairs of a fixed vocabulary.
     then = tuple(next(iter(t.items())) for t in raw.get("then", ()))
     return Step("future", line, ranks=ranks, waits=(handle,), bufs=bufs,
-                args=(("then", then),) if then else (),
-                handle=raw.get("as") or f"{handle}.future@step{idx}", value=expect)
+                handle=raw.get("as") or f"{handle}.future@step{idx}", value=expect,
+                args=((("then", then),) if then else ()) + ((("result", raw["result"]),)
+                      if raw.get("result") is not None and raw.get("result") is not False
+                      else ()))

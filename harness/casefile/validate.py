@@ -29,6 +29,8 @@ from . import (
     pgargs,
     repeat,
     returns,
+    sparse,
+    workstate,
 )
 from .fields import KEYWORDS, as_list, check_expr, check_fill, suggest
 from .load import Document, Path
@@ -41,7 +43,7 @@ PYTEST_MARKS = ("skip", "skipif", "xfail", "usefixtures", "parametrize", "filter
                 "dependency", "no_cover", "asyncio", "anyio", "django_db", "collective")
 OVERRIDE_NAMES = ("rank", "world_size", "i")  # what overrides.resolve gives an expression
 STEP_ACTIONS = ("op", "wait", "sleep", "sync", "delay_stream", "write", "read", "future",
-                "wait_tensor", "raise", "abort", "exit", "segfault", "new_group",
+                "wait_tensor", "raise", "abort", "exit", "segfault", "new_group", "work_state",
                 *lifecycle.LIFECYCLE_ACTIONS, *cudasteps.CUDA_STEPS)
 # Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
 STEP_OP_ARGS = ("form", "inplace", "splits", "timeout", "wait_all_ranks", *pgargs.KEYS)
@@ -279,6 +281,7 @@ def check_case(case: Case) -> None:
                                            f"{key!r}", suggest(key, (*op.args, "group"))))
     guard(entries.check_case, case)
     errs.extend(caseenv.check(case))
+    errs.extend(sparse.check_case(case))
     if has_steps:
         guard(check_steps, case)
     errs.extend(check_safety(case))
@@ -395,6 +398,7 @@ def check_steps(case: Case) -> None:
         errs.extend(lifecycle.check(case, path, step, action))
         errs.extend(returns.check(case, path, step))
         errs.extend(returns.check_warns(case, path, step))
+        errs.extend(workstate.check(case, path, step, action, handles))
         step_op = ops.ALL_OPS.get(step.get("op", ""))
         errs.extend(repeat.check(case, path, step, action, tensors,
                                  tuple(r.name for r in step_op.roles) if step_op else ()))

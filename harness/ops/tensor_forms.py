@@ -107,6 +107,14 @@ class AllGatherSingle(_GatherSingle):
     seen_from = "2.13"
 
 
+class AllGatherBase(_GatherSingle):
+    """``torch.distributed._all_gather_base``: the deprecated name of the single-tensor
+    all-gather (it emits a FutureWarning; ``warns:`` can require it)."""
+
+    name = "all_gather_base"
+    torch_name = "_all_gather_base"
+
+
 class _ReduceScatterSingle(Op):
     family = "reduce_scatter"
     roles = (Role("output", "out"), Role("input", "in"))
@@ -159,6 +167,14 @@ class ReduceScatterTensor(_ReduceScatterSingle):
 class ReduceScatterSingle(_ReduceScatterSingle):
     name = "reduce_scatter_single"
     seen_from = "2.13"
+
+
+class ReduceScatterBase(_ReduceScatterSingle):
+    """``torch.distributed._reduce_scatter_base``: the deprecated name of the single-tensor
+    reduce-scatter (it emits a FutureWarning; ``warns:`` can require it)."""
+
+    name = "reduce_scatter_base"
+    torch_name = "_reduce_scatter_base"
 
 
 class _GatherIntoOne(Op):
@@ -264,4 +280,4 @@ class AllToAllSingle(Op):
 
 OPS: tuple[Op, ...] = (AllGatherIntoTensor(), AllGatherSingle(), ReduceScatterTensor(),
                        ReduceScatterSingle(), AllToAllSingle(), GatherSingle(),
-                       GatherIntoTensor())
+                       GatherIntoTensor(), AllGatherBase(), ReduceScatterBase())

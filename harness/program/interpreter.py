@@ -194,6 +194,10 @@ def build_buffers(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> dict[st
     dev = _device(renv)
     for spec in inst.tensors:
         t = _materialize(inst, spec, renv.rank, renv.world_size, env)
+        if spec.sparse is not None:
+            bufs[spec.name] = tensors.to_sparse(t.to(dev), spec.sparse.sparse_dim,
+                                                spec.sparse.uncoalesced)
+            continue
         bufs[spec.name] = (t if spec.dtype == "object" else
                            tensors.with_layout(t.to(dev), spec.layout))
     return bufs
@@ -245,6 +249,8 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         before = {n: _snapshot(t) for n, t in bufs.items()}
         written: set[str] = set()
         rets: list[tuple[int, Step, dict[str, Any]]] = []
+        waited: dict[str, Any] = {}  # handle -> its Work, once waited (work_state steps)
+        late: list[TensorCheck] = []  # checks of failing waits and Work states, in order
         state = ProgramState(inst, renv.rank, renv.world_size, renv.device, t0,
                                            env, bufs, before, written)
         clock = lifecycle.Clock(inst)
@@ -287,6 +293,7 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                     for h in step.waits:
                         if h in handles:
                             work, wev = handles.pop(h)
+                            waited[h] = work  # before the wait, which may raise (``raises:``)
                             if timeout is not None:  # raises if the work misses the bound
                                 work.wait(datetime.timedelta(seconds=float(timeout)))
                             state.wait(work, wev, thread=bool(dict(step.args).get("thread")))
@@ -295,6 +302,11 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                 elif step.kind == "new_group":
                     group_checks.append(group_steps.create(step, step_idx, renv, env,
                                                            renv.named))
+                    ev.t_return = time.perf_counter() - t0
+                elif step.kind == "work_state":
+                    h = step.waits[0]
+                    late.append(stepchecks.check_work_state(
+                        step_idx, step, waited.get(h, handles.get(h, (None, None))[0])))
                     ev.t_return = time.perf_counter() - t0
                 elif step.kind in STEP_KINDS:
                     state.run(step, step_idx)
@@ -326,6 +338,7 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                        if step.returns is not None and step.returns[renv.rank] is not None]
         res.checks += [stepchecks.check_warns(i, step, got) for i, step, got in rets
                        if step.warns is not None]
+        res.checks += late
         if timer is not None and inst.perf is not None:
             try:
                 res.perf = timer(inst, renv, env, bufs, all(c.ok for c in res.checks))
@@ -614,6 +627,10 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
                 tol = Tolerance(*slack) if slack else None
             checks.append(tensors.compare(spec.name, got, exp.to(got.dtype), how, tol, bound,
                                           tol_text))
+            if spec.sparse is not None and got.layout != torch.sparse_coo:
+                checks[-1].ok = False  # the op must keep the buffer a sparse tensor
+                checks[-1].note = (f"declared sparse_coo, came back {got.layout}; "
+                                   + checks[-1].note).rstrip("; ")
     return checks
 
 

@@ -1,5 +1,6 @@
 """Per-step checks and argument helpers of the interpreter: ``returns:``, ``warns:``,
-group-local addressing and the PREMUL_SUM tensor factor.
+and ``work_state`` (see :mod:`harness.casefile.workstate`), group-local
+addressing and the PREMUL_SUM tensor factor.
 
 Runs inside rank processes (imports torch).
 """
@@ -41,6 +42,41 @@ def check_warns(idx: int, step: Step, returned: dict[str, Any]) -> TensorCheck:
     return TensorCheck(tensor=f"warning of step {idx} ({step.op})", ok=ok,
                        expectation="explicit", wrong=0 if ok else 1, total=1,
                        first_wrong=[] if ok else [(0, repr(step.warns), got)])
+
+
+def check_work_state(idx: int, step: Step, work: Any) -> TensorCheck:
+    """What ``is_completed()``, ``is_success()`` and ``exception()`` of the Work of step
+    ``idx``'s handle return now, against the stated values (one element per stated key;
+    a method the Work lacks, or that raises, counts as wrong with what happened)."""
+    handle = step.waits[0]
+    stated = list(step.args)
+    check = TensorCheck(tensor=f"work_state of step {idx} ({handle})", ok=True,
+                        expectation="explicit", total=len(stated))
+    for pos, (key, want) in enumerate(stated):
+        if work is None:
+            got = f"no Work named {handle!r} on this rank"
+            ok = False
+        else:
+            try:
+                value = getattr(work, key)()
+            except Exception as exc:  # e.g. a torch that dropped the deprecated method
+                got, ok = f"{key}() raised {type(exc).__name__}: {str(exc)[:150]}", False
+            else:
+                got, ok = _state_matches(key, want, value)
+        if not ok:
+            check.first_wrong.append((pos, f"{key}: {want!r}", got))
+    check.wrong = len(check.first_wrong)
+    check.ok = check.wrong == 0
+    return check
+
+
+def _state_matches(key: str, want: Any, value: Any) -> tuple[str, bool]:
+    if key != "exception":
+        return repr(value), isinstance(value, bool) and value is want
+    if value is None:
+        return "None", want == "none"
+    text = f"{type(value).__name__}: {value}"
+    return text[:200], want != "none" and re.search(str(want), text) is not None
 
 
 def returns_value(value: Any, env: dict[str, Any]) -> Any:

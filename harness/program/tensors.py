@@ -40,8 +40,39 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 
 
 def snapshot(t: torch.Tensor) -> torch.Tensor:
-    """A CPU copy of ``t`` with its exact bytes (for "unchanged" checks)."""
-    return _dense(t.detach().cpu())
+    """A CPU copy of ``t`` with its exact bytes (for "unchanged" checks); a sparse tensor's
+    dense form (duplicate indices summed)."""
+    return _dense(dense_form(t.detach().cpu()))
+
+
+def dense_form(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, or the dense form of a sparse COO tensor (duplicates summed)."""
+    return t.to_dense() if t.layout == torch.sparse_coo else t
+
+
+def to_sparse(t: torch.Tensor, sparse_dim: int | None, uncoalesced: bool) -> torch.Tensor:
+    """A sparse COO tensor of ``t``'s non-zero elements (``layout: sparse_coo``).
+
+    The first ``sparse_dim`` dims are indexed (None: all). ``uncoalesced`` stores every
+    entry twice at the same index, holding two parts of its value that sum to it exactly
+    (halves for floats, floor half and the rest for integers, the value twice for bool), so
+    a backend that keeps one duplicate instead of summing them is caught.
+    """
+    sp = t.to_sparse() if sparse_dim is None or t.dim() == 0 else t.to_sparse(sparse_dim)
+    if not uncoalesced:
+        return sp
+    idx, vals = sp.indices(), sp.values()
+    if vals.dtype == torch.bool:
+        first, second = vals, vals
+    elif vals.is_floating_point() or vals.is_complex():
+        first = vals * 0.5
+        second = vals - first
+    else:
+        first = torch.div(vals, 2, rounding_mode="floor")
+        second = vals - first
+    return torch.sparse_coo_tensor(torch.cat([idx, idx], 1), torch.cat([first, second]),
+                                   t.shape, dtype=t.dtype, device=t.device,
+                                   check_invariants=True)
 
 
 def _bits_view(t: torch.Tensor) -> torch.Tensor:
@@ -295,7 +326,7 @@ def with_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
 
 def digest(t: torch.Tensor) -> str:
     """A short hash of the tensor's bytes (cross-rank agreement checks)."""
-    flat = _dense(t.detach().cpu()).reshape(-1)
+    flat = _dense(dense_form(t.detach().cpu())).reshape(-1)
     data = flat.view(torch.uint8).numpy().tobytes() if t.numel() else b""
     return hashlib.sha256(data).hexdigest()[:16]
 
@@ -352,8 +383,10 @@ def compare(name: str, got: torch.Tensor, exp: torch.Tensor, how: str,
     ``bound``: an allowed absolute error per element (``tolerance: auto``), described by
     ``tol_text``. A failed float comparison notes the largest errors and the tolerance used.
     """
-    got = got.detach().cpu()
-    exp = exp.detach().cpu()
+    # A sparse COO result is compared in its dense form: what a sparse all_reduce must
+    # produce is the coalesced sum, whatever indices and duplicates it stores.
+    got = dense_form(got.detach().cpu())
+    exp = dense_form(exp.detach().cpu())
     check = TensorCheck(tensor=name, ok=True, expectation=how, total=exp.numel(),
                         digest=digest(got))
     if tuple(got.shape) != tuple(exp.shape) or got.dtype != exp.dtype:

@@ -244,7 +244,10 @@ class ProgramState:
             rec["t_callback"] = round(self.now(), 6)
             rec["completed_in_callback"] = bool(work.is_completed())
             if name is not None:
-                box["snap"] = self.bufs[name].detach().clone()
+                result = dict(step.args).get("result")
+                held = (self.bufs[name] if result is None else
+                        future_tensor(fut.value(), None if result is True else int(result)))
+                box["snap"] = held.detach().clone()
             return True
 
         work.get_future().then(callback).wait()
@@ -300,3 +303,22 @@ class ProgramState:
         if self.futures:
             out["futures"] = self.futures
         return out
+
+
+def future_tensor(value: Any, index: int | None = None) -> torch.Tensor:
+    """The tensor of a Work's future that a future step's ``result:`` names: with ``index``
+    None the value's one tensor (the value itself, or the only element of a one-element
+    list, what ``get_future()`` of a collective on one tensor returns), else entry ``index``
+    of the value's list."""
+    if index is None and isinstance(value, torch.Tensor):
+        return value
+    entries = list(value) if isinstance(value, list | tuple) else None
+    if index is None and entries is not None and len(entries) == 1:
+        index = 0
+    if (entries is not None and index is not None and index < len(entries)
+            and isinstance(entries[index], torch.Tensor)):
+        held: torch.Tensor = entries[index]
+        return held
+    what = f"a {type(value).__name__}" + (f" of {len(entries)}" if entries is not None else "")
+    want = "one tensor" if index is None else f"a list with a tensor at index {index}"
+    raise RuntimeError(f"the future's value is {what}; 'result' needs {want}")
