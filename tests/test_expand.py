@@ -6,6 +6,7 @@ import textwrap
 
 from harness.casefile import expand, overrides, validate
 from harness.casefile import load as yamlload
+from harness.errors import CaseFileError
 from harness.model import Instance
 
 
@@ -130,3 +131,30 @@ def test_steps_form_builds_a_program() -> None:
     assert inst.steps[0].async_op and inst.steps[0].handle == "s"
     assert inst.steps[2].waits == ("s", "r")
     assert inst.shorthand is None and dict(inst.expected)["b"].kind == "expr"
+
+
+def test_future_on_a_sync_op_is_an_error_not_a_silent_skip() -> None:
+    # On a sync op the rank has no Work, so the future step would check nothing; the case's
+    # async axis can make that happen in some instances only.
+    text = """
+    cases:
+      - name: fut
+        world_size: 2
+        async: [true, false]
+        tensors:
+          t: {shape: [2], init: 1}
+        steps:
+          - {op: all_reduce, tensor: t, handle: h}
+          - {future: h, tensor: t, expect: final}
+          - {wait: h}
+        expected:
+          t: auto
+    """
+    try:
+        instances(text)
+    except CaseFileError as exc:
+        msg = str(exc)
+    else:
+        raise AssertionError("a future on a sync op was accepted")
+    assert "cases/x.yaml:10:18:" in msg and "future step on handle 'h'" in msg
+    assert "synchronous here" in msg

@@ -247,7 +247,7 @@ def test_violation_fails_a_passing_instance_with_a_clear_message() -> None:
     verdicts.apply(inst, _results(_obs(pre__ok=False, pre__wrong="nan")), res, completed=True)
     assert res.outcome == "failed"
     assert "case.yaml:3: ar[gloo-ws2-float32-sum-async]: async contract violated (pre_op); " \
-           "the values were right" in res.message
+           "the buffers' final values were right" in res.message
     wrong = InstanceResult("failed", "wrong values")
     verdicts.apply(inst, _results(_obs(post__immediate_ok=False)), wrong, completed=True)
     assert wrong.outcome == "failed" and "async contract violated too" in wrong.message

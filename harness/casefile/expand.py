@@ -499,12 +499,28 @@ class _Expander:
                                           list(rank_shapes or (shape,)))))
         steps = tuple(self._step(s, ("steps", idx), point, env)
                       for idx, s in enumerate(raw["steps"]))
+        self._check_futures(steps)
         expected: list[tuple[str, Fill]] = []
         for tname, fill_raw in raw.get("expected", {}).items():
             fill = parse_fill(self.case, fill_raw)
             self._check_ranks(fill, ws, ("expected", tname), f"expected.{tname}")
             expected.append((tname, fill))
         return tuple(tensors), steps, tuple(expected)
+
+    def _check_futures(self, steps: tuple[Step, ...]) -> None:
+        """A ``future`` step needs the Work of an async op: on a sync op (say the case's
+        ``async`` axis made it sync in this instance) it would find no Work and check nothing,
+        silently, so that is an error here."""
+        sync_handles = {s.handle: s for s in steps if s.kind == "op" and s.handle
+                        and not s.async_op}
+        for idx, s in enumerate(steps):
+            if s.kind == "future" and s.waits and s.waits[0] in sync_handles:
+                op = sync_handles[s.waits[0]]
+                raise self.case.error(("steps", idx, "future"), (
+                    f"future step on handle {s.waits[0]!r}: its op ({op.op}, line {op.line}) "
+                    "is synchronous here, so there is no Work whose future the step could "
+                    "check"), "give that op 'async: true' (or leave the case's async axis "
+                    "at true)")
 
     def _step(self, s: dict[str, Any], path: tuple[Any, ...], point: dict[str, Any],
               env: dict[str, Any]) -> Step:

@@ -253,7 +253,7 @@ def apply(inst: Instance, results: dict[int, RankResult], res: InstanceResult,
     if res.outcome == "passed":
         res.outcome = "failed"
         res.message = (f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]: async contract "
-                       f"violated ({', '.join(violated)}); the values were right\n"
+                       f"violated ({', '.join(violated)}); the buffers' final values were right\n"
                        + "\n".join(lines))
     elif res.outcome == "failed":
         res.message += "\n  async contract violated too:\n" + "\n".join(lines)
