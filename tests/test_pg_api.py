@@ -208,6 +208,32 @@ def test_the_one_tensor_overload_takes_one_tensor_and_no_root_tensor() -> None:
     assert "cases/x.yaml:8:" in text and "the list holds 2" in text
 
 
+
+def test_allreduce_omits_the_op_only_in_the_one_tensor_overload() -> None:
+    # Upstream checks pg.allreduce(x) defaults to SUM; the list forms take options, where an
+    # omitted op would silently become the options' default instead.
+    text = problems("""
+        cases:
+          - name: bad
+            op: pg.allreduce
+            args: {omit: [reduce_op]}
+            shape: [2, 1]
+            input: 0
+        """)
+    assert "cases/x.yaml:5:" in text
+    assert "pg.allreduce leaves out the reduce op only in its one-tensor overload" in text
+    (good,) = instances("""
+        cases:
+          - name: good
+            op: pg.allreduce
+            world_size: 2
+            args: {omit: [reduce_op], options: overload}
+            shape: [1, 1]
+            input: 0
+        """)
+    assert dict(good.steps[0].args)["omit"] == ("reduce_op",)
+
+
 def test_a_root_rank_axis_names_the_instances() -> None:
     insts = instances("""
         cases:

@@ -36,6 +36,11 @@ def check(case: Case, op: Any, values: dict[str, Any], path: Path,
             errs.append(case.error((*path, "options"), f"the one-tensor overload passes one "
                                    f"tensor; the list holds {entries}",
                                    "give the list one entry (shape: [1, ...])"))
+    if (str(getattr(op, "name", "")).startswith("pg.") and "reduce_op" in (values.get("omit") or ())
+            and values.get("options") != "overload"):
+        errs.append(case.error((*path, "omit"), f"{op.name} leaves out the reduce op only in "
+                               "its one-tensor overload (the list forms take options)",
+                               "add 'options: overload'"))
     for key in EXPR_KEYS:
         raw = values.get(key)
         for j, v in enumerate(as_list(raw) if raw is not None else []):

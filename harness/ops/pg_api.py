@@ -37,6 +37,7 @@ from .base import (
     RefContext,
     Role,
     for_members,
+    op_kw,
     reduce_tensors,
     stack_or_list,
 )
@@ -140,15 +141,24 @@ class _PgOp(Op):
 class PgAllreduce(_PgOp):
     method = "allreduce"
     options_kind = "AllreduceOptions"
+    options_forms = ("object", "overload")
     roles = (Role("tensors", "inout", form="list"),)
     in_role = out_role = "tensors"
     args = ("via", "options")
+    # The one-tensor overload ``pg.allreduce(x, op=SUM)``: upstream checks its default.
+    defaults = (("reduce_op", "sum"),)
     reduces = True
     agree = True
     bus = "all_reduce"
     entry_count_free = True
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        if ctx.args.get("options") == "overload":  # pg.allreduce(tensor[, op])
+            fn = _target(ctx, bufs).allreduce
+            return _finish(ctx, fn(bufs["tensors"][0], **op_kw(ctx)))
+        if "reduce_op" in ctx.args.get("omit", ()):
+            raise ValueError("pg.allreduce can omit the reduce op only in the one-tensor "
+                             "overload (options: overload)")
         return self.invoke(ctx, bufs, bufs["tensors"])
 
     def reference(self, inputs: Sequence[Any], ctx: RefContext) -> PerRank:
