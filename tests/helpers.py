@@ -64,3 +64,25 @@ def wait_for(predicate: Any, timeout: float, what: str) -> None:
 
 
 PYTHON = sys.executable
+
+
+def case_instances(text: str, backend: str = "gloo") -> list[Any]:
+    """Load, validate and expand the case file ``text`` (dedented) as ``cases/x.yaml``."""
+    import textwrap
+
+    from harness.casefile import expand, validate
+    from harness.casefile import load as yamlload
+
+    doc = yamlload.load_text(textwrap.dedent(text), "cases/x.yaml")
+    return [i for c in validate.load_cases(doc) for i in expand.expand(c, backend)]
+
+
+def case_error(text: str, backend: str = "gloo") -> str:
+    """The rendered collection error of the case file ``text``; fails the test if none."""
+    from harness.errors import CaseFileError, CaseFileErrors
+
+    try:
+        case_instances(text, backend)
+    except (CaseFileError, CaseFileErrors) as exc:
+        return str(exc)
+    raise AssertionError("the case file was accepted; an error was expected")

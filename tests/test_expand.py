@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-import textwrap
-
-from harness.casefile import expand, overrides, validate
-from harness.casefile import load as yamlload
+from harness.casefile import overrides
 from harness.errors import CaseFileError
-from harness.model import Instance
-
-
-def instances(text: str, backend: str = "gloo") -> list[Instance]:
-    doc = yamlload.load_text(textwrap.dedent(text), "cases/x.yaml")
-    return [i for c in validate.load_cases(doc) for i in expand.expand(c, backend)]
+from tests.helpers import case_instances as instances
 
 
 def test_cross_product_and_id_order() -> None:

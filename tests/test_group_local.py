@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
 from types import SimpleNamespace
 from typing import Any
 
@@ -10,20 +9,10 @@ import pytest
 import torch.distributed as dist
 
 from harness import ops
-from harness.casefile import expand, validate
-from harness.casefile import load as yamlload
 from harness.errors import CaseFileError, CaseFileErrors
-from harness.model import Instance
 from harness.ops.base import CallContext, root_kw
 from harness.run.capabilities import Capabilities
-
-
-def instances(text: str) -> list[Instance]:
-    doc = yamlload.load_text(textwrap.dedent(text), "cases/x.yaml")
-    out: list[Instance] = []
-    for case in validate.load_cases(doc):
-        out.extend(expand.expand(case, "gloo"))
-    return out
+from tests.helpers import case_instances as instances
 
 
 def ctx(**args: Any) -> CallContext:

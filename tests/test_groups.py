@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -12,28 +11,11 @@ import pytest
 import torch
 
 from harness import ops
-from harness.casefile import expand, validate
-from harness.casefile import load as yamlload
-from harness.errors import CaseFileError, CaseFileErrors
-from harness.model import Instance
 from harness.ops.base import CallContext
+from tests.helpers import case_error as problems
+from tests.helpers import case_instances as instances
 
 from .helpers import load_report, subprocess_env
-
-
-def instances(text: str) -> list[Instance]:
-    doc = yamlload.load_text(textwrap.dedent(text), "cases/x.yaml")
-    out: list[Instance] = []
-    for case in validate.load_cases(doc):
-        out.extend(expand.expand(case, "gloo"))
-    return out
-
-
-def problems(text: str) -> str:
-    with pytest.raises((CaseFileError, CaseFileErrors)) as info:
-        instances(text)
-    return str(info.value)
-
 
 PROGRAM = """
 cases:

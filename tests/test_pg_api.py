@@ -9,7 +9,6 @@ the root-only output all meet real process groups.
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,10 @@ import pytest
 import torch
 
 from harness import ops
-from harness.casefile import expand, validate
-from harness.casefile import load as yamlload
-from harness.errors import CaseFileError, CaseFileErrors
-from harness.model import Instance, pack_tensor_list, tensor_list, tensor_names
+from harness.model import pack_tensor_list, tensor_list, tensor_names
 from harness.ops import RefContext
+from tests.helpers import case_error as problems
+from tests.helpers import case_instances as instances
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,22 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def ctx(ws: int, reduce_op: str | None = None, **args: Any) -> RefContext:
     return RefContext(world_size=ws, group_ranks=tuple(range(ws)), reduce_op=reduce_op,
                       args={"premul_factor": 2.0, **args}, out_shape=())
-
-
-def instances(text: str, backend: str = "gloo") -> list[Instance]:
-    doc = yamlload.load_text(textwrap.dedent(text), "cases/x.yaml")
-    out: list[Instance] = []
-    for case in validate.load_cases(doc):
-        out.extend(expand.expand(case, backend))
-    return out
-
-
-def problems(text: str) -> str:
-    try:
-        instances(text)
-    except (CaseFileError, CaseFileErrors) as exc:
-        return str(exc)
-    raise AssertionError("no error raised")
 
 
 # -- reference models -----------------------------------------------------------------------

@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
-from harness.casefile import expand, validate
-from harness.casefile import load as yamlload
 from harness.errors import CaseFileError, CaseFileErrors
 from harness.expr import Expr
-from harness.model import Instance
 from harness.program import stepchecks
-
-
-def instances(text: str) -> list[Instance]:
-    doc = yamlload.load_text(textwrap.dedent(text), "cases/x.yaml")
-    out: list[Instance] = []
-    for case in validate.load_cases(doc):
-        out.extend(expand.expand(case, "gloo"))
-    return out
-
+from tests.helpers import case_instances as instances
 
 PROGRAM = """
 cases:

@@ -11,26 +11,13 @@ import torch
 
 from harness.casefile import expand, validate
 from harness.casefile import load as yamlload
-from harness.errors import CaseFileError, CaseFileErrors
-from harness.model import Instance
+from harness.errors import CaseFileError
 from harness.program import interpreter, tensors
+from tests.helpers import case_error as error_text
+from tests.helpers import case_instances as instances
 from tests.helpers import load_report
 
 pytest_plugins = ["pytester"]
-
-
-def instances(text: str) -> list[Instance]:
-    doc = yamlload.load_text(textwrap.dedent(text), "cases/x.yaml")
-    out: list[Instance] = []
-    for case in validate.load_cases(doc):
-        out.extend(expand.expand(case, "gloo"))
-    return out
-
-
-def error_text(text: str) -> str:
-    with pytest.raises((CaseFileError, CaseFileErrors)) as info:
-        instances(text)
-    return str(info.value)
 
 
 SHORTHAND = """

@@ -7,40 +7,22 @@ built, the op's result is written by hand (right, then with one wrong element), 
 
 from __future__ import annotations
 
-import textwrap
 from typing import Any
 
 import pytest
 import torch
 
 from harness import ops
-from harness.casefile import expand, validate
-from harness.casefile import load as yamlload
-from harness.errors import CaseFileError, CaseFileErrors
 from harness.model import Instance
 from harness.ops import RefContext
 from harness.program import interpreter, tensors
+from tests.helpers import case_error as problems
+from tests.helpers import case_instances as instances
 
 
 def ctx(ws: int, reduce_op: str | None = None) -> RefContext:
     return RefContext(world_size=ws, group_ranks=tuple(range(ws)), reduce_op=reduce_op,
                       args={"premul_factor": 2.0}, out_shape=())
-
-
-def instances(text: str, backend: str = "gloo") -> list[Instance]:
-    doc = yamlload.load_text(textwrap.dedent(text), "cases/x.yaml")
-    out: list[Instance] = []
-    for case in validate.load_cases(doc):
-        out.extend(expand.expand(case, backend))
-    return out
-
-
-def problems(text: str) -> str:
-    try:
-        instances(text)
-    except (CaseFileError, CaseFileErrors) as exc:
-        return str(exc)
-    raise AssertionError("no error raised")
 
 
 # -- reference model ------------------------------------------------------------------------

@@ -8,22 +8,13 @@ from typing import Any
 
 import pytest
 
-from harness.casefile import expand, validate
-from harness.casefile import load as yamlload
 from harness.errors import CaseFileError, CaseFileErrors
-from harness.model import Instance, Step
+from harness.model import Step
 from harness.program import stepchecks
+from tests.helpers import case_instances as instances
 from tests.helpers import load_report
 
 pytest_plugins = ["pytester"]
-
-
-def instances(text: str) -> list[Instance]:
-    doc = yamlload.load_text(textwrap.dedent(text), "cases/x.yaml")
-    out: list[Instance] = []
-    for case in validate.load_cases(doc):
-        out.extend(expand.expand(case, "gloo"))
-    return out
 
 
 PROGRAM = """
