@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
 from typing import Any
 
@@ -77,7 +78,11 @@ def test_instances_skip_where_torch_lacks_the_parameter() -> None:
     (inst,) = instances(SHORTHAND)
     real = Capabilities(torch_version="x", cuda_devices=0, dist=dist, torch=SimpleNamespace(
         float32=1))
-    assert real.skip_reason(inst) == ""
+    if "group_src" in inspect.signature(dist.broadcast).parameters:
+        assert real.skip_reason(inst) == ""
+    else:  # torch 2.4.1 (observed): no group-local addressing yet
+        assert real.skip_reason(inst) == ("torch x's broadcast has no group_src parameter "
+                                          "(group-local addressing)")
 
     def broadcast(tensor: Any, src: int, group: Any = None, async_op: bool = False) -> None:
         raise AssertionError("not called")

@@ -32,8 +32,12 @@ def _write(pytester: pytest.Pytester, text: str) -> None:
 
 def test_random_input_passes_with_tolerance_auto(pytester: pytest.Pytester) -> None:
     _write(pytester, RANDOM.format(tolerance="    tolerance: auto"))
-    result = pytester.runpytest("cases/", "-q", "-p", "no:cacheprovider", "--no-report")
-    result.assert_outcomes(passed=12)
+    # torch 2.4's Gloo rejects ReduceOp.AVG (observed on torch 2.4.1, see
+    # cases/all_reduce.yaml): only the SUM instances can show the tolerance there.
+    old_torch = tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 5)
+    result = pytester.runpytest("cases/", "-q", "-p", "no:cacheprovider", "--no-report",
+                                *(["-k", "sum"] if old_torch else []))
+    result.assert_outcomes(passed=6 if old_torch else 12)
 
 
 def test_bit_exact_failure_shows_errors_and_the_tolerance(pytester: pytest.Pytester) -> None:
