@@ -15,6 +15,7 @@ import shlex
 import signal
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from .ordering import plan as ordering
 from .perf import plan as perfplan
 from .perf import stats as perfstats
 from .report import html, markdown
+from .report.headline import verdict as report_verdict
 from .report.oneline import one_line
 from .report.records import (
     build_report,
@@ -637,6 +639,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         write_reports(config, hs, info)
     if base is not None:
         _gate_session(session, hs, base, info)
+    elif session.exitstatus == pytest.ExitCode.OK and report_verdict(
+            dict(Counter(r["outcome"] for r in hs.records)), info) != "PASS":
+        # pytest exits 0 on a non-strict xpass; the report says FAIL, and a script or CI job
+        # that reads only the exit status must not see a pass the report does not give.
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 _INFO = pytest.StashKey[dict[str, Any]]()

@@ -191,6 +191,8 @@ def test_overrides_become_xfail_xpass_skip_and_raises(pytester: pytest.Pytester)
     assert report["summary"]["verdict"] == "FAIL"
     assert "1 limitation" in report["summary"]["headline"]
     assert by_case["not_here"]["outcome"] == "skipped"
+    # ... and the exit status agrees with the report (pytest alone would exit 0 on an xpass).
+    assert res.ret == pytest.ExitCode.TESTS_FAILED
 
 
 def run_child(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
