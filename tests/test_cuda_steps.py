@@ -8,6 +8,7 @@ capture/replay wiring against a stand-in for ``torch.cuda.graph``). The bundled
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from collections.abc import Iterator
@@ -191,10 +192,10 @@ def test_a_then_chain_is_compared_with_its_expectation() -> None:
 # -- no CUDA step passes without having run --------------------------------------------------
 
 def _caps(cuda_devices: int) -> capabilities.Capabilities:
-    caps = capabilities.probe(())
-    caps.cuda_devices = cuda_devices
-    caps.dist = _EveryBackend(caps.dist)
-    return caps
+    # A copy: probe() is cached for the process, and later tests (pytester runs in this
+    # process) must still see this machine's real devices and backends.
+    real = capabilities.probe(())
+    return dataclasses.replace(real, cuda_devices=cuda_devices, dist=_EveryBackend(real.dist))
 
 
 class _EveryBackend:

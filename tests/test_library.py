@@ -32,9 +32,10 @@ NOT_COMMUNICATION = re.compile(
     r"^(get_.*|is_.*|init_process_group|destroy_process_group|new_group|new_subgroups.*|"
     r"split_group|shrink_group|record_comm|supports_complex|default_pg_timeout|group|"
     r"reduce_op|set_timeout)$")
-# Budget for the default (quick) run: measured at about 70 s for 1,900 instances on the
-# 2-core CI machine (README "The bundled library"); keep it well inside a few minutes.
-QUICK_BUDGET = 2600
+# Budget for the default (quick) run: about 70 s for 1,900 instances on the 2-core CI machine,
+# about 3 minutes for 2,619 with the upstream-parity files (README "The bundled library");
+# keep it well inside a few minutes.
+QUICK_BUDGET = 3000
 
 
 @functools.cache
