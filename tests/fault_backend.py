@@ -94,6 +94,15 @@ def _call(fn: Callable[..., Any], *args: Any, opts: Any = None) -> Any:
     return fn(*args) if opts is None else fn(*args, opts)
 
 
+def _tensors(args: Any) -> list[torch.Tensor]:
+    """Every tensor in ``args`` (nested lists and tuples included)."""
+    if isinstance(args, torch.Tensor):
+        return [args]
+    if isinstance(args, (list, tuple)):
+        return [t for a in args for t in _tensors(a)]
+    return []
+
+
 def _lacks(exc: RuntimeError) -> bool:
     """Gloo rejected the op as unsupported (torch 2.4's list reduce_scatter and alltoall)."""
     return "does not support" in str(exc)
@@ -115,11 +124,20 @@ class FaultyGloo(dist.ProcessGroup):
         self.fault = os.environ.get("COLLECTIVE_FAULT", "none")
         if self.fault not in FAULTS:
             raise ValueError(f"COLLECTIVE_FAULT={self.fault!r}; choose one of {FAULTS}")
+        self._pre: dict[int, torch.Tensor] = {}  # copies taken before an op (``unwritten``)
 
     def getBackendName(self) -> str:
         return "faulty"
 
     # -- fault plumbing ------------------------------------------------------------------
+    def _issue(self, fn: Callable[..., Any], *args: Any, opts: Any = None) -> Any:
+        """Call the inner method; under ``unwritten`` first keep a copy of every tensor it is
+        given, because an async Gloo op may already have written its outputs by the time
+        :meth:`_wrap` runs (a copy taken then held the result, and the fault did not show)."""
+        if self.fault == "unwritten":
+            self._pre = {id(t): t.clone() for t in _tensors(args)}
+        return _call(fn, *args, opts=opts)
+
     def _wrap(self, work: Any, outputs: Sequence[torch.Tensor],
               chunks: Sequence[torch.Tensor] = (), more: Sequence[Any] = ()) -> Any:
         """Apply the output-side faults to ``outputs`` when ``work`` completes.
@@ -128,7 +146,10 @@ class FaultyGloo(dist.ProcessGroup):
         """
         fault, rank = self.fault, self.rank()
         outputs = [t for t in outputs if t.numel()]
-        saved = [t.clone() for t in outputs] if fault == "unwritten" else []
+        pre = self._pre
+        saved = ([pre[id(t)] if id(t) in pre else t.clone() for t in outputs]
+                 if fault == "unwritten" else [])
+        self._pre = {}
 
         def after() -> None:
             if fault == "wrong_value" and rank == 1:
@@ -169,21 +190,21 @@ class FaultyGloo(dist.ProcessGroup):
     # -- reductions --------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         self._drop_in_place(tensors)
-        return self._wrap(_call(self.inner.allreduce, tensors, opts=opts), tensors)
+        return self._wrap(self._issue(self.inner.allreduce, tensors, opts=opts), tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         self._drop_in_place(tensors)
-        return self._wrap(_call(self.inner.allreduce_coalesced, tensors, opts=opts), tensors)
+        return self._wrap(self._issue(self.inner.allreduce_coalesced, tensors, opts=opts), tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         self._drop_in_place(tensors)
-        return self._wrap(_call(self.inner.reduce, tensors, opts=opts), tensors)
+        return self._wrap(self._issue(self.inner.reduce, tensors, opts=opts), tensors)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
                        opts: Any = None) -> Any:
         inputs = [self._rotate([self._contribution(t) for t in lst]) for lst in inputs]
         try:
-            work = _call(self.inner.reduce_scatter, outputs, inputs, opts=opts)
+            work = self._issue(self.inner.reduce_scatter, outputs, inputs, opts=opts)
         except RuntimeError as exc:
             if not _lacks(exc):
                 raise
@@ -216,7 +237,8 @@ class FaultyGloo(dist.ProcessGroup):
 
             work = _AfterWork(self.inner.allreduce([whole], ar), keep_mine)
             return self._wrap(work, [output])
-        return self._wrap(_call(self.inner._reduce_scatter_base, output, src, opts=opts), [output])
+        work = self._issue(self.inner._reduce_scatter_base, output, src, opts=opts)
+        return self._wrap(work, [output])
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> Any:
@@ -226,30 +248,31 @@ class FaultyGloo(dist.ProcessGroup):
 
     # -- one to all / all to one -----------------------------------------------------------
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._wrap(_call(self.inner.broadcast, tensors, opts=opts), tensors)
+        return self._wrap(self._issue(self.inner.broadcast, tensors, opts=opts), tensors)
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
                 opts: Any = None) -> Any:
         inputs = [self._rotate(list(lst)) for lst in inputs]
-        return self._wrap(_call(self.inner.scatter, outputs, inputs, opts=opts), outputs)
+        return self._wrap(self._issue(self.inner.scatter, outputs, inputs, opts=opts), outputs)
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                opts: Any = None) -> Any:
         flat = outputs[0] if outputs else []
         inputs = [self._contribution(t) for t in inputs]
-        return self._wrap(_call(self.inner.gather, outputs, inputs, opts=opts), flat, chunks=flat)
+        work = self._issue(self.inner.gather, outputs, inputs, opts=opts)
+        return self._wrap(work, flat, chunks=flat)
 
     # -- gathers and all-to-alls -----------------------------------------------------------
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                   opts: Any = None) -> Any:
         flat = outputs[0]
         inputs = [self._contribution(t) for t in inputs]
-        work = _call(self.inner.allgather, outputs, inputs, opts=opts)
+        work = self._issue(self.inner.allgather, outputs, inputs, opts=opts)
         return self._wrap(work, flat, chunks=flat)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> Any:
-        work = _call(self.inner._allgather_base, output, self._contribution(input), opts=opts)
+        work = self._issue(self.inner._allgather_base, output, self._contribution(input), opts=opts)
         return self._wrap(work, [output], chunks=_chunks(output, self.size()))
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
@@ -261,7 +284,7 @@ class FaultyGloo(dist.ProcessGroup):
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]],
                             inputs: list[torch.Tensor], opts: Any = None) -> Any:
         inputs = [self._contribution(t) for t in inputs]
-        work = _call(self.inner.allgather_coalesced, outputs, inputs, opts=opts)
+        work = self._issue(self.inner.allgather_coalesced, outputs, inputs, opts=opts)
         flat = [t for lst in outputs for t in lst]
         # The per-rank pieces: swap the first entries that ranks 0 and 1 contributed.
         firsts = [lst[0] for lst in outputs] if len(outputs) >= 2 else []
@@ -270,7 +293,7 @@ class FaultyGloo(dist.ProcessGroup):
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                  opts: Any = None) -> Any:
         try:
-            work = _call(self.inner.alltoall, outputs, inputs, opts=opts)
+            work = self._issue(self.inner.alltoall, outputs, inputs, opts=opts)
         except RuntimeError as exc:
             if not _lacks(exc):
                 raise
@@ -291,7 +314,7 @@ class FaultyGloo(dist.ProcessGroup):
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_splits: list[int], input_splits: list[int],
                           opts: Any = None) -> Any:
-        work = _call(self.inner.alltoall_base, output, input, output_splits, input_splits,
+        work = self._issue(self.inner.alltoall_base, output, input, output_splits, input_splits,
                      opts=opts)
         if output_splits:
             chunks = list(torch.split(output, list(output_splits))) if output.numel() else []
@@ -309,7 +332,7 @@ class FaultyGloo(dist.ProcessGroup):
         return self.inner
 
     def barrier(self, opts: Any = None) -> Any:
-        return _call(self.inner.barrier, opts=opts)
+        return self._issue(self.inner.barrier, opts=opts)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
         return self.inner.send(tensors, dst, tag)
