@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 import subprocess
 import sys
@@ -194,7 +195,8 @@ def test_a_constructor_that_builds_another_group_fails_the_group_check(tmp_path:
     the group, what the case implies and what torch built."""
     (tmp_path / "c.yaml").write_text(ORDERED)
     ok = run_child(["c.yaml", "-q", "--no-report"], tmp_path)
-    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.returncode == 0, ok.stdout + ok.stderr  # passed (skipped where torch 2.4.1
+    # lacks sort_ranks; the fault module below claims the parameter, so that run is checked)
     bad = run_child(["c.yaml", "-q", "--no-report", "--backend-module", "group_fault"],
                     tmp_path)
     assert bad.returncode == 1
@@ -226,7 +228,7 @@ cases:
     steps:
       - {new_group: big, subgroups: 3}
     expected: {}
-    raises: "ValueError: The world size \\\\(4\\\\) must be divisible by 'group_size=3'"
+    raises: "ValueError: The world size (\\\\(4\\\\) )?must be divisible by 'group_size(=3)?'"
 """
 
 
@@ -260,7 +262,13 @@ def test_instances_skip_where_torch_lacks_the_constructor_or_parameter() -> None
                                            "sort_ranks: false}"))
     real = Capabilities(torch_version="x", cuda_devices=0, dist=dist,
                         torch=SimpleNamespace(float32=1))
-    assert real.skip_reason(split) == "" and real.skip_reason(ordered) == ""
+    # The installed torch decides (2.4.1 has neither split_group nor sort_ranks).
+    has_split = hasattr(dist, "split_group")
+    has_sort = "sort_ranks" in inspect.signature(dist.new_group).parameters
+    assert real.skip_reason(split) == ("" if has_split else
+                                       "torch x has no torch.distributed.split_group")
+    assert real.skip_reason(ordered) == ("" if has_sort else
+                                         "torch x has no new_group parameter 'sort_ranks'")
 
     def new_group(ranks: Any = None, timeout: Any = None) -> None:
         raise AssertionError("not called")
