@@ -322,7 +322,9 @@ def _check_raises(inst: Instance, raised: list[RankResult], ranks: list[RankResu
            f"rank(s) {', '.join(map(str, exp.ranks))}")
     if wrong:
         if not raised:  # say what was verified of a run that finished, and nothing more
-            lines.append(f"  no rank raised; {checked_text(run.results)}")
+            bad = _value_failures(inst, run.results)
+            lines.append("  no rank raised; values:\n" + "\n".join(bad) if bad else
+                         f"  no rank raised; {checked_text(run.results)}")
         outcome: Outcome = "hang" if "blocked" in wrong else "failed"
         return InstanceResult(outcome, f"{where}: expected {who} to raise an error matching "
                               f"{exp.match!r}" + (f" (the others may {_may(exp.others)})"

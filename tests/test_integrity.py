@@ -484,3 +484,37 @@ def test_baseline_in_pytest_fails_an_incomplete_session(tmp_path: Path) -> None:
     assert stopped.returncode == 1, stopped.stdout
     assert "the session was incomplete: 2 of 3 collected instance(s) have no result" \
         in stopped.stdout
+
+
+RAISE_NOT_RAISED = """
+cases:
+  - name: wrong_and_not_raised
+    world_size: 2
+    tensors: {t: {shape: [2], dtype: int64, init: "rank"}}
+    steps:
+      - {op: all_reduce, tensor: t}
+    expected: {t: 5}
+    raises: "never raised"
+  - name: right_and_not_raised
+    world_size: 2
+    tensors: {t: {shape: [2], dtype: int64, init: "rank"}}
+    steps:
+      - {op: all_reduce, tensor: t}
+    expected: {t: 1}
+    raises: "never raised"
+"""
+
+
+def test_expected_raise_not_raised_names_wrong_values(tmp_path: Path) -> None:
+    """When a rejection was expected and every rank finished, the message says which checked
+    values were wrong instead of claiming that they held what was expected (a torch where a
+    rejected call started to work showed this: the group it made was not the expected one)."""
+    where = project(tmp_path, RAISE_NOT_RAISED)
+    res = run(where, "-q")
+    assert res.returncode == 1, res.stdout + res.stderr
+    by = {r["case"]: r for r in report(where)["records"]}
+    wrong = by["wrong_and_not_raised"]["message"]
+    assert "no rank raised; values:" in wrong and "expected 5 got 1" in wrong, wrong
+    assert "held what was expected" not in wrong
+    right = by["right_and_not_raised"]["message"]
+    assert "no rank raised; the checked buffers held what was expected: 't'" in right, right

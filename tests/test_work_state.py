@@ -144,11 +144,20 @@ cases:
 def test_gloo_failed_work_reports_its_error(pytester: pytest.Pytester) -> None:
     (pytester.path / "ws.yaml").write_text(textwrap.dedent(CASES))
     res = pytester.runpytest("ws.yaml", "-q", "-p", "no:randomly")
-    res.assert_outcomes(passed=1, failed=1)
     report = load_report(pytester.path / "reports" / "conformance.json")
     by_case = {r["case"]: r for r in report["records"]}
-    assert by_case["failed_work"]["outcome"] == "passed"
     bad = by_case["claims_success"]
     assert bad["outcome"] == "failed"
     assert "is_success: True got False" in bad["message"]
-    assert "exception: 'none' got RuntimeError" in bad["message"]
+    unusable = "exception() raised TypeError: Unable to convert function return value"
+    if unusable in by_case["failed_work"]["message"]:
+        # torch 2.4.1's Work.exception() cannot be called from Python (pybind cannot convert
+        # its exception_ptr): the check names that, and only that, as wrong.
+        res.assert_outcomes(failed=2)
+        failed = by_case["failed_work"]["message"]
+        assert "1 of 3 element(s) wrong" in failed and "[2] expected exception:" in failed
+        assert unusable in bad["message"]
+    else:
+        res.assert_outcomes(passed=1, failed=1)
+        assert by_case["failed_work"]["outcome"] == "passed"
+        assert "exception: 'none' got RuntimeError" in bad["message"]
