@@ -15,11 +15,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import jsonschema
-
-from ..report.records import load_report, write_atomic
+from ..report.records import write_atomic
 from . import baseline as bl
-from . import perf
+from . import perf, versions
 from .baseline import Baseline, BaselineError, Entry, Level
 from .compare import (
     GateResult,
@@ -96,18 +94,8 @@ def cli_policy(items: Sequence[str], strict: bool) -> dict[str, Level]:
 
 
 def _load_report(path: str) -> dict[str, Any]:
-    try:
-        return load_report(path)
-    except FileNotFoundError:
-        raise BaselineError(f"{path}: report not found\n    hint: run pytest with the "
-                            "collective-harness plugin first (it writes "
-                            "reports/conformance.json)") from None
-    except json.JSONDecodeError as exc:
-        raise BaselineError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    except jsonschema.ValidationError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(top)"
-        raise BaselineError(f"{path}: not a collective-harness report: at {where}: "
-                            f"{exc.message}") from None
+    return versions.load(path, hint="\n    hint: run pytest with the collective-harness "
+                         "plugin first (it writes reports/conformance.json)")
 
 
 def _label(path: str, backends: list[str], torch: str) -> str:

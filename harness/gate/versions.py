@@ -19,7 +19,6 @@ built for different devices) and the NCCL version the report recorded.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import re
 import sys
@@ -31,7 +30,7 @@ from typing import Any
 import jsonschema
 
 from ..report.oneline import one_line
-from ..report.records import validate_report, write_atomic
+from ..report.records import load_report, write_atomic
 from .baseline import Baseline, BaselineError, canonical
 
 # How each expectation reads when the instance met it (outcome "passed").
@@ -40,18 +39,13 @@ MET = {"pass": "works", "raises": "rejected (raises, documented)",
 EVIDENCE = 3  # instances quoted per change of behaviour
 
 
-def load(path: str) -> dict[str, Any]:
-    """Read and validate a report (``.json``, or ``.json.gz`` as committed references are)."""
+def load(path: str, hint: str = "") -> dict[str, Any]:
+    """Read and validate a report (``.json`` or ``.json.gz``); any problem is a
+    :class:`BaselineError` naming the file (``hint`` follows a missing file's message)."""
     try:
-        if path.endswith(".gz"):
-            with gzip.open(path, "rt", encoding="utf-8") as fh:
-                report = json.load(fh)
-        else:
-            with open(path, encoding="utf-8") as fh:
-                report = json.load(fh)
-        validate_report(report)
+        return load_report(path)
     except FileNotFoundError:
-        raise BaselineError(f"{path}: report not found") from None
+        raise BaselineError(f"{path}: report not found{hint}") from None
     except (OSError, EOFError) as exc:
         raise BaselineError(f"{path}: cannot read it ({exc})") from None
     except json.JSONDecodeError as exc:
@@ -60,7 +54,6 @@ def load(path: str) -> dict[str, Any]:
         where = "/".join(str(p) for p in exc.absolute_path) or "(top)"
         raise BaselineError(f"{path}: not a collective-harness report: at {where}: "
                             f"{exc.message}") from None
-    return dict(report)
 
 
 def public_version(version: str) -> str:

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import datetime
 import functools
+import gzip
 import json
 import os
 import tempfile
@@ -247,8 +248,10 @@ def write_all(files: list[tuple[str, str]]) -> None:
 
 
 def load_report(path: str) -> dict[str, Any]:
-    """Read and validate a report written by :func:`write_json`."""
-    with open(path, encoding="utf-8") as fh:
+    """Read and validate a report written by :func:`write_json` (``.json``, or ``.json.gz``
+    as the committed references are)."""
+    opener: Any = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
         report = json.load(fh)
     validate_report(report)
     return dict(report)
