@@ -470,8 +470,8 @@ def _lifecycle_step(step: Step, renv: RankEnv) -> None:
     """``set_timeout`` / ``destroy`` on the step's group, or on the instance's world."""
     args = dict(step.args)
     if args.get("group") is not None:
-        g = args["group"]
-        group, _ = _group(renv, g if isinstance(g, str) else tuple(g), args.get("group_timeout"))
+        # expand gives a name (str) or a tuple of ranks, as _group takes them
+        group, _ = _group(renv, args["group"], args.get("group_timeout"))
     else:
         group = renv.world_group  # None: the default group (the whole launched world)
     if step.kind == "set_timeout":
