@@ -20,6 +20,7 @@ from harness import ops
 from harness.casefile import expand, load, validate
 from harness.gate import cli
 from harness.gate import perf as perfgate
+from harness.gate import versions as gate_versions
 from harness.model import RankResult
 from harness.perf import stats
 from harness.report import html, markdown
@@ -333,7 +334,8 @@ def test_gate_cli_update_keeps_threshold_and_gates(tmp_path: Path,
     bad = write({"a": (5.0, 4.9, 5.1)}, "bad.json")
     base = str(tmp_path / "perf-baseline.json")
     monkey = pytest.MonkeyPatch()
-    monkey.setattr(cli, "load_report", lambda p: json.loads(Path(p).read_text()))
+    # The CLI reads reports through versions.load, which calls load_report.
+    monkey.setattr(gate_versions, "load_report", lambda p: json.loads(Path(p).read_text()))
     try:
         assert cli.main(["--perf", good, base, "--update", "--threshold", "0.25"]) == 0
         saved = json.loads(Path(base).read_text())
