@@ -232,6 +232,23 @@ def test_graph_capture_skips_on_gloo_and_runs_elsewhere() -> None:
     assert caps.skip_reason(other) == ""
 
 
+def test_an_nccl_group_with_more_members_than_gpus_skips_with_the_reason() -> None:
+    # Seen on an H100: Gloo with CUDA tensors at world size 2 making new_group(backend=
+    # "nccl") over both ranks failed with NCCL's "Duplicate GPU detected" (both ranks share
+    # the one GPU), a failure the case does not state.
+    (inst,) = _program("- {new_group: g, members: [0, 1], backend: nccl}\n"
+                       "- {op: broadcast, tensor: t, src: 0, group: g}")
+    assert _caps(1).skip_reason(inst) == ("a new_group on NCCL needs one GPU per member: "
+                                          "2 members > 1 GPU(s)")
+    assert _caps(2).skip_reason(inst) == ""
+    (one,) = _program("- {new_group: g, members: [1], backend: nccl}\n"
+                      "- {op: broadcast, tensor: t, src: 1, group: g, ranks: [1]}")
+    assert _caps(1).skip_reason(one) == ""
+    (gloo,) = _program("- {new_group: g, members: [0, 1], backend: gloo}\n"
+                       "- {op: broadcast, tensor: t, src: 0, group: g}")
+    assert _caps(1).skip_reason(gloo) == ""
+
+
 @pytest.mark.parametrize("steps", [
     "- capture: g\n  steps: [{op: all_reduce, tensor: t}]",
     "- {op: all_reduce, tensor: t, async: true, handle: h}\n- {block_current_stream: h}",

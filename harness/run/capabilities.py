@@ -73,6 +73,25 @@ class Capabilities:
             return ""
         missing = next((k for k in wanted if k not in params), "")
         return f"{fn_name} parameter {missing!r}" if missing else ""
+    def _nccl_group_crowded(self, inst: Instance, args: dict[str, Any],
+                            local_rank: int | None) -> str:
+        """Why a group made on NCCL by a program of another backend cannot start here, or "".
+
+        NCCL refuses two members of one communicator on one GPU ("Duplicate GPU detected"),
+        and the harness's ranks share the GPUs round-robin (rank r on ``cuda:r % count``), so
+        a group with more members than GPUs would fail for a reason the case does not state.
+        Members given as expressions count as the whole world (they are per-rank values).
+        """
+        if args.get("backend") != "nccl" or local_rank is not None:
+            return ""
+        members = args.get("members")
+        size = (len(members) if isinstance(members, tuple) and
+                all(isinstance(m, int) for m in members) else inst.world_size)
+        if size <= self.cuda_devices:
+            return ""
+        return (f"a new_group on NCCL needs one GPU per member: {size} members > "
+                f"{self.cuda_devices} GPU(s)")
+
     @staticmethod
     def _cuda_steps(inst: Instance) -> list[str]:
         """The CUDA-only step kinds ``inst`` uses (``stream: side`` ops need ``device:
@@ -133,6 +152,9 @@ class Capabilities:
                 missing = self._group_step_missing(dict(step.args))
                 if missing:
                     return f"torch {self.torch_version} has no {missing}"
+                crowded = self._nccl_group_crowded(inst, dict(step.args), local_rank)
+                if crowded:
+                    return crowded
             if not step.op:
                 continue
             op = ops.get(step.op)
