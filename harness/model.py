@@ -235,6 +235,7 @@ class Override:
     reason: str
     issue: str
     line: int
+    nccl: str = ""  # a version specifier of the NCCL torch was built with, "" for any
 
 
 @dataclass(frozen=True)

@@ -367,9 +367,11 @@ class CaseItem(pytest.Item):
     def _setup(self) -> None:
         hs = _hs(self.config)
         caps = probe(hs.backend_modules)
-        self.not_applied = overrides.not_applied(self.instance, caps.torch_version)
-        self.instance = perfplan.configure(ordering.configure(
-            overrides.resolve(self.instance, caps.torch_version), self.config), self.config)
+        self.not_applied = overrides.not_applied(self.instance, caps.torch_version,
+                                                  caps.nccl_version)
+        resolved = overrides.resolve(self.instance, caps.torch_version, caps.nccl_version)
+        self.instance = perfplan.configure(ordering.configure(resolved, self.config),
+                                           self.config)
         reason = self.instance.expectation.skip or caps.skip_reason(self.instance)
         if reason:
             self.record = skipped_record(self.instance, reason, self.nodeid)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from harness.casefile import overrides
 from harness.errors import CaseFileError
 from tests.helpers import case_instances as instances
@@ -101,6 +103,40 @@ def test_overrides_apply_by_axis_and_torch_version() -> None:
     assert overrides.resolve(by_id["gloo-ws2-float32-sum-sync"], "2.13.0").expectation.skip
     nccl = {i.id: i for i in instances(OVERRIDES, "nccl")}
     assert overrides.resolve(nccl["nccl-ws2-int64-avg-sync"], "2.13.0").expectation.kind == "pass"
+
+
+NCCL_SCOPED = """
+cases:
+  - name: n
+    op: all_reduce
+    dtype: [float32, bfloat16]
+    shape: [2]
+    input: "i"
+    overrides:
+      - when: {backend: nccl, nccl: ">=2.27", dtype: bfloat16}
+        xfail: true
+        reason: bf16 rounding on new NCCL
+"""
+
+
+def test_an_nccl_scoped_override_applies_only_within_its_nccl_versions() -> None:
+    by_id = {i.id: i for i in instances(NCCL_SCOPED, "nccl")}
+    bf16 = by_id["nccl-ws2-bfloat16-sum-sync"]
+    assert overrides.resolve(bf16, "2.13.0", "2.28.9").expectation.xfail.startswith("bf16")
+    assert not overrides.resolve(bf16, "2.13.0", "2.26.2").expectation.xfail
+    # No NCCL in this torch: an NCCL-scoped override can never be taken as applying.
+    assert not overrides.resolve(bf16, "2.13.0", "").expectation.xfail
+    [miss] = overrides.not_applied(bf16, "2.13.0", "2.26.2")
+    assert (miss["scope"], miss["when"]) == ("nccl", "NCCL >=2.27")
+    assert not overrides.not_applied(by_id["nccl-ws2-float32-sum-sync"], "2.13.0", "2.26.2")
+
+
+@pytest.mark.parametrize("key", ["torch", "nccl"])
+def test_a_scope_that_is_not_a_version_specifier_fails_collection_at_its_line(key: str) -> None:
+    text = NCCL_SCOPED.replace('nccl: ">=2.27"', f'{key}: "!=2.13.*, <99; python_version > \'3\'"')
+    with pytest.raises(CaseFileError, match=f"when.{key} .* is not a version specifier") as exc:
+        instances(text, "nccl")
+    assert exc.value.pos.line == 9
 
 
 def test_steps_form_builds_a_program() -> None:

@@ -128,7 +128,7 @@ harness.plugin.judge = _broken_judge
 INJECT_SETUP = """
 import harness.casefile.overrides
 
-def _broken_resolve(inst, torch_version):
+def _broken_resolve(*args, **kwargs):
     raise ValueError("injected setup failure")
 
 harness.casefile.overrides.resolve = _broken_resolve

@@ -13,6 +13,8 @@ import itertools
 import math
 from typing import Any
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
 from .. import dtypes, ops
 from ..errors import CaseFileError, ExprError, quote
 from ..expr import Expr, parse
@@ -623,16 +625,29 @@ class _Expander:
         for i, o in enumerate(self.raw.get("overrides", [])):
             when = o.get("when", {})
             conds = tuple(sorted((k, tuple(as_list(v))) for k, v in when.items()
-                                 if k not in ("torch", "params", "args")))
+                                 if k not in ("torch", "nccl", "params", "args")))
             conds += tuple((f"params.{k}", tuple(as_list(v)))
                            for k, v in when.get("params", {}).items())
             conds += tuple((f"args.{k}", tuple(as_list(v)))
                            for k, v in when.get("args", {}).items())
             patch = tuple((k, v) for k, v in o.items() if k not in ("when", "reason", "issue"))
             line = self.case.doc.pos((*self.case.origin["overrides"], i)).line
+            for key in ("torch", "nccl"):
+                if key in when:
+                    self._check_specifier(("overrides", i, "when", key), key, when[key])
             out.append(Override(conds, when.get("torch", ""), patch, o["reason"],
-                                o.get("issue", ""), line))
+                                o.get("issue", ""), line, nccl=when.get("nccl", "")))
         return tuple(out)
+
+
+    def _check_specifier(self, path: tuple[str | int, ...], key: str, spec: str) -> None:
+        # Checked here, not when the override is resolved, so a bad scope fails collection at
+        # its line on every machine instead of tracing back on the one whose version it reaches.
+        try:
+            SpecifierSet(spec, prereleases=True)
+        except InvalidSpecifier:
+            raise self.case.error(path, f"when.{key} {quote(spec)} is not a version specifier; "
+                                  f"write e.g. \">=2.5,<2.8\" (PEP 440)") from None
 
 
 def expand_all(cases: list[Case], backend: str, limits: Limits | None = None, *,

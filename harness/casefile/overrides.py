@@ -1,7 +1,8 @@
 """Overrides: per-backend / per-torch-version patches of a case's expectation.
 
-Resolved at run time (setup), when the installed torch version is known; expansion keeps
-every override on the instance so that one case documents how backends and versions differ.
+Resolved at run time (setup), when the installed torch version (and the NCCL version it was
+built with, for ``when: {nccl: ...}``) is known; expansion keeps every override on the instance
+so that one case documents how backends and versions differ.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from ..model import Fill, Instance, Override, Tolerance
 from .fields import KEYWORDS
 
 
-def override_applies(o: Override, inst: Instance, torch_version: str) -> bool:
-    """Whether override ``o`` matches ``inst`` on this torch version."""
-    return not _mismatch(o, inst, torch_version)
+def override_applies(o: Override, inst: Instance, torch_version: str,
+                     nccl_version: str = "") -> bool:
+    """Whether override ``o`` matches ``inst`` on this torch (and NCCL) version."""
+    return not _mismatch(o, inst, torch_version, nccl_version)
 
 
-def _mismatch(o: Override, inst: Instance, torch_version: str) -> set[str]:
+def _mismatch(o: Override, inst: Instance, torch_version: str, nccl_version: str) -> set[str]:
     """What keeps ``o`` from applying: ``axes`` (the instance is not what it is about),
-    ``backend`` and/or ``torch`` (its scope); empty when it applies."""
+    ``backend``, ``torch`` and/or ``nccl`` (its scope); empty when it applies. An ``nccl``
+    scope never applies where torch has no NCCL (``nccl_version`` empty)."""
     axes = dict(inst.axes)
     axes["backend"] = inst.backend
     axes["device"] = inst.device
@@ -40,28 +43,32 @@ def _mismatch(o: Override, inst: Instance, torch_version: str) -> set[str]:
         base = Version(torch_version.split("+")[0])
         if base not in SpecifierSet(o.torch, prereleases=True):
             out.add("torch")
+    if o.nccl and (not nccl_version or Version(nccl_version)
+                   not in SpecifierSet(o.nccl, prereleases=True)):
+        out.add("nccl")
     return out
 
 
-def not_applied(inst: Instance, torch_version: str) -> list[dict[str, Any]]:
+def not_applied(inst: Instance, torch_version: str, nccl_version: str = ""
+                ) -> list[dict[str, Any]]:
     """Overrides that match ``inst`` in everything but their torch-version or backend scope.
 
     They are why a known divergence can show up as an unexplained failure on another torch or
     backend, so the report lists them (line, scope, the scope's condition, reason)."""
     out: list[dict[str, Any]] = []
     for o in inst.overrides:
-        miss = _mismatch(o, inst, torch_version)
+        miss = _mismatch(o, inst, torch_version, nccl_version)
         if not miss or "axes" in miss:
             continue
         when = dict(o.when)
-        scope = "backend" if "backend" in miss else "torch"
-        cond = (f"backend {', '.join(map(str, when.get('backend', ())))}" if scope == "backend"
-                else f"torch {o.torch}")
+        scope = next(s for s in ("backend", "torch", "nccl") if s in miss)
+        cond = {"backend": f"backend {', '.join(map(str, when.get('backend', ())))}",
+                "torch": f"torch {o.torch}", "nccl": f"NCCL {o.nccl}"}[scope]
         out.append({"line": o.line, "scope": scope, "when": cond, "reason": o.reason})
     return out
 
 
-def resolve(inst: Instance, torch_version: str) -> Instance:
+def resolve(inst: Instance, torch_version: str, nccl_version: str = "") -> Instance:
     """Apply the instance's matching overrides (later ones win) to its expectation.
 
     An override's ``ordering: [check, ...]`` is recorded on the ordering plan as a known
@@ -70,7 +77,7 @@ def resolve(inst: Instance, torch_version: str) -> Instance:
     exp, tol, expected = inst.expectation, inst.tolerance, inst.expected
     known: dict[str, str] = {}
     for o in inst.overrides:
-        if not override_applies(o, inst, torch_version):
+        if not override_applies(o, inst, torch_version, nccl_version):
             continue
         patch = dict(o.patch)
         reason = o.reason + (f" ({o.issue})" if o.issue else "")

@@ -86,14 +86,15 @@ def not_applied_notice(report: dict[str, Any]) -> list[str]:
     scoped = report.get("summary", {}).get("overrides_not_applied") or []
     if scoped:
         parts = []
-        for scope, label in (("torch", "the torch version"), ("backend", "the backend")):
+        for scope, label in (("torch", "the torch version"), ("nccl", "the NCCL version"),
+                             ("backend", "the backend")):
             these = [o for o in scoped if o["scope"] == scope]
             if these:
                 parts.append(f"{len(these)} because of {label} ("
                              f"{sum(o['instances'] for o in these)} instance(s))")
         torch_note = (" Instances whose override is scoped to another torch version are judged "
                       "without it: a documented divergence can show up as a failure."
-                      if any(o["scope"] == "torch" for o in scoped) else "")
+                      if any(o["scope"] in ("torch", "nccl") for o in scoped) else "")
         out.append("> **Overrides not applied** because of their scope: " + "; ".join(parts)
                    + "." + torch_note)
         out.append("")

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     instances = [i for i in load_instances(args.paths, args.backend, world)
                  if args.keyword in i.key and (args.full or "full" not in i.marks)]
     caps = probe(tuple(args.backend_module))
-    instances = [overrides.resolve(i, caps.torch_version) for i in instances]
+    instances = [overrides.resolve(i, caps.torch_version, caps.nccl_version) for i in instances]
     if plan is not None:
         instances = [dataclasses.replace(i, perf=plan) if not not_timed(i) else i
                      for i in instances]
