@@ -187,7 +187,8 @@ def render(baseline: Baseline) -> str:
     head: dict[str, Any] = {
         "baseline_version": BASELINE_VERSION,
         "comment": "collective-harness gate baseline: one entry per instance, keyed by case id "
-                   "+ axes (+ backend). Refresh: " + REFRESH_HINT,
+                   "+ axes (+ backend). Refresh: run the suite that made it, then "
+                   "collective-gate REPORT THIS-FILE --update (README: Gating in CI)",
         "backends": sorted({e.backend for e in entries}),
         "torch": baseline.torch,
         **({"nccl_version": baseline.nccl} if baseline.nccl else {}),
