@@ -14,6 +14,9 @@ from ``tests/fault_backend.py`` (value faults) so the two can change independent
   after an op completes it stages a copy of the op's input buffers ("prefetching" the next
   iteration), and the next op on the same buffer sends that staged copy, so a write that lands
   after the staging (a slow producer) is ignored. A fresh buffer is read at the call.
+
+The plumbing is :class:`harness.backends.wrapping.WrappingProcessGroup`'s; the faults are its
+``prepare`` (staged reads) and ``finish`` (the Work's completion semantics) hooks.
 """
 
 # mypy: disable-error-code="override,call-arg,misc"
@@ -27,45 +30,16 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroupGloo
+
+from harness.backends.wrapping import Call, WrappedWork, WrappingProcessGroup
 
 FAULTS = ("none", "early_wait", "early_complete", "early_input_read")
 STAGE_AFTER_S = 0.002  # the prefetch lands this long after an op completes
-
-
-class _Work(dist.Work):
-    """Delegates to a Gloo work, with ``wait()`` / ``is_completed()`` broken as the fault says."""
-
-    def __init__(self, inner: Any, fault: str) -> None:
-        super().__init__()
-        self.inner = inner
-        self.fault = fault
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        if self.fault == "early_wait":
-            return True
-        return bool(self.inner.wait()) if timeout is None else bool(self.inner.wait(timeout))
-
-    def is_completed(self) -> bool:
-        if self.fault == "early_complete":
-            return True
-        return bool(self.inner.is_completed())
-
-    def is_success(self) -> bool:
-        return bool(self.inner.is_success())
-
-    def exception(self) -> Any:
-        return self.inner.exception()
-
-    def get_future(self) -> Any:
-        return self.inner.get_future()
-
-
-def _call(fn: Any, *args: Any, opts: Any = None) -> Any:
-    """Call an inner Gloo method with the caller's options, or its defaults: torch 2.4 calls a
-    Python ProcessGroup's methods from Python, some without options (``allgather``)."""
-    return fn(*args) if opts is None else fn(*args, opts)
+# Methods whose input buffer is also the output (a staged copy is written into it) and
+# methods that read separate inputs (the staged copy is sent instead); a broadcast's root reads.
+READS_IN_PLACE = ("allreduce", "reduce", "broadcast")
+READS = ("allgather", "gather", "scatter", "reduce_scatter", "alltoall", "send")
+PASSED_THROUGH = ("barrier",)  # not wrapped: its Work is Gloo's own
 
 
 def _owner(t: torch.Tensor) -> torch.Tensor:
@@ -100,98 +74,44 @@ class _Stager:
         return copy if copy.shape == t.shape and copy.dtype == t.dtype else None
 
 
-class FaultyOrderingGloo(dist.ProcessGroup):
+class FaultyOrderingGloo(WrappingProcessGroup):
     """Delegates every op to a real ProcessGroupGloo; breaks ordering as ``fault`` says."""
 
+    backend_name = "faulty_ordering"
+
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
-        super().__init__(rank, size)
-        self.inner: Any = ProcessGroupGloo(store, rank, size, timeout)
+        super().__init__(store, rank, size, timeout)
         self.fault = os.environ.get("COLLECTIVE_FAULT", "none")
         if self.fault not in FAULTS:
             raise ValueError(f"COLLECTIVE_FAULT={self.fault!r}; choose one of {FAULTS}")
         self.stager = _Stager()
 
-    def getBackendName(self) -> str:
-        return "faulty_ordering"
-
-    def _reads(self, tensors: list[torch.Tensor], in_place: bool) -> list[torch.Tensor]:
-        """The tensors the op will read: staged copies under ``early_input_read``."""
+    def prepare(self, call: Call) -> None:
+        """Under ``early_input_read`` the op reads staged copies of its inputs."""
+        call.notes["given"] = list(call.inputs)
         if self.fault != "early_input_read":
-            return tensors
-        out: list[torch.Tensor] = []
-        for t in tensors:
+            return
+        in_place = call.method in READS_IN_PLACE
+        if call.method == "broadcast" and self.rank() != call.root:
+            return
+        if not in_place and call.method not in READS:
+            return
+        reads: list[torch.Tensor] = []
+        for t in call.inputs:
             old = self.stager.staged(t)
             if old is not None and in_place:
                 t.copy_(old)  # the op works on (and writes into) the buffer it was given
-            out.append(t if old is None or in_place else old)
-        return out
+            reads.append(t if old is None or in_place else old)
+        call.inputs = reads
 
-    def _work(self, inner: Any, inputs: list[torch.Tensor]) -> _Work:
-        if self.fault == "early_input_read" and inputs:
-            self.stager.stage_later(inner, inputs)
-        return _Work(inner, self.fault)
-
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        self._reads(tensors, in_place=True)
-        return self._work(_call(self.inner.allreduce, tensors, opts=opts), tensors)
-
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        self._reads(tensors, in_place=True)
-        return self._work(_call(self.inner.reduce, tensors, opts=opts), tensors)
-
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        if self.rank() == (opts.rootRank if opts is not None else 0):
-            self._reads(tensors, in_place=True)
-        return self._work(_call(self.inner.broadcast, tensors, opts=opts), tensors)
-
-    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
-                  opts: Any = None) -> Any:
-        reads = self._reads(inputs, in_place=False)
-        return self._work(_call(self.inner.allgather, outputs, reads, opts=opts), inputs)
-
-    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
-               opts: Any = None) -> Any:
-        reads = self._reads(inputs, in_place=False)
-        return self._work(_call(self.inner.gather, outputs, reads, opts=opts), inputs)
-
-    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
-                opts: Any = None) -> Any:
-        flat = inputs[0] if inputs else []
-        reads = [self._reads(flat, in_place=False)] if inputs else inputs
-        return self._work(_call(self.inner.scatter, outputs, reads, opts=opts), flat)
-
-    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
-                       opts: Any = None) -> Any:
-        flat = inputs[0]
-        reads = [self._reads(flat, in_place=False)]
-        return self._work(_call(self.inner.reduce_scatter, outputs, reads, opts=opts), flat)
-
-    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                 opts: Any = None) -> Any:
-        reads = self._reads(inputs, in_place=False)
-        return self._work(_call(self.inner.alltoall, outputs, reads, opts=opts), inputs)
-
-    def _get_backend(self, device: Any) -> Any:
-        """torch 2.15's batch_isend_irecv asks whether the group's backend coalesces: answer
-        with the wrapped Gloo (the ops themselves still go through this group)."""
-        return self.inner
-
-    def barrier(self, opts: Any = None) -> Any:
-        return _call(self.inner.barrier, opts=opts)
-
-    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
-        reads = self._reads(tensors, in_place=False)
-        return self._work(self.inner.send(reads, dst, tag), tensors)
-
-    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
-        return self._work(self.inner.recv(tensors, src, tag), [])
-
-    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
-        return self._work(self.inner.recv_anysource(tensors, tag), [])
+    def finish(self, call: Call, work: Any) -> Any:
+        if call.method in PASSED_THROUGH:
+            return work
+        given = call.notes["given"]
+        if self.fault == "early_input_read" and given:
+            self.stager.stage_later(work, given)
+        mode = self.fault if self.fault in ("early_wait", "early_complete") else ""
+        return WrappedWork(work, None, (), mode)
 
 
-def _create(store: Any, rank: int, size: int, timeout: timedelta) -> FaultyOrderingGloo:
-    return FaultyOrderingGloo(store, rank, size, timeout)
-
-
-dist.Backend.register_backend("faulty_ordering", _create, devices=["cpu"])
+FaultyOrderingGloo.register()
