@@ -9,10 +9,12 @@ The tree is the pipeline (README "Architecture"; data flows one way, down this l
 - ``ordering/``: the async-contract checks: plan (parent), probes (rank), verdicts (parent);
 - ``program/``: the rank-side step interpreter (buffers, steps, checks);
 - ``run/``: rank pools and capability checks (parent), the rank process, external ranks;
-- ``verdict``: what the ranks did -> outcome and message;
+- ``verdict/``: what the ranks did -> outcome and message (the instance, per-step checks);
 - ``report/``: JSON, Markdown, HTML, step summary writers;
 - ``gate/``: baselines, comparison, the ``collective-gate`` command;
-- ``plugin``: the pytest integration; ``bench``: the ``collective-bench`` command.
+- ``plugin``: the pytest integration;
+- beside the pipeline: ``perf/`` (bandwidth mode), ``bench/`` (``collective-bench``),
+  ``mutate/`` (``collective-mutate``), ``backends/`` (the wrapping-backend base).
 
 Nothing imported at package import time touches torch; only code that runs inside rank
 processes does.

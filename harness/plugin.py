@@ -43,7 +43,7 @@ from .report.records import (
 )
 from .run.capabilities import probe
 from .run.pool import ForeignAnswerError, PoolKey, PoolManager, PoolStartError, check_deadline
-from .verdict import judge
+from .verdict.outcome import judge
 
 CASE_SUFFIXES = (".yaml", ".yml")
 BAD_OUTCOMES = ("failed", "error", "hang", "crash")

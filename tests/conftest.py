@@ -23,7 +23,7 @@ import harness.report.markdown
 import harness.report.records
 import harness.run.capabilities
 import harness.run.pool
-import harness.verdict  # noqa: F401
+import harness.verdict.outcome  # noqa: F401
 from tests.runs import Run, make_project, run_pytest
 
 # Case files used as test inputs are data, not part of this test run.

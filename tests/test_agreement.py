@@ -5,7 +5,7 @@ from __future__ import annotations
 from harness.casefile import expand, validate
 from harness.casefile import load as yamlload
 from harness.model import Instance, RankResult, TensorCheck
-from harness.verdict import disagreements
+from harness.verdict.outcome import disagreements
 
 CASES = """
 cases:

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from harness.bench import bench_rejection
+from harness.bench.overhead import bench_rejection
 from harness.casefile import expand, overrides, validate
 from harness.casefile import load as yamlload
 from harness.model import Instance
 from harness.run.capabilities import probe
 from harness.run.pool import ForeignAnswerError, PoolKey, PoolManager, RankPool
 from harness.run.rank import encode
-from harness.verdict import judge
+from harness.verdict.outcome import judge
 
 from .helpers import load_report
 

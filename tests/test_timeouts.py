@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from harness import stepverdicts
 from harness.casefile import expand, validate
 from harness.casefile import load as yamlload
 from harness.errors import CaseFileError, CaseFileErrors
 from harness.model import Instance, InstanceResult, RankResult
 from harness.mutate import faults
+from harness.verdict import steps as stepverdicts
 
 from .helpers import load_report
 

@@ -8,7 +8,7 @@ Keys and steps (README "Timeouts, step errors and group lifecycle"):
 - ``group_timeout: S`` beside ``group:``: the subgroup is made with ``new_group(ranks,
   timeout=S)``;
 - ``blocks_until_all: true`` on a barrier step: no rank sees the barrier complete before the
-  last rank entered it (judged across ranks, see :mod:`harness.stepverdicts`);
+  last rank entered it (judged across ranks, see :mod:`harness.verdict.steps`);
 - ``{set_timeout: S}`` (with ``group:`` for a subgroup): ``ProcessGroup.set_timeout``;
 - ``{destroy: true}`` (with ``group:`` for a subgroup): ``destroy_process_group``.
 

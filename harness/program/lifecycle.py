@@ -2,7 +2,7 @@
 
 - :func:`expecting`: a step that declares ``raises:`` may raise; what it raised (type,
   message, seconds since the step was entered) is recorded for the parent, which matches the
-  pattern (RE2, :mod:`harness.stepverdicts`), and the program goes on. A step that declares
+  pattern (RE2, :mod:`harness.verdict.steps`), and the program goes on. A step that declares
   ``raises:`` and completes is recorded too ("did not raise").
 - :class:`Clock`: for ``blocks_until_all`` steps, CLOCK_MONOTONIC at entry and at completion
   (the call's return for a blocking call, its wait's return for an async one), with the

@@ -44,7 +44,7 @@ from ..perf.stats import aggregate
 from ..report import markdown
 from ..report.records import build_report, instance_record, skipped_record, write_atomic
 from ..report.records import write_json as write_report
-from ..verdict import judge
+from ..verdict.outcome import judge
 from . import schedule
 from .capabilities import Capabilities, probe
 from .launch import StepTrace, Watchdog, env_int, join

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import re
 
-from . import ops, stepverdicts
-from .casefile import patterns
-from .model import Instance, InstanceResult, Outcome, PoolRun, RankResult, RankState
-from .ordering import verdicts as ordering
+from .. import ops
+from ..casefile import patterns
+from ..model import Instance, InstanceResult, Outcome, PoolRun, RankResult, RankState
+from ..ordering import verdicts as ordering
+from . import steps as stepverdicts
 
 MAX_TB_LINES = 25
 

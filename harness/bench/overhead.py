@@ -34,10 +34,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from . import busbw_bench
-from .casefile import expand, load, validate
-from .run.pool import PoolKey, PoolManager, forkserver_context
-from .verdict import judge
+from ..casefile import expand, load, validate
+from ..run.pool import PoolKey, PoolManager, forkserver_context
+from ..verdict.outcome import judge
+from . import busbw as busbw_bench
 
 
 @dataclass

@@ -24,10 +24,10 @@ import statistics
 import sys
 from typing import Any
 
-from .casefile import expand, load, validate
-from .model import Instance, PerfPlan
-from .perf import stats
-from .run.pool import PoolKey, PoolManager
+from ..casefile import expand, load, validate
+from ..model import Instance, PerfPlan
+from ..perf import stats
+from ..run.pool import PoolKey, PoolManager
 
 
 def points(path: str, backend: str, world_sizes: set[int], dtype: str, min_bytes: int,

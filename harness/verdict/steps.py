@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .casefile import patterns
-from .model import Instance, InstanceResult, RankResult, TensorCheck
+from ..casefile import patterns
+from ..model import Instance, InstanceResult, RankResult, TensorCheck
 
 
 def _error_check(inst: Instance, obs: dict[str, Any]) -> TensorCheck:
