@@ -1,0 +1,94 @@
+"""Compare two conformance reports record by record, timings aside.
+
+    python ci/compare_records.py BEFORE.json[.gz] AFTER.json[.gz] [--show N]
+
+Used to show that a restructure or a faster path changed nothing a report says: the same
+instances (by key), and for each the same outcome, expectation, reason, message, pool
+replacement, per-rank status, checks (tensor, verdict, counts, digest), events (what ran) and
+ordering verdicts. What depends on the clock is left out: every ``duration_s``, event times
+(``t_*``), probe times (``return_s``), whether an op had completed at the moment the call
+returned (``completed_at_return``, ``at_return_*``: a race the probes observe, not a verdict),
+and numbers followed by a unit of time inside messages and details. Exit 0 when equal, 1 when
+not (the first N differences printed), 2 when a file cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+TIMING_KEYS = {"duration_s", "return_s", "completed_at_return", "at_return_ok",
+               "at_return_wrong", "waited_in_thread"}
+SECONDS_RE = re.compile(r"\d+(\.\d+)?(e-?\d+)?\s*(s|ms|µs|us)\b")
+
+
+def load(path: str) -> dict[str, Any]:
+    """A report's JSON (plain or gzipped); exits 2 with a one-line error if unusable."""
+    try:
+        raw = Path(path).read_bytes()
+        text = gzip.decompress(raw) if path.endswith(".gz") else raw
+        doc = json.loads(text)
+    except (OSError, ValueError, EOFError, RecursionError) as exc:
+        print(f"compare_records: {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
+        print(f"compare_records: {path}: not a report (no records list)", file=sys.stderr)
+        raise SystemExit(2)
+    return doc
+
+
+def normalize(value: Any) -> Any:
+    """``value`` with clock-dependent fields dropped and times in text replaced by ``T``."""
+    if isinstance(value, dict):
+        return {k: normalize(v) for k, v in value.items()
+                if k not in TIMING_KEYS and not k.startswith("t_")}
+    if isinstance(value, list):
+        return [normalize(v) for v in value]
+    if isinstance(value, str):
+        return SECONDS_RE.sub("T", value)
+    if isinstance(value, float):
+        return "F"  # any other float is a measurement (delays are fixed and named in text)
+    return value
+
+
+def differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """One line per difference: instances on one side only, then fields that differ."""
+    a = {r.get("key"): r for r in before["records"]}
+    b = {r.get("key"): r for r in after["records"]}
+    out = [f"only before: {k}" for k in sorted(set(a) - set(b), key=str)]
+    out += [f"only after: {k}" for k in sorted(set(b) - set(a), key=str)]
+    for key in sorted(set(a) & set(b), key=str):
+        x, y = normalize(a[key]), normalize(b[key])
+        for field in sorted(set(x) | set(y)):
+            if x.get(field) != y.get(field):
+                out.append(f"{key}: {field}: {json.dumps(x.get(field))[:160]} -> "
+                           f"{json.dumps(y.get(field))[:160]}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before")
+    ap.add_argument("after")
+    ap.add_argument("--show", type=int, default=20, help="differences to print (default 20)")
+    args = ap.parse_args(argv)
+    before, after = load(args.before), load(args.after)
+    diffs = differences(before, after)
+    n = len(before["records"])
+    if not diffs:
+        print(f"compare_records: {n} records, the same in both reports (timings aside)")
+        return 0
+    print(f"compare_records: {len(diffs)} difference(s) over {n} / {len(after['records'])} "
+          "records:")
+    for line in diffs[:max(args.show, 0)]:
+        print(f"  {line}")
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
