@@ -117,12 +117,12 @@ def gate_against_itself(where: Path, *extra: str) -> tuple[int, str]:
 # -- 2. vanishing records ---------------------------------------------------------------------
 
 INJECT_JUDGE = """
-import harness.plugin
+import harness.plugin.items
 
 def _broken_judge(*args, **kwargs):
     raise RuntimeError("injected judge failure")
 
-harness.plugin.judge = _broken_judge
+harness.plugin.items.judge = _broken_judge
 """
 
 INJECT_SETUP = """

@@ -129,9 +129,9 @@ def test_nccl_without_gpus_skips_in_the_parent(pytester: pytest.Pytester) -> Non
     write(pytester, "all_reduce.yaml", CASES)
     pytester.makeconftest("""
         import json
-        from harness import plugin
+        from harness.plugin import state
         def pytest_sessionfinish(session):
-            hs = plugin._hs(session.config)
+            hs = state.harness_session(session.config)
             with open("pools.json", "w") as fh:
                 json.dump({"manager_created": hs._manager is not None}, fh)
     """)

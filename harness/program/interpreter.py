@@ -5,6 +5,11 @@ This is the per-rank code shared by the harness's own pools and by the "external
 public pieces are what the ordering probes reuse: :func:`build_buffers` (an instance's
 buffers, fresh), :func:`call_op` (one op step), :func:`check_results` (every expectation that
 concerns this rank); :func:`run_instance` runs the whole program with them.
+
+Kept whole: :func:`run_instance`'s step loop, the buffers it builds and the checks it makes at
+the end share one per-instance state (written tensors, pending async work, the step a failure
+belongs to); the step kinds that stand apart already live in their own modules (timeline,
+groups, graphs, lifecycle, perf).
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ failures (each a ``<details>``), the skips, and one drill-down per cell.
 
 The outcome palette is a table (:data:`OUTCOMES`), worst first; an outcome added to the
 records joins the grid, legend and counts by adding one row.
+
+Kept whole: one self-contained page whose CSS classes, element ids and inline script refer to
+each other; the Markdown-like helpers it shares with other writers already live apart
+(perf_html, mdtext).
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ rendezvous instead of seconds. The pool enforces the per-instance deadline, turn
 dead rank into a per-rank diagnosis (Python stacks via faulthandler, the step each rank was
 in, flight-recorder entries, exit signal and last output), kills the ranks, and lets the
 manager start a fresh pool for the next instance.
+
+Kept whole: the pool's request/answer protocol, its deadline handling and its teardown are one
+state machine over the same pipes and processes; split, each half would have to reach into the
+other's state (which request is outstanding, which rank is alive) to stay correct.
 """
 
 from __future__ import annotations

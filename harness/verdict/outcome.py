@@ -43,8 +43,9 @@ def _tb(text: str) -> str:
     return "\n".join(lines)
 
 
-# Frames of files under this directory are the harness's own machinery, not the user's call.
-HARNESS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Frames of files under the package root (this module lives in harness/verdict/) are the
+# harness's own machinery, not the user's call.
+HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _FRAME = re.compile(r'\s*File "([^"]+)", line \d+')
 
 

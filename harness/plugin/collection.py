@@ -1,0 +1,152 @@
+"""Collection: which YAML files are case files, each file's instances as items, selection.
+
+A case file is validated and expanded at collection (every problem of a file reported
+together, at ``file:line:col``); instances become :class:`~harness.plugin.items.CaseItem`
+items, deselected by ``--world-size``/``--full``/``--perf`` and grouped by rank pool.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..casefile import expand, load, validate
+from ..errors import CaseFileError, CaseFileErrors, Pos, clip
+from ..model import Instance
+from ..perf import plan as perfplan
+from .items import CaseItem
+from .state import CONFIG, harness_session
+
+CASE_SUFFIXES = (".yaml", ".yml")
+
+
+def is_case_file(file_path: Path, config: pytest.Config) -> bool:
+    """Whether a YAML file is a case file: named on the command line, or inside a directory
+    whose name matches ``collective_case_dirs`` (default ``cases``). Decided from the path
+    alone, never from the content, so a malformed case file is reported, never skipped."""
+    if file_path.suffix.lower() not in CASE_SUFFIXES:
+        return False
+    here = config.invocation_params.dir
+    for arg in config.args:
+        named = Path(arg.split("::", 1)[0])
+        if (here / named).resolve() == file_path.resolve():
+            return True
+    dirs = [str(d) for d in config.getini("collective_case_dirs")]
+    return any(fnmatch.fnmatchcase(part, pattern) for part in file_path.parent.parts
+               for pattern in dirs)
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if not is_case_file(file_path, parent.config):
+        return None
+    return CaseFile.from_parent(parent, path=file_path)
+
+
+class CaseFile(pytest.File):
+    """A YAML case file: validated at collection, one item per instance."""
+
+    def collect(self) -> list[pytest.Item]:
+
+        hs = harness_session(self.config)
+        try:
+            display = str(self.path.relative_to(self.config.rootpath))
+        except ValueError:
+            display = str(self.path)
+        try:
+            doc = load.load_file(str(self.path), display, hs.limits)
+            cases = validate.load_cases(doc)
+            instances: list[Instance] = []
+            problems: list[CaseFileError] = []
+            for case in cases:  # expansion problems of every case, reported together
+                try:
+                    instances += expand.expand(case, hs.backend, hs.limits, len(instances),
+                                               launched=hs.launched)
+                except CaseFileError as exc:
+                    problems.append(exc)
+                except CaseFileErrors as exc:
+                    problems += exc.errors
+            if problems:
+                raise CaseFileErrors(problems) if len(problems) > 1 else problems[0]
+            if len(instances) > hs.limits.instances_per_file:
+                raise CaseFileError(Pos(display, 1, 1), f"the file expands to "
+                                    f"{len(instances)} instances; the limit is "
+                                    f"{hs.limits.instances_per_file}",
+                                    hint="raise --max-instances-per-file / ini "
+                                    "collective_max_instances_per_file")
+            if hs.collected_count + len(instances) > hs.limits.instances_per_session:
+                raise CaseFileError(Pos(display, 1, 1), f"collecting its {len(instances)} "
+                                    f"instances would exceed this session's limit of "
+                                    f"{hs.limits.instances_per_session}",
+                                    hint="raise --max-instances / ini collective_max_instances")
+        except (CaseFileError, CaseFileErrors) as exc:
+            raise self.CollectError(str(exc)) from None
+        except RecursionError:
+            raise self.CollectError(f"{display}:1:1: the file is nested too deeply to read"
+                                    ) from None
+        except Exception as exc:  # a harness bug must still name the file, not dump a trace
+            raise self.CollectError(
+                f"{display}:1:1: internal error of collective-harness while reading this "
+                f"file: {type(exc).__name__}: {clip(str(exc), 200)} (please report it)"
+            ) from None
+        hs.collected_count += len(instances)
+        items: list[pytest.Item] = []
+        for inst in instances:
+            # The id is given in pytest's own form (name, then the bracketed parameters), so
+            # the ids the cache records for --lf/--ff/--sw parse back to these items' ids.
+            name = f"{inst.case}[{inst.id}]"
+            item = CaseItem.from_parent(self, name=name, nodeid=f"{self.nodeid}::{name}",
+                                        instance=inst)
+            items.append(item)
+        return items
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    hs = harness_session(config)
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        if isinstance(item, CaseItem):
+            inst = item.instance
+            if hs.world_sizes is not None and inst.world_size not in hs.world_sizes:
+                dropped.append(item)
+                continue
+            if "full" in inst.marks and not hs.full:
+                dropped.append(item)
+                continue
+            if "perf" in inst.marks and not perfplan.enabled(config):
+                dropped.append(item)
+                continue
+        keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    # Group instances by pool so each pool starts once; other tests keep their order.
+    others = [i for i in keep if not isinstance(i, CaseItem)]
+    case_items = sorted((i for i in keep if isinstance(i, CaseItem)), key=CaseItem.pool_key)
+    cases: list[pytest.Item] = list(case_items)
+    items[:] = others + cases
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    # -k, -m, --world-size, --full: a selection, recorded as such, not incompleteness.
+    config = CONFIG.get("config")
+    if config is not None:
+        harness_session(config).deselected += sum(isinstance(i, CaseItem) for i in items)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    harness_session(session.config).collected.update(i.nodeid for i in session.items
+                                         if isinstance(i, CaseItem))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    # The xdist controller collects nothing itself: each worker tells it what it collected.
+    config = CONFIG.get("config")
+    if config is not None:
+        harness_session(config).collected.update(i for i in ids
+                                     if i.split("::", 1)[0].endswith((".yaml", ".yml")))

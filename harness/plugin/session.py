@@ -1,0 +1,216 @@
+"""The session: start-up, how it ended, the report files and the gate against a baseline.
+
+The report's ``session`` block says whether every collected instance has a record and why the
+session ended (an incomplete session is never PASS); the reports are written as one set by
+the controller only; with ``--baseline`` the exit status follows the gate's verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from .. import ops
+from ..gate import baseline, compare, versions
+from ..report import html, markdown
+from ..report.headline import verdict as report_verdict
+from ..report.records import build_report, json_text, write_all
+from ..run.capabilities import probe
+from .state import (
+    BAD_OUTCOMES,
+    BASELINE_KEY,
+    CONFIG,
+    GATE_KEY,
+    INFO_KEY,
+    MAX_MISSING_LISTED,
+    SESSION_KEY,
+    WRITTEN_KEY,
+    HarnessSession,
+    harness_session,
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[SESSION_KEY] = HarnessSession(config)
+    load_baseline(config)
+    config.addinivalue_line("markers", "collective: a collective-harness case instance")
+    config.addinivalue_line("markers", "full: part of the long matrix (run with --full)")
+    for name in sorted({*ops.ALL_OPS, *(op.family for op in ops.ALL_OPS.values())}):
+        config.addinivalue_line("markers", f"{name}: instances of the {name} op/family")
+    config.addinivalue_line("markers", "perf: a bandwidth sweep (run only with --perf)")
+    for extra in ("seeds", "errors", "ordering", "subgroups", "isolated", "slow"):
+        config.addinivalue_line("markers", f"{extra}: collective-harness case tag")
+    if (signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+            and not hasattr(config, "workerinput")):
+        # Turn SIGTERM into a normal exit so pools are torn down (ranks would also notice the
+        # parent's death on their own, within a fraction of a second).
+        signal.signal(signal.SIGTERM, _sigterm)
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    hs = config.stash.get(SESSION_KEY, None)
+    if hs is not None:
+        hs.close()
+
+
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    config = CONFIG.get("config")
+    if config is not None:
+        value = excinfo.value
+        # pytest stops for collection errors by raising Session.Interrupted, a
+        # KeyboardInterrupt: say which it was, not "Ctrl-C".
+        harness_session(config).ended_by = ("terminated (SIGTERM)" if str(value) == "SIGTERM" else
+                                f"stopped by pytest: {value}"
+                                if isinstance(value, pytest.Session.Interrupted)
+                                else "interrupted (Ctrl-C / KeyboardInterrupt)")
+
+
+def pytest_internalerror(excrepr: Any, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    config = CONFIG.get("config")
+    if config is not None:
+        text = f"internal error in pytest: {excinfo.typename}: {excinfo.value}"
+        harness_session(config).ended_by = text[:300]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    CONFIG["config"] = session.config
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    hs = harness_session(session.config)
+    hs.close()
+    if hs.is_worker:
+        return
+    base = session.config.stash.get(BASELINE_KEY, None)
+    config = session.config
+    if config.option.collectonly:
+        return
+    info = session_info(session, hs, int(exitstatus))
+    config.stash[INFO_KEY] = info
+    if (hs.records or hs.collected) and not config.getoption("collective_no_report"):
+        write_reports(config, hs, info)
+    if base is not None:
+        gate_session(session, hs, base, info)
+    elif session.exitstatus == pytest.ExitCode.OK and report_verdict(
+            dict(Counter(r["outcome"] for r in hs.records)), info) != "PASS":
+        # pytest exits 0 on a non-strict xpass; the report says FAIL, and a script or CI job
+        # that reads only the exit status must not see a pass the report does not give.
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def session_info(session: pytest.Session, hs: HarnessSession, exitstatus: int
+                 ) -> dict[str, Any]:
+    """Whether every collected instance has a record, why the session ended, what was
+    selected: the report's ``session`` block (an incomplete session is never PASS)."""
+    have = {r["nodeid"] for r in hs.records}
+    missing = sorted(hs.collected - have)
+    ended = hs.ended_by
+    if not ended and session.shouldstop:
+        ended = f"stopped early: {session.shouldstop} (-x / --maxfail)"
+    if not ended and session.shouldfail:
+        ended = f"stopped: {session.shouldfail}"
+    if not ended and exitstatus == pytest.ExitCode.INTERRUPTED:
+        ended = "interrupted"
+    if not ended and missing:
+        ended = (f"finished, but {len(missing)} collected instance(s) produced no record "
+                 "(a harness bug or a lost worker)")
+    bad_records = sum(r["outcome"] in BAD_OUTCOMES for r in hs.records)
+    opt = session.config.option
+    return {
+        "complete": not missing,
+        "collected": len(hs.collected | have),
+        "without_result": len(missing),
+        "missing": missing[:MAX_MISSING_LISTED],
+        "ended_by": ended or "finished",
+        "pytest_exit_status": exitstatus,
+        "pytest_failures": int(session.testsfailed),
+        "unexplained_failures": max(0, int(session.testsfailed) - bad_records),
+        "selection": {"keyword": getattr(opt, "keyword", "") or None,
+                      "markexpr": getattr(opt, "markexpr", "") or None,
+                      "world_sizes": sorted(hs.world_sizes) if hs.world_sizes else None,
+                      "full": hs.full, "deselected": hs.deselected},
+    }
+
+
+def session_report(hs: HarnessSession, info: dict[str, Any] | None = None) -> dict[str, Any]:
+
+    meta: dict[str, Any] = (probe(hs.backend_modules).metadata() if hs.records
+                            else {"torch": "", "hostname": ""})
+    meta["options"] = hs.options()
+    return build_report(hs.records, meta, info)
+
+
+def write_reports(config: pytest.Config, hs: HarnessSession,
+                  info: dict[str, Any] | None = None) -> None:
+    """Write the JSON, Markdown and HTML reports (controller only), as one set: all three
+    are rendered first and replaced together, so they never disagree."""
+
+    report = session_report(hs, info)
+    root = config.rootpath
+    paths = [root / (config.getoption(f"collective_report_{kind}")
+                     or str(config.getini(f"collective_report_{kind}")))
+             for kind in ("json", "md", "html")]
+    write_all([(str(paths[0]), json_text(report)), (str(paths[1]), markdown.render(report)),
+               (str(paths[2]), html.render(report))])
+    shown = [os.path.relpath(p) for p in paths]
+    # Printed in the terminal summary, on lines of their own (after -q's progress dots too).
+    config.stash[WRITTEN_KEY] = (f"collective-harness: {report['summary']['headline']}\n"
+                              f"collective-harness: report written to "
+                              f"{', '.join(shown[:-1])} and {shown[-1]}")
+
+
+def load_baseline(config: pytest.Config) -> None:
+    """Read --baseline at start-up, so a wrong path fails before any rank starts."""
+    path = config.getoption("collective_baseline") or str(config.getini("collective_baseline"))
+    if not path or hasattr(config, "workerinput"):
+        return
+    try:
+        base = baseline.load(str(config.rootpath / path), session_refresh_hint(config, path))
+        base.path = path  # shown as the user wrote it
+        config.stash[BASELINE_KEY] = base
+    except baseline.BaselineError as exc:
+        raise pytest.UsageError(f"--baseline: {exc}") from None
+
+
+def session_refresh_hint(config: pytest.Config, path: str) -> str:
+    """The commands that (re)create the baseline ``path`` from the paths this run was given."""
+    report = (config.getoption("collective_report_json")
+              or str(config.getini("collective_report_json")))
+    run = shlex.join(["pytest", *(list(config.args) or ["."]), "--backend",
+                      harness_session(config).backend, "--report-json", report])
+    return baseline.refresh_hint(path, report, run)
+
+
+def gate_session(session: pytest.Session, hs: HarnessSession, base: Any,
+                  info: dict[str, Any]) -> None:
+    """Classify this session's instances against the baseline and set the exit status from
+    the verdict: regressions fail the session even when every test "passed" (a skip, a
+    missing instance under a strict policy), and failures the baseline records as known do
+    not, as long as nothing else failed."""
+    config = session.config
+    report = session_report(hs, info)
+    res = compare.compare(baseline.entries_from_report(report), base,
+                          config.getoption("collective_baseline_match"),
+                          across_versions=versions.across(report, base))
+    compare.check_session(res, report)
+    res.report_label = f"of this session ({', '.join(res.report_backends) or 'no instances'})"
+    res.baseline_label = f"{base.path} ({', '.join(base.backends)}, torch {base.torch or '?'})"
+    res.refresh_hint = session_refresh_hint(config, base.path)
+    config.stash[GATE_KEY] = res
+    known = sum(r["outcome"] in BAD_OUTCOMES for r in hs.records)
+    if not res.ok and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    elif (res.ok and session.exitstatus == pytest.ExitCode.TESTS_FAILED
+          and session.testsfailed == known and info["complete"]):
+        # Every pytest failure is a record the baseline knows: the gate's verdict stands.
+        session.exitstatus = pytest.ExitCode.OK

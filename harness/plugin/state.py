@@ -1,0 +1,97 @@
+"""Per-process state of a pytest session: options as values, the pool manager, the records.
+
+Shared by the phase modules of the plugin; reached through :func:`harness_session` (from a
+config) or :func:`active_session` (from hooks that get no config, e.g. on the xdist controller).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ..ordering import plan as ordering
+from ..perf import plan as perfplan
+from ..run.pool import PoolManager
+from .options import operator_limits, parse_seconds
+
+BAD_OUTCOMES = ("failed", "error", "hang", "crash")
+
+
+RECORD_ATTR = "collective_record"
+
+
+OUTCOME_ATTR = "collective_outcome"
+
+
+MAX_MISSING_LISTED = 200
+
+
+class HarnessSession:
+    """Per-process state: options, the pool manager, and the records collected."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        opt = config.getoption
+        self.backend: str = opt("collective_backend") or str(config.getini("collective_backend"))
+        mods = opt("collective_backend_modules") or config.getini("collective_backend_modules")
+        self.backend_modules: tuple[str, ...] = tuple(mods)
+        self.deadline: float = parse_seconds("--deadline", opt("collective_deadline")
+                                        or config.getini("collective_deadline"))
+        self.limits = operator_limits(config, self.deadline)
+        self.collected_count = 0  # instances collected so far (the per-session limit)
+        ws = opt("collective_world_sizes")
+        self.world_sizes = {int(x) for x in ws.split(",")} if ws else None
+        self.full: bool = opt("collective_full")
+        self.max_pools = int(opt("collective_max_pools") or config.getini("collective_max_pools"))
+        self.launched = int(opt("collective_launched_world_size")
+                            or config.getini("collective_launched_world_size"))
+        self.records: list[dict[str, Any]] = []
+        self._manager: Any = None
+        self.is_worker = hasattr(config, "workerinput")
+        # Node ids of the case instances selected to run (after -k/-m/--world-size/--full):
+        # every one must end with a record, or the report says the session is incomplete.
+        self.collected: set[str] = set()
+        self.deselected = 0
+        self.ended_by = ""  # set when pytest is interrupted or fails internally
+
+    @property
+    def manager(self) -> Any:
+        if self._manager is None:
+            self._manager = PoolManager(max_pools=self.max_pools,
+                                        pg_timeout_s=max(600.0, self.deadline * 4))
+        return self._manager
+
+    def options(self) -> dict[str, Any]:
+        return {"backend": self.backend, "backend_modules": list(self.backend_modules),
+                "deadline_s": self.deadline, "full": self.full,
+                "world_sizes": sorted(self.world_sizes) if self.world_sizes else None,
+                "launched_world_size": self.launched,
+                **ordering.options(self.config), **perfplan.options(self.config)}
+
+    def close(self) -> None:
+        if self._manager is not None:
+            self._manager.close()
+            self._manager = None
+
+
+SESSION_KEY = pytest.StashKey[HarnessSession]()
+
+
+def harness_session(config: pytest.Config) -> HarnessSession:
+    return config.stash[SESSION_KEY]
+
+
+CONFIG: dict[str, pytest.Config] = {}
+
+
+INFO_KEY = pytest.StashKey[dict[str, Any]]()
+
+
+BASELINE_KEY = pytest.StashKey[Any]()
+
+
+GATE_KEY = pytest.StashKey[Any]()
+
+
+WRITTEN_KEY = pytest.StashKey[str]()

@@ -1,0 +1,42 @@
+"""The terminal summary: where the reports went, limitations (``-rL``), an incomplete
+session, and the gate's verdict."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ..gate import compare
+from .state import GATE_KEY, INFO_KEY, RECORD_ATTR, WRITTEN_KEY
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
+                            config: pytest.Config) -> None:
+    written = config.stash.get(WRITTEN_KEY, None)
+    if written is not None:
+        terminalreporter.ensure_newline()
+        for line in written.splitlines():
+            terminalreporter.write_line(line)
+    chars = str(getattr(config.option, "reportchars", "") or "")
+    limits = terminalreporter.stats.get("limitation", [])
+    if limits and ("L" in chars or "A" in chars):
+        terminalreporter.section("limitations (raised, crashed or hung as declared)", sep="-")
+        for rep in limits:
+            text = getattr(rep, RECORD_ATTR, None)
+            why = json.loads(text).get("reason", "") if text else ""
+            terminalreporter.write_line(f"LIMITATION {rep.nodeid} - {why}")
+    info = config.stash.get(INFO_KEY, None)
+    if info is not None and not info["complete"]:
+        terminalreporter.write_line(
+            f"collective-harness: INCOMPLETE: {info['without_result']} of {info['collected']} "
+            f"collected instance(s) have no result; the session ended: {info['ended_by']}",
+            red=True, bold=True)
+    res = config.stash.get(GATE_KEY, None)
+    if res is None:
+        return
+    terminalreporter.section("collective-harness gate", sep="=", bold=True,
+                             red=not res.ok, green=res.ok)
+    for line in compare.render_text(res, max_list=50).rstrip().splitlines():
+        terminalreporter.write_line(line)
