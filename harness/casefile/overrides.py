@@ -1,8 +1,9 @@
 """Overrides: per-backend / per-torch-version patches of a case's expectation.
 
-Resolved at run time (setup), when the installed torch version (and the NCCL version it was
-built with, for ``when: {nccl: ...}``) is known; expansion keeps every override on the instance
-so that one case documents how backends and versions differ.
+Built at expansion (:func:`build`: the ``when:`` conditions, the scope's version specifiers
+checked), resolved at run time (setup), when the installed torch version (and the NCCL version
+it was built with, for ``when: {nccl: ...}``) is known; expansion keeps every override on the
+instance so that one case documents how backends and versions differ.
 """
 
 from __future__ import annotations
@@ -10,13 +11,45 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from packaging.specifiers import SpecifierSet
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from .. import dtypes
+from ..errors import quote
 from ..expr import parse
-from ..model import Fill, Instance, Override, Tolerance
-from .fields import KEYWORDS
+from ..model import Case, Fill, Instance, Override, Tolerance
+from .fields import KEYWORDS, as_list
+
+
+def build(case: Case) -> tuple[Override, ...]:
+    """The case's overrides as records (every one kept on every instance of the case)."""
+    out: list[Override] = []
+    for i, o in enumerate(case.raw.get("overrides", [])):
+        when = o.get("when", {})
+        conds = tuple(sorted((k, tuple(as_list(v))) for k, v in when.items()
+                             if k not in ("torch", "nccl", "params", "args")))
+        conds += tuple((f"params.{k}", tuple(as_list(v)))
+                       for k, v in when.get("params", {}).items())
+        conds += tuple((f"args.{k}", tuple(as_list(v)))
+                       for k, v in when.get("args", {}).items())
+        patch = tuple((k, v) for k, v in o.items() if k not in ("when", "reason", "issue"))
+        line = case.doc.pos((*case.origin["overrides"], i)).line
+        for key in ("torch", "nccl"):
+            if key in when:
+                _check_specifier(case, ("overrides", i, "when", key), key, when[key])
+        out.append(Override(conds, when.get("torch", ""), patch, o["reason"],
+                            o.get("issue", ""), line, nccl=when.get("nccl", "")))
+    return tuple(out)
+
+
+def _check_specifier(case: Case, path: tuple[str | int, ...], key: str, spec: str) -> None:
+    # Checked here, not when the override is resolved, so a bad scope fails collection at
+    # its line on every machine instead of tracing back on the one whose version it reaches.
+    try:
+        SpecifierSet(spec, prereleases=True)
+    except InvalidSpecifier:
+        raise case.error(path, f"when.{key} {quote(spec)} is not a version specifier; "
+                         f"write e.g. \">=2.5,<2.8\" (PEP 440)") from None
 
 
 def override_applies(o: Override, inst: Instance, torch_version: str,
