@@ -208,6 +208,20 @@ def test_every_package_says_what_it_takes_gives_and_must_not_do(mods: dict[str, 
                 assert "Must not" in doc or "must not" in doc, m.name
 
 
+LONG_MODULE = 500  # lines; a module past it says at its top why it stays whole
+
+
+def test_a_long_module_says_why_it_stays_whole(mods: dict[str, Module]) -> None:
+    for m in mods.values():
+        lines = m.path.read_text().splitlines()
+        if len(lines) <= LONG_MODULE:
+            continue
+        head = "\n".join(lines[:40])
+        why = head.split("Kept whole:", 1)[1].strip() if "Kept whole:" in head else ""
+        assert len(why) > 40, (f"{m.name} has {len(lines)} lines: split it by concern, or say "
+                               "at its top why it stays whole ('Kept whole: ...')")
+
+
 def test_the_checker_sees_what_it_must(tmp_path: Path) -> None:
     """The walker itself: a cycle, a private use and a hidden import are all found."""
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
