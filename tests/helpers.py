@@ -1,10 +1,15 @@
-"""Helpers shared by the plugin and pool tests."""
+"""Helpers shared by the tests: reports, case files in temporary projects, child pytest
+sessions and launchers (started in a session of their own and killed with it)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +69,59 @@ def wait_for(predicate: Any, timeout: float, what: str) -> None:
 
 
 PYTHON = sys.executable
+
+
+def write_case_file(where: Path, text: str, name: str = "c.yaml", conftest: str = "") -> Path:
+    """``text`` (dedented) written as ``where/name``, with ``conftest`` beside it if given;
+    returns ``where`` (the project directory)."""
+    where.mkdir(parents=True, exist_ok=True)
+    (where / name).write_text(textwrap.dedent(text))
+    if conftest:
+        (where / "conftest.py").write_text(textwrap.dedent(conftest))
+    return where
+
+
+def outcomes(report: dict[str, Any]) -> dict[str, str]:
+    """Each record's outcome by key."""
+    return {r["key"]: r["outcome"] for r in report["records"]}
+
+
+def pytest_argv(*args: str) -> list[str]:
+    """A child pytest's command line (no cache: runs must not depend on each other)."""
+    return [PYTHON, "-m", "pytest", "-p", "no:cacheprovider", *args]
+
+
+def run_pytest(where: Path, *args: str, timeout: float = 300,
+               extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a child pytest in ``where`` to its end; output captured, ``extra_env`` added."""
+    return subprocess.run(pytest_argv(*args), cwd=where, capture_output=True, text=True,
+                          errors="replace", timeout=timeout,
+                          env=subprocess_env(**(extra_env or {})))
+
+
+def start(where: Path, argv: list[str], merge_stderr: bool = False,
+          env: dict[str, str] | None = None, **extra: str) -> subprocess.Popen[str]:
+    """Start ``argv`` in ``where`` in a session of its own, so that :func:`finish` can kill
+    it with everything it started (ranks, launcher workers). ``env``: the whole environment
+    (default :func:`subprocess_env`), ``extra`` added to it."""
+    full = {**(env if env is not None else subprocess_env()), **extra}
+    return subprocess.Popen(argv, cwd=where, env=full, text=True,
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Wait for ``proc`` (at most ``timeout`` s), then kill its whole session whatever
+    happened: nothing a test starts outlives it."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err or "")
 
 
 def case_instances(text: str, backend: str = "gloo") -> list[Any]:

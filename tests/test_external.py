@@ -6,15 +6,12 @@ with a c10d rendezvous on 127.0.0.1) and SLURM's environment variables.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,7 +20,7 @@ from harness.casefile import load as yamlload
 from harness.model import Instance
 from harness.run import schedule
 
-from .helpers import PYTHON, load_report, subprocess_env
+from .helpers import PYTHON, finish, load_report, outcomes, start, subprocess_env, write_case_file
 
 BASIC = """
 cases:
@@ -127,37 +124,15 @@ def _free_port() -> int:
 
 
 def _write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "c.yaml"
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def _outcomes(report: dict[str, Any]) -> dict[str, str]:
-    return {r["key"]: r["outcome"] for r in report["records"]}
-
-
-def _launch(tmp_path: Path, argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    # A session of its own: a launcher that outlives its timeout goes with its workers.
-    return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-
-def _finish(proc: subprocess.Popen[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None or proc.returncode is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return write_case_file(tmp_path, text) / "c.yaml"
 
 
 def torchrun(tmp_path: Path, *launcher: str, report: str = "r", timeout: float = 240
              ) -> subprocess.Popen[str]:
-    return _launch(tmp_path, [
+    return start(tmp_path, [
         PYTHON, "-m", "torch.distributed.run", *launcher, "-m", "harness.run.external",
         "c.yaml", "--report-json", f"{report}.json", "--report-md", f"{report}.md",
-        "--deadline", "20"], subprocess_env())
+        "--deadline", "20"])
 
 
 def pools(tmp_path: Path) -> dict[str, str]:
@@ -167,7 +142,7 @@ def pools(tmp_path: Path) -> dict[str, str]:
          "pools.json", "--report-md", "pools.md", "--report-html", "pools.html"],
         cwd=tmp_path, capture_output=True, text=True, timeout=240, env=subprocess_env())
     assert (tmp_path / "pools.json").exists(), res.stdout[-3000:]
-    return _outcomes(load_report(tmp_path / "pools.json"))
+    return outcomes(load_report(tmp_path / "pools.json"))
 
 
 # -- the schedule (pure) -----------------------------------------------------------------------
@@ -215,7 +190,7 @@ def test_schedule_skips_what_cannot_run_and_fingerprints_the_run() -> None:
 
 def test_standalone_run_skips_what_the_launch_cannot_do(tmp_path: Path) -> None:
     _write(tmp_path, BASIC)
-    res = _finish(torchrun(tmp_path, "--standalone", "--nproc-per-node", "2"), 240)
+    res = finish(torchrun(tmp_path, "--standalone", "--nproc-per-node", "2"), 240)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     report = load_report(tmp_path / "r.json")
     got = {r["key"]: r for r in report["records"]}
@@ -244,11 +219,11 @@ def test_two_agents_pack_resume_after_hang_and_crash_and_match_the_pools(
     common = ("--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t", "--max-restarts", "4")
     second = torchrun(tmp_path, *common)  # rank 0 writes r.json, whichever agent has it
-    first = _finish(torchrun(tmp_path, *common), 300)
-    _finish(second, 60)
+    first = finish(torchrun(tmp_path, *common), 300)
+    finish(second, 60)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     report = load_report(tmp_path / "r.json")
-    external = _outcomes(report)
+    external = outcomes(report)
     assert external == pools(tmp_path)  # every instance, the same verdicts
     assert external["c.yaml::stuck[gloo-ws2-float32-sync]"] == "hang"
     by_key = {r["key"]: r for r in report["records"]}
@@ -283,10 +258,10 @@ def test_slurm_environment_and_resume_by_hand(tmp_path: Path) -> None:
             for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RESTART_COUNT",
                       "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE"):
                 env.pop(k, None)
-            procs.append(_launch(tmp_path, [
+            procs.append(start(tmp_path, [
                 PYTHON, "-m", "harness.run.external", "c.yaml", "--report-json", "r.json",
-                "--report-md", "r.md", "--deadline", "20", *extra], env))
-        return [_finish(p, 180) for p in procs]
+                "--report-md", "r.md", "--deadline", "20", *extra], env=env))
+        return [finish(p, 180) for p in procs]
 
     first = srun()
     assert any(p.returncode != 0 for p in first)  # the hang ended the job
@@ -294,14 +269,14 @@ def test_slurm_environment_and_resume_by_hand(tmp_path: Path) -> None:
     # What ran passed, but the run did not finish: never PASS.
     assert partial_report["summary"]["verdict"] == "INCOMPLETE"
     assert partial_report["session"]["complete"] is False
-    partial = _outcomes(partial_report)
+    partial = outcomes(partial_report)
     assert "c.yaml::stuck[gloo-ws2-float32-sync]" not in partial
     assert partial["c.yaml::ring[gloo-ws2-float32]"] == "passed"
     second = srun("--resume")
     assert all(p.returncode == 0 for p in second), second[0].stderr[-3000:]
     final = load_report(tmp_path / "r.json")
     assert final["session"]["complete"] is True
-    done = _outcomes(final)
+    done = outcomes(final)
     assert done["c.yaml::stuck[gloo-ws2-float32-sync]"] == "hang"
     assert set(partial) < set(done)
     # No restarts under srun: what must hang or crash is skipped with the reason.
@@ -312,11 +287,11 @@ def test_perf_mode_under_a_launcher(tmp_path: Path) -> None:
     """--perf on 4 launched ranks: world-size-2 instances run on a subgroup, one at a time,
     and get numbers; an instance too large for the launch gets none."""
     _write(tmp_path, BASIC)
-    res = _finish(_launch(tmp_path, [
+    res = finish(start(tmp_path, [
         PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
         "-m", "harness.run.external", "c.yaml", "--report-json", "r.json", "--report-md",
         "r.md", "--perf", "--perf-warmup", "1", "--perf-iters", "2", "--perf-min-time", "0",
-        "--perf-repeats", "2", "-k", "ar["], subprocess_env()), 240)
+        "--perf-repeats", "2", "-k", "ar["]), 240)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     report = load_report(tmp_path / "r.json")  # schema-valid, perf sections included
     recs = {r["case"] + "[" + r["id"] + "]": r for r in report["records"]}
@@ -365,10 +340,10 @@ def test_the_sbatch_script_runs_under_slurms_commands(tmp_path: Path) -> None:
                          SLURM_NNODES="1", SLURM_JOB_ID="42", RANKS_PER_NODE="2",
                          RDZV_PORT=str(_free_port()))
     script = Path(__file__).resolve().parents[1] / "ci" / "slurm" / "external.sbatch"
-    res = _finish(_launch(tmp_path, ["bash", str(script), "c.yaml", "--report-json", "r.json",
-                                     "--report-md", "r.md"], env), 240)
+    res = finish(start(tmp_path, ["bash", str(script), "c.yaml", "--report-json", "r.json",
+                                     "--report-md", "r.md"], env=env), 240)
     assert res.returncode == 0, res.stderr[-3000:]
-    got = _outcomes(load_report(tmp_path / "r.json"))
+    got = outcomes(load_report(tmp_path / "r.json"))
     assert got["c.yaml::ring[gloo-ws2-float32]"] == "passed"
     # torchrun gave restarts: the declared hang ran (alone, then a relaunch) instead of a skip
     assert got["c.yaml::declared_hang[gloo-ws2-float32-sync]"] == "passed"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,14 @@ import pytest
 from harness.gate import cli as gate
 from harness.report import html, markdown, records
 
-from .helpers import PYTHON, load_report, subprocess_env, wait_for
+from .helpers import (
+    load_report,
+    pytest_argv,
+    run_pytest,
+    start,
+    wait_for,
+    write_case_file,
+)
 
 PASSING = """
 cases:
@@ -88,16 +94,11 @@ def pytest_runtest_call(item):
 
 
 def project(tmp_path: Path, cases: str, conftest: str = "") -> Path:
-    (tmp_path / "c.yaml").write_text(textwrap.dedent(cases))
-    if conftest:
-        (tmp_path / "conftest.py").write_text(textwrap.dedent(conftest))
-    return tmp_path
+    return write_case_file(tmp_path, cases, conftest=conftest)
 
 
 def run(where: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "c.yaml",
-                           "--rootdir", str(where), *args], capture_output=True, text=True,
-                          errors="replace", cwd=where, timeout=300, env=subprocess_env())
+    return run_pytest(where, "c.yaml", "--rootdir", str(where), *args)
 
 
 def report(where: Path) -> dict[str, Any]:
@@ -170,10 +171,7 @@ def test_a_dropped_record_fails_the_gate(tmp_path: Path) -> None:
 def test_collection_error_beside_passing_cases_is_not_pass(tmp_path: Path) -> None:
     where = project(tmp_path, PASSING)
     (where / "broken.yaml").write_text("cases:\n  - name: x\n    op: al_reduce\n")
-    res = subprocess.run([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "c.yaml",
-                          "broken.yaml", "--continue-on-collection-errors", "-q"],
-                         capture_output=True, text=True, cwd=where, timeout=300,
-                         env=subprocess_env())
+    res = run_pytest(where, "c.yaml", "broken.yaml", "--continue-on-collection-errors", "-q")
     assert res.returncode == 1, res.stdout + res.stderr
     rep = report(where)
     assert rep["summary"]["passed"] == 2
@@ -225,9 +223,7 @@ def test_selection_is_not_incompleteness(tmp_path: Path) -> None:
 def test_signal_mid_run_writes_an_incomplete_report(tmp_path: Path, sig: signal.Signals,
                                                      ended: str) -> None:
     where = project(tmp_path, SLOW, MARKER_CONFTEST)
-    proc = subprocess.Popen([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "c.yaml", "-q",
-                             "--rootdir", str(where)], cwd=where, env=subprocess_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start(where, pytest_argv("c.yaml", "-q", "--rootdir", str(where)), merge_stderr=True)
     try:
         wait_for(lambda: (where / "slow-started").exists() or proc.poll() is not None, 120,
                  "the slow instance to start")

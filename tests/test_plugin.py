@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import PYTHON, REPO, load_report, subprocess_env
+from .helpers import PYTHON, REPO, load_report, run_pytest
 
 pytest_plugins = ["pytester"]
 
@@ -196,9 +196,7 @@ def test_overrides_become_xfail_xpass_skip_and_raises(pytester: pytest.Pytester)
 
 
 def run_child(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", *args],
-                          capture_output=True, text=True, cwd=cwd, timeout=300,
-                          env=subprocess_env(**env))
+    return run_pytest(cwd, *args, extra_env=env)
 
 
 def test_third_party_backend_module(tmp_path: Path) -> None:

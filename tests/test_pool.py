@@ -17,7 +17,7 @@ from harness.casefile import load as yamlload
 from harness.model import Instance
 from harness.run.pool import PoolKey, PoolManager
 
-from .helpers import PYTHON, load_report, rank_pids, subprocess_env, wait_for
+from .helpers import load_report, pytest_argv, rank_pids, start, wait_for
 
 pytest_plugins = ["pytester"]
 
@@ -175,10 +175,8 @@ def start_hanging_session(tmp_path: Path, marker: str, *extra: str) -> subproces
           - {op: recv, tensor: t, src: 1, ranks: [0]}
         expected: {}
     """))
-    return subprocess.Popen([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "hang.yaml", "-q",
-                             "--no-report", *extra], cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=subprocess_env(COLLECTIVE_TEST_MARKER=marker))
+    return start(tmp_path, pytest_argv("hang.yaml", "-q", "--no-report", *extra),
+                 merge_stderr=True, COLLECTIVE_TEST_MARKER=marker)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
@@ -230,10 +228,8 @@ def test_two_sessions_at_once_do_not_collide(tmp_path: Path) -> None:
         shape: [16]
         input: "rank + i"
     """))
-    procs = [subprocess.Popen([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "c.yaml", "-q",
-                               "--report-json", f"r{k}.json", "--report-md", f"r{k}.md"],
-                              cwd=tmp_path, text=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, env=subprocess_env())
+    procs = [start(tmp_path, pytest_argv("c.yaml", "-q", "--report-json", f"r{k}.json",
+                                         "--report-md", f"r{k}.md"), merge_stderr=True)
              for k in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     for p, out in zip(procs, outs, strict=True):
