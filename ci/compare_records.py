@@ -8,7 +8,10 @@ replacement, per-rank status, checks (tensor, verdict, counts, digest), events (
 ordering verdicts. What depends on the clock is left out: every ``duration_s``, event times
 (``t_*``), probe times (``return_s``), whether an op had completed at the moment the call
 returned (``completed_at_return``, ``at_return_*``: a race the probes observe, not a verdict),
-and numbers followed by a unit of time inside messages and details. Exit 0 when equal, 1 when
+numbers followed by a unit of time inside messages and details, and what a stack dump says
+(``stack``, ``stderr_tail``, ``traceback``; addresses, pids and line numbers in messages).
+``--ignore FIELD`` leaves out more top-level fields (e.g. ``pool_replaced``, which depends on
+whether a health check answered in time on a loaded machine). Exit 0 when equal, 1 when
 not (the first N differences printed), 2 when a file cannot be read.
 """
 
@@ -23,8 +26,12 @@ from pathlib import Path
 from typing import Any
 
 TIMING_KEYS = {"duration_s", "return_s", "completed_at_return", "at_return_ok",
-               "at_return_wrong", "waited_in_thread"}
+               "at_return_wrong", "waited_in_thread", "stack", "stderr_tail", "traceback"}
 SECONDS_RE = re.compile(r"\d+(\.\d+)?(e-?\d+)?\s*(s|ms|µs|us)\b")
+# Process-specific text: thread and object addresses, pids, line numbers inside stack dumps.
+ADDRESS_RE = re.compile(r"0x[0-9a-fA-F]+|\bpid \d+|line \d+|"
+                        r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+|"  # c10 log line time stamps
+                        r"\d+\.\d+\.\d+\.\d+:\d+|\[[0-9a-f:.]+\]:\d+")  # peer addresses
 
 
 def load(path: str) -> dict[str, Any]:
@@ -50,7 +57,7 @@ def normalize(value: Any) -> Any:
     if isinstance(value, list):
         return [normalize(v) for v in value]
     if isinstance(value, str):
-        return SECONDS_RE.sub("T", value)
+        return ADDRESS_RE.sub("X", SECONDS_RE.sub("T", value))
     if isinstance(value, float):
         return "F"  # any other float is a measurement (delays are fixed and named in text)
     return value
@@ -66,8 +73,12 @@ def differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
         x, y = normalize(a[key]), normalize(b[key])
         for field in sorted(set(x) | set(y)):
             if x.get(field) != y.get(field):
-                out.append(f"{key}: {field}: {json.dumps(x.get(field))[:160]} -> "
-                           f"{json.dumps(y.get(field))[:160]}")
+                old, new = json.dumps(x.get(field)), json.dumps(y.get(field))
+                at = next((i for i, (p, q) in enumerate(zip(old, new, strict=False)) if p != q),
+                          min(len(old), len(new)))
+                start = max(0, at - 60)
+                out.append(f"{key}: {field}: ...{old[start:at + 100]} -> "
+                           f"...{new[start:at + 100]}")
     return out
 
 
@@ -76,8 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("before")
     ap.add_argument("after")
     ap.add_argument("--show", type=int, default=20, help="differences to print (default 20)")
+    ap.add_argument("--ignore", action="append", default=[], metavar="FIELD",
+                    help="a record field to leave out of the comparison (repeatable)")
     args = ap.parse_args(argv)
     before, after = load(args.before), load(args.after)
+    for doc in (before, after):
+        for rec in doc["records"]:
+            for name in args.ignore:
+                rec.pop(name, None)
     diffs = differences(before, after)
     n = len(before["records"])
     if not diffs:

@@ -8,6 +8,7 @@ half-written report sets behind.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -19,6 +20,7 @@ from harness.gate import cli as gate
 from harness.report import html, markdown, records
 
 from .helpers import (
+    finish,
     load_report,
     pytest_argv,
     run_pytest,
@@ -244,6 +246,63 @@ def test_signal_mid_run_writes_an_incomplete_report(tmp_path: Path, sig: signal.
     md = (where / "reports" / "conformance.md").read_text()
     assert md.splitlines()[0].startswith("> **⛔ INCOMPLETE SESSION**")
     assert "Verdict: PASS" not in md
+
+
+# -- 5b. no stale verdict: a run that does not finish never leaves an older report standing --
+
+def _previous_pass(where: Path) -> dict[str, Any]:
+    """A PASS report at the default paths, as an earlier run leaves it."""
+    write_case_file(where, PASSING)
+    assert run(where, "-q").returncode == 0
+    before = report(where)
+    assert before["summary"]["verdict"] == "PASS"
+    return before
+
+
+def test_a_killed_run_never_leaves_the_previous_pass(tmp_path: Path) -> None:
+    where = tmp_path
+    _previous_pass(where)
+    project(where, SLOW, MARKER_CONFTEST)
+    proc = start(where, pytest_argv("c.yaml", "-q", "--rootdir", str(where)), merge_stderr=True)
+    try:
+        wait_for(lambda: (where / "slow-started").exists() or proc.poll() is not None, 120,
+                 "the slow instance to start")
+        assert proc.poll() is None, proc.communicate()[0]
+        # SIGKILL: no hook runs, nothing is written at the end.
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        finish(proc, 60)
+    rep = report(where)
+    assert rep["summary"]["verdict"] == "INCOMPLETE", rep["summary"]
+    assert rep["session"]["complete"] is False
+    assert "not finished" in rep["session"]["ended_by"]
+    assert rep["records"] == []
+    md = (where / "reports" / "conformance.md").read_text()
+    assert "INCOMPLETE" in md.splitlines()[0] and "Verdict: PASS" not in md
+    assert "Verdict: PASS" not in (where / "reports" / "conformance.html").read_text()
+    # ... and the gate refuses it.
+    code, _text = gate_against_itself(where)
+    assert code == 1
+
+
+def test_a_collection_error_never_leaves_the_previous_pass(tmp_path: Path) -> None:
+    where = tmp_path
+    _previous_pass(where)
+    (where / "broken.yaml").write_text("cases:\n  - name: x\n    op: al_reduce\n")
+    res = run_pytest(where, "broken.yaml", "-q", "--rootdir", str(where))
+    assert res.returncode == 2, res.stdout + res.stderr  # pytest: interrupted at collection
+    rep = report(where)
+    assert rep["summary"]["verdict"] == "INCOMPLETE"
+    assert rep["session"]["ended_by"].startswith("stopped by pytest"), rep["session"]
+
+
+def test_a_session_without_case_files_leaves_the_report_alone(tmp_path: Path) -> None:
+    where = tmp_path
+    before = _previous_pass(where)
+    (where / "test_plain.py").write_text("def test_ok():\n    assert True\n")
+    res = run_pytest(where, "test_plain.py", "-q", "--rootdir", str(where))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert report(where) == before
 
 
 # -- 6. limitations -----------------------------------------------------------------------------

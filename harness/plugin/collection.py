@@ -18,6 +18,7 @@ from ..errors import CaseFileError, CaseFileErrors, Pos, clip
 from ..model import Instance
 from ..perf import plan as perfplan
 from .items import CaseItem
+from .session import mark_started
 from .state import CONFIG, harness_session
 
 CASE_SUFFIXES = (".yaml", ".yml")
@@ -42,6 +43,7 @@ def is_case_file(file_path: Path, config: pytest.Config) -> bool:
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     if not is_case_file(file_path, parent.config):
         return None
+    mark_started(parent.config, harness_session(parent.config))
     return CaseFile.from_parent(parent, path=file_path)
 
 
@@ -148,5 +150,8 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     # The xdist controller collects nothing itself: each worker tells it what it collected.
     config = CONFIG.get("config")
     if config is not None:
-        harness_session(config).collected.update(i for i in ids
-                                     if i.split("::", 1)[0].endswith((".yaml", ".yml")))
+        hs = harness_session(config)
+        cases = [i for i in ids if i.split("::", 1)[0].endswith((".yaml", ".yml"))]
+        if cases:
+            mark_started(config, hs)
+        hs.collected.update(cases)

@@ -7,6 +7,7 @@ the controller only; with ``--baseline`` the exit status follows the gate's verd
 
 from __future__ import annotations
 
+import datetime
 import os
 import shlex
 import signal
@@ -97,7 +98,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     info = session_info(session, hs, int(exitstatus))
     config.stash[INFO_KEY] = info
-    if (hs.records or hs.collected) and not config.getoption("collective_no_report"):
+    if ((hs.records or hs.collected or hs.started_report)
+            and not config.getoption("collective_no_report")):
         write_reports(config, hs, info)
     if base is not None:
         gate_session(session, hs, base, info)
@@ -124,10 +126,15 @@ def session_info(session: pytest.Session, hs: HarnessSession, exitstatus: int
     if not ended and missing:
         ended = (f"finished, but {len(missing)} collected instance(s) produced no record "
                  "(a harness bug or a lost worker)")
+    # A session that pytest stopped (a collection error, Ctrl-C, an internal error) is not
+    # complete even when every instance it collected has a record: it did not collect them
+    # all, and a report of what it got must not read as the whole run.
+    stopped = bool(hs.ended_by) or exitstatus in (pytest.ExitCode.INTERRUPTED,
+                                                  pytest.ExitCode.INTERNAL_ERROR)
     bad_records = sum(r["outcome"] in BAD_OUTCOMES for r in hs.records)
     opt = session.config.option
     return {
-        "complete": not missing,
+        "complete": not missing and not stopped,
         "collected": len(hs.collected | have),
         "without_result": len(missing),
         "missing": missing[:MAX_MISSING_LISTED],
@@ -150,18 +157,54 @@ def session_report(hs: HarnessSession, info: dict[str, Any] | None = None) -> di
     return build_report(hs.records, meta, info)
 
 
+def mark_started(config: pytest.Config, hs: HarnessSession) -> None:
+    """Replace the report files at once by an INCOMPLETE report naming this session.
+
+    Called when the first case file is collected (on the xdist controller, when a worker
+    reports case instances), so that a run killed by SIGKILL, or stopped before its final
+    write, can never leave an earlier run's report, PASS or not, to be taken for its own; the
+    final write replaces it. Sessions without case files (a project's own tests) and
+    ``--collect-only`` / ``--no-report`` leave the files alone."""
+    if (hs.started_report or hs.is_worker or config.option.collectonly
+            or config.getoption("collective_no_report")):
+        return
+    hs.started_report = True
+    hs.started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    opt = config.option
+    info = {"complete": False, "collected": 0, "without_result": 0, "missing": [],
+            "ended_by": f"started at {hs.started_at} (pid {os.getpid()}) and not finished: "
+                        "still running, or ended without writing its report (killed?)",
+            "selection": {"keyword": getattr(opt, "keyword", "") or None,
+                          "markexpr": getattr(opt, "markexpr", "") or None,
+                          "world_sizes": sorted(hs.world_sizes) if hs.world_sizes else None,
+                          "full": hs.full, "args": list(config.args)}}
+    meta: dict[str, Any] = {"torch": "", "hostname": "", "options": hs.options()}
+    write_report_set(config, build_report([], meta, info))
+
+
+def report_paths(config: pytest.Config) -> list[str]:
+    """The JSON, Markdown and HTML report paths of this session."""
+    root = config.rootpath
+    return [str(root / (config.getoption(f"collective_report_{kind}")
+                        or str(config.getini(f"collective_report_{kind}"))))
+            for kind in ("json", "md", "html")]
+
+
+def write_report_set(config: pytest.Config, report: dict[str, Any]) -> list[str]:
+    """Render the three reports, then replace the files together (they never disagree)."""
+    paths = report_paths(config)
+    write_all([(paths[0], json_text(report)), (paths[1], markdown.render(report)),
+               (paths[2], html.render(report))])
+    return paths
+
+
 def write_reports(config: pytest.Config, hs: HarnessSession,
                   info: dict[str, Any] | None = None) -> None:
     """Write the JSON, Markdown and HTML reports (controller only), as one set: all three
     are rendered first and replaced together, so they never disagree."""
 
     report = session_report(hs, info)
-    root = config.rootpath
-    paths = [root / (config.getoption(f"collective_report_{kind}")
-                     or str(config.getini(f"collective_report_{kind}")))
-             for kind in ("json", "md", "html")]
-    write_all([(str(paths[0]), json_text(report)), (str(paths[1]), markdown.render(report)),
-               (str(paths[2]), html.render(report))])
+    paths = write_report_set(config, report)
     shown = [os.path.relpath(p) for p in paths]
     # Printed in the terminal summary, on lines of their own (after -q's progress dots too).
     config.stash[WRITTEN_KEY] = (f"collective-harness: {report['summary']['headline']}\n"

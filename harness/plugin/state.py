@@ -54,6 +54,10 @@ class HarnessSession:
         self.collected: set[str] = set()
         self.deselected = 0
         self.ended_by = ""  # set when pytest is interrupted or fails internally
+        # The report paths were replaced by an INCOMPLETE report when the first case file was
+        # collected: from then on only this session's own report may stand there.
+        self.started_report = False
+        self.started_at = ""
 
     @property
     def manager(self) -> Any:
