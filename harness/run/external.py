@@ -48,7 +48,7 @@ from ..verdict.outcome import judge
 from . import schedule
 from .capabilities import Capabilities, probe
 from .launch import StepTrace, Watchdog, env_int, join
-from .progress import State, recovered_run
+from .progress import State, StateError, recovered_run
 
 EXIT_RESTART = 75  # every rank leaves so that the launcher starts a clean process group
 ROUND_GRACE_S = 10.0  # a rank waiting for a round's other instances outlives their deadlines
@@ -76,6 +76,20 @@ def load_instances(paths: list[str], backend: str, launched: int) -> list[Instan
         except (CaseFileError, CaseFileErrors) as exc:
             raise SystemExit(str(exc)) from None
     return instances
+
+
+def write_started(report_json: str, report_md: str, backend: str) -> None:
+    """Replace the report files by an INCOMPLETE report of this run before it loads anything,
+    so that no earlier report can be taken for its result if it stops early (a bad case file,
+    an unusable state directory, a crash before the first round)."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    session = {"complete": False, "collected": 0, "without_result": 0,
+               "ended_by": f"started at {started} (pid {os.getpid()}) and not finished: still "
+                           "loading or running, or stopped before writing its report"}
+    report = build_report([], {"torch": "", "hostname": socket.gethostname(),
+                               "options": {"mode": "external", "backend": backend}}, session)
+    write_report(report_json, report)
+    write_atomic(report_md, markdown.render(report))
 
 
 def skip_reasons(inst: Instance, caps: Capabilities, local_rank: int, world: int) -> str:
@@ -126,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--perf-min-time", type=float, default=PerfPlan.min_time_s)
     ap.add_argument("--perf-repeats", type=int, default=PerfPlan.repeats)
     args = ap.parse_args(argv)
+    if env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK") == 0:
+        # Before anything can fail (a case file, the state directory, the process group):
+        # whatever report stood at these paths is no longer this run's result.
+        write_started(args.report_json, args.report_md, args.backend)
     plan = PerfPlan(warmup=max(0, args.perf_warmup), iters=max(1, args.perf_iters),
                     min_time_s=max(0.0, args.perf_min_time),
                     repeats=max(1, args.perf_repeats)) if args.perf else None
@@ -178,16 +196,28 @@ def main(argv: list[str] | None = None) -> int:
     # Where to start: rank 0 reads the progress of an earlier attempt of the same run.
     box: list[Any] = [None, 0, max_restarts]
     if rank == 0:
-        resumed = state.load(any_run=args.resume)
-        if resumed is None:
+        try:
+            resumed = state.load(any_run=args.resume)
+        except StateError as exc:
+            resumed = None
+            box[0] = f"python -m harness.run.external: {exc}"
+        if isinstance(box[0], str):
+            pass
+        elif resumed is None:
             state.reset()
         else:  # launch n+1 of the run: files are named by launch, restarts counted
             box[1] = resumed.last_attempt + 1
             box[2] = max_restarts - resumed.launches
-        state.attempt = box[1]
-        state.started()
-        box[0] = resumed
+        if not isinstance(box[0], str):
+            state.attempt = box[1]
+            state.started()
+            box[0] = resumed
     dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], str):  # the state directory is not usable: every rank stops
+        if rank == 0:
+            print(box[0], file=sys.stderr, flush=True)
+        dist.destroy_process_group()
+        return 2
     resumed, state.attempt, restarts_left = box
     attempt = state.attempt
     dist.barrier()  # the state directory exists before any rank writes into it
@@ -252,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                            progress=StepTrace(state, index))
             result = run_instance(inst, renv, run_probes, time_instance)
             payload = (slot.index, result, time.monotonic() - start)
-            state.save_pending(index, payload)
+            state.save_pending(index, slot.index, result, payload[2])
         watchdog.arm(f"round {index} (waiting for the other instances)",
                      start + max(deadlines.values()) + ROUND_GRACE_S)
         everyone: list[Any] = [None] * world if rank == 0 else []

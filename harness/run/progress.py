@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import socket
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..model import Instance, PoolRun, RankResult, RankState
+from .resultfile import Pending, ResultFileError, dump_result, load_result
 
 PROGRESS = "progress.jsonl"
 INFLIGHT = "inflight.json"
@@ -45,6 +45,33 @@ def _write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+class StateError(Exception):
+    """The state directory holds a file that is not what this harness wrote there; the message
+    names the file (and line) and what to do."""
+
+
+def _entry(path: Path, lineno: int, line: str) -> dict[str, Any]:
+    """One line of the progress file, checked: an object with the fields of its kind."""
+    where = f"{path}:{lineno}"
+    try:
+        entry = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise StateError(f"{where}: not a JSON line ({type(exc).__name__})") from None
+    if not isinstance(entry, dict):
+        raise StateError(f"{where}: expected an object")
+    if "attempt" in entry:
+        if isinstance(entry["attempt"], bool) or not isinstance(entry["attempt"], int):
+            raise StateError(f"{where}: 'attempt' must be a whole number")
+    elif "complete" not in entry and not (
+            isinstance(entry.get("round"), int) and not isinstance(entry["round"], bool)
+            and isinstance(entry.get("records"), list)
+            and all(isinstance(r, dict) and isinstance(r.get("outcome"), str)
+                    and isinstance(r.get("key"), str) for r in entry["records"])):
+        raise StateError(f"{where}: not an entry of a progress file (attempt, complete, or a "
+                         "round with its records)")
+    return entry
+
+
 @dataclass
 class Resume:
     """What rank 0 found of an earlier attempt of the same run."""
@@ -55,6 +82,16 @@ class Resume:
     last_attempt: int = 0  # the launch that wrote the newest files
     launches: int = 0  # how many launches of this run started
     complete: bool = False  # the run reached its end (a new launch starts over)
+
+
+def _inflight_ok(doc: Any) -> bool:
+    def whole(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    return (isinstance(doc, dict) and whole(doc.get("round")) and whole(doc.get("attempt"))
+            and isinstance(doc.get("retry"), bool) and isinstance(doc.get("slots"), list)
+            and all(isinstance(s, list) and len(s) == 2 and whole(s[0])
+                    and isinstance(s[1], list) and all(whole(g) for g in s[1])
+                    for s in doc["slots"]))
 
 
 class State:
@@ -83,17 +120,24 @@ class State:
         """The progress of an earlier launch of this run, or None (none, another run, or a
         run that completed). ``any_run``: the launcher's run id need not match (a resume by
         hand: srun knows nothing of the earlier job)."""
-        try:
-            lines = (self.root / PROGRESS).read_text(encoding="utf-8").splitlines()
-            header = json.loads(lines[0])
-        except (OSError, ValueError, IndexError):
+        path = self.root / PROGRESS
+        if not path.exists():
             return None
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+            header = json.loads(lines[0])
+        except (OSError, ValueError, IndexError, RecursionError) as exc:
+            raise StateError(f"{path}: not a progress file this harness wrote "
+                             f"({type(exc).__name__}); remove the state directory to start "
+                             "over") from None
+        if not isinstance(header, dict):
+            raise StateError(f"{path}:1: not a progress file header")
         if header.get("fingerprint") != self.fingerprint or not (
                 any_run or (self.run_id and header.get("run_id") == self.run_id)):
             return None
         out = Resume()
-        for line in lines[1:]:
-            entry = json.loads(line)
+        for lineno, line in enumerate(lines[1:], start=2):
+            entry = _entry(path, lineno, line)
             if "attempt" in entry:
                 out.last_attempt = max(out.last_attempt, entry["attempt"])
                 out.launches += 1
@@ -105,8 +149,11 @@ class State:
             out.next_round = entry["round"] + 1
         try:
             inflight = json.loads((self.root / INFLIGHT).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             inflight = None
+        if inflight is not None and not _inflight_ok(inflight):
+            raise StateError(f"{self.root / INFLIGHT}: not the round in flight this harness "
+                             "wrote; remove the state directory to start over")
         if inflight and inflight.get("round") == out.next_round:
             out.inflight = inflight
         return None if out.complete else out
@@ -149,8 +196,11 @@ class State:
         self.root.mkdir(parents=True, exist_ok=True)
         return open(self.path(kind), "w")
 
-    def save_pending(self, round_index: int, payload: Any) -> None:
-        _write(self.path("pending"), pickle.dumps((self.rank, round_index, payload)))
+    def save_pending(self, round_index: int, index: int, result: RankResult,
+                     elapsed: float) -> None:
+        """This rank's result of the round in flight (JSON: see :mod:`.resultfile`)."""
+        _write(self.path("pending"), dump_result(Pending(self.rank, round_index, index,
+                                                         elapsed, result)))
 
     def trace(self, round_index: int, step: int) -> None:
         _write(self.path("trace"), f"{self.rank} {round_index} {step}\n".encode())
@@ -178,12 +228,16 @@ class State:
                 continue
             info: dict[str, Any] = {"rank": rank, "step": step, "host": socket.gethostname()}
             base = str(trace)[: -len(".trace")]
-            try:
-                _r, rnd, payload = pickle.loads(Path(base + ".pending").read_bytes())
-                if rnd == round_index:
-                    info["pending"] = payload
-            except (OSError, pickle.PickleError, EOFError, ValueError):
-                pass
+            pending = Path(base + ".pending")
+            if pending.exists():
+                try:
+                    got = load_result(pending)
+                    if got.round == round_index:
+                        info["pending"] = (got.index, got.result, got.elapsed)
+                except ResultFileError as exc:
+                    # A file that is not a result is never taken for one: the rank's instance
+                    # is judged without it (it cannot pass).
+                    info["unreadable"] = str(exc)
             for kind in ("hang", "crash", "killed"):
                 try:
                     text = Path(f"{base}.{kind}").read_text(encoding="utf-8",
@@ -215,6 +269,11 @@ def recovered_run(inst: Instance, members: tuple[int, ...], seen: dict[int, dict
             failed = True
             states.append(RankState(i, "blocked", step=step, step_desc=desc,
                                     stack=info["hang"].strip()))
+        elif "unreadable" in info:
+            failed = True
+            states.append(RankState(i, "died", step=step, step_desc=desc,
+                                    stderr_tail="its result file in the state directory could "
+                                    f"not be used: {info['unreadable']}"))
         elif "crash" in info:
             failed = True
             states.append(RankState(i, "died", step=step, step_desc=desc,
