@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 TIMING_KEYS = {"duration_s", "return_s", "completed_at_return", "at_return_ok",
-               "at_return_wrong", "waited_in_thread", "stack", "stderr_tail", "traceback"}
+               "at_return_wrong", "waited_in_thread", "stack", "stderr_tail", "traceback", "phases"}
 SECONDS_RE = re.compile(r"\d+(\.\d+)?(e-?\d+)?\s*(s|ms|µs|us)\b")
 # Process-specific text: thread and object addresses, pids, line numbers inside stack dumps.
 ADDRESS_RE = re.compile(r"0x[0-9a-fA-F]+|\bpid \d+|line \d+|"

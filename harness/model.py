@@ -425,6 +425,9 @@ class RankResult:
     timing: dict[str, Any] = field(default_factory=dict)
     # Steps that declare ``raises:``: what each raised (or that it did not), for the parent.
     step_errors: list[dict[str, Any]] = field(default_factory=list)
+    # Where this rank's time went besides the program itself (seconds): ``probes`` (ordering
+    # probes), ``perf`` (the timing loop), ``sleep`` (the case's own sleep steps).
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -462,6 +465,8 @@ class InstanceResult:
     # Overrides of the case that matched this instance except for their torch-version or
     # backend scope (line, scope, reason): the report header lists them.
     overrides_not_applied: list[dict[str, Any]] = field(default_factory=list)
+    # Where the parent's time for this instance went (seconds; see harness.report.costs).
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -34,10 +34,19 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import jsonschema
+
 from ..casefile import expand, load, validate
+from ..report import costs
+from ..report.records import load_report
 from ..run.pool import PoolKey, PoolManager, forkserver_context
 from ..verdict.outcome import judge
 from . import busbw as busbw_bench
+
+
+def one_line_text(text: str) -> str:
+    """``text`` on one line, control characters escaped (it may come from a hostile file)."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
 
 
 @dataclass
@@ -264,11 +273,29 @@ def bench_rejection(world_size: int, n: int) -> Rejection:
     return Rejection(world_size, med["accepted"], med["rejected"], manager.started)
 
 
+def costs_main(argv: list[str]) -> int:
+    """``collective-bench --costs REPORT``: the top cost centres of a run (its phases, the
+    costliest case files) from the JSON report it wrote."""
+    if len(argv) != 1:
+        print("usage: collective-bench --costs REPORT.json", file=sys.stderr)
+        return 2
+    try:
+        report = load_report(argv[0])
+    except (OSError, ValueError, EOFError, RecursionError, jsonschema.ValidationError) as exc:
+        print(f"collective-bench: {one_line_text(argv[0])}: not a readable report "
+              f"({type(exc).__name__}: {one_line_text(str(exc))[:200]})", file=sys.stderr)
+        return 2
+    print(costs.render(report), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print a Markdown table (and JSON with --json)."""
     rest = sys.argv[1:] if argv is None else argv
     if "--busbw" in rest:  # the perf mode against a bare loop: its own options
         return busbw_bench.main([a for a in rest if a != "--busbw"])
+    if rest and rest[0] == "--costs":  # where a run's time went, from its report
+        return costs_main(rest[1:])
     ap = argparse.ArgumentParser(prog="collective-bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--world-sizes", default="2,4,8")
     ap.add_argument("--instances", type=int, default=300, help="instances per world size")

@@ -21,6 +21,7 @@ from ..model import Instance, InstanceResult
 from ..ordering import plan as ordering
 from ..perf import plan as perfplan
 from ..perf import stats as perfstats
+from ..report import costs
 from ..report.oneline import one_line
 from ..report.records import instance_record, skipped_record
 from ..run.capabilities import probe
@@ -147,8 +148,10 @@ class CaseItem(pytest.Item):
         inst = self.instance
         foreign = ""
         for _attempt in range(2):
+            t0 = time.monotonic()
             try:
                 pool = hs.manager.isolated(key) if inst.isolate else hs.manager.get(key)
+                t_pool = time.monotonic()
                 run = pool.run(inst, deadline)
             except PoolStartError as exc:
                 return InstanceResult("error", f"{where}: {exc}",
@@ -162,12 +165,17 @@ class CaseItem(pytest.Item):
                         expected_kind=inst.expectation.kind, pool_replaced=True)
                 foreign = str(exc)
                 continue
+            t_run = time.monotonic()
             result = judge(inst, run, deadline)
             if result.outcome == "passed" and perfplan.enabled(self.config):
                 # Only a passed instance gets numbers: a bandwidth never hides a failure.
                 result.perf = (perfstats.aggregate(inst, run.results) if inst.perf
                                else {"not_timed": perfplan.not_timed(inst)})
+            t_judge = time.monotonic()
             result.pool_replaced = bool(hs.manager.settle(pool, inst, run))
+            result.phases = costs.phases(run, pool_s=t_pool - t0, run_s=t_run - t_pool,
+                                         judge_s=t_judge - t_run,
+                                         settle_s=time.monotonic() - t_judge)
             if foreign:
                 result.pool_replaced = True
                 result.message += ("\n  (run on a fresh pool: the first pool's answer did not "

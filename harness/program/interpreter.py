@@ -326,6 +326,9 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                 else:
                     _special(step)
                     ev.t_return = time.perf_counter() - t0
+                    if step.kind == "sleep":
+                        res.phases["sleep"] = (res.phases.get("sleep", 0.0)
+                                               + ev.t_return - ev.t_enter)
                     if step.kind == "sync":
                         state.synchronized()
             res.events.append(ev)
@@ -345,12 +348,17 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                        if step.warns is not None]
         res.checks += late
         if timer is not None and inst.perf is not None:
+            t_perf = time.perf_counter()
             try:
                 res.perf = timer(inst, renv, env, bufs, all(c.ok for c in res.checks))
             except Exception as exc:  # a failed measurement is no failed check
                 res.perf = {"not_timed": f"timing raised {type(exc).__name__}: "
                                          f"{str(exc)[:200]}"}
+            res.phases["perf"] = time.perf_counter() - t_perf
+        t_probes = time.perf_counter()
         res.ordering = {**state.results(), **(probes(inst, renv, env) if probes else {})}
+        if probes:
+            res.phases["probes"] = time.perf_counter() - t_probes
     except Exception as exc:  # reported to the parent, which decides the outcome
         res.status = "raised"
         res.exc_type = type(exc).__name__

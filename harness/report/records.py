@@ -18,7 +18,7 @@ import jsonschema
 
 from ..model import Instance, InstanceResult
 from ..perf import stats as perfstats
-from . import headline
+from . import costs, headline
 
 SCHEMA_VERSION = 1
 OUTCOMES = ("passed", "failed", "error", "hang", "crash", "skipped", "xfail", "xpass",
@@ -108,6 +108,7 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
         "message": result.message,
         "duration_s": round(result.duration, 6),
         "pool_replaced": result.pool_replaced,
+        **({"phases": result.phases} if result.phases else {}),
         "ranks": ranks,
     }
     if result.ordering:
@@ -165,6 +166,7 @@ def build_report(records: list[dict[str, Any]], metadata: dict[str, Any],
     summary["ok"] = summary["verdict"] == "PASS"
     summary["headline"] = headline.headline(summary, session)
     summary["overrides_not_applied"] = overrides_not_applied(records)
+    summary["time"] = costs.totals(records)
     meta = dict(metadata)
     meta.setdefault("created", datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
     meta["world_sizes"] = sorted({r["world_size"] for r in records})
