@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -395,3 +396,31 @@ def test_value_failure_points_at_the_expected_line(pytester: pytest.Pytester) ->
     assert f"cases/lines.yaml:{line_of('t: [5, 5]', 'prog')}: prog[" in out, out
     # the shorthand all_reduce's one buffer is named by its role, not 'input'
     assert "buffer 'tensor' (explicit)" in out and "tensor 'input'" not in out
+
+
+def test_a_named_directory_of_yaml_never_collects_zero_in_silence(tmp_path: Path) -> None:
+    """Issue 26, point 1: the skipped files are listed, and the printed command collects them."""
+    (tmp_path / "mycases").mkdir()
+    (tmp_path / "mycases" / "ar.yaml").write_text(CASES)
+    (tmp_path / "mycases" / "other.yml").write_text("key: value\n")
+    res = run_pytest(tmp_path, "mycases/", "--collect-only", "-q")
+    assert res.returncode == pytest.ExitCode.NO_TESTS_COLLECTED
+    assert ("2 YAML file(s) under the paths you named were not collected as case files: "
+            "mycases/ar.yaml, mycases/other.yml") in res.stdout
+    fix = next(line for line in res.stdout.splitlines() if "to collect these:" in line)
+    argv = shlex.split(fix.split("to collect these: ", 1)[1])
+    assert argv[0] == "pytest" and "mycases/" in argv
+    assert argv[-2:] == ["-o", "collective_case_dirs=mycases"]
+    again = run_pytest(tmp_path, *argv[1:])
+    # As printed: the case file is collected (and other.yml is reported as a broken case file).
+    assert "ar.yaml::sum_basic" in again.stdout, again.stdout
+    assert "other.yml" in again.stdout
+
+
+def test_unrelated_yaml_under_the_rootdir_is_not_reported(tmp_path: Path) -> None:
+    (tmp_path / ".github").mkdir()
+    (tmp_path / ".github" / "ci.yaml").write_text("on: push\n")
+    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
+    res = run_pytest(tmp_path, ".", "-q")
+    assert res.returncode == 0, res.stdout
+    assert "not collected as case files" not in res.stdout

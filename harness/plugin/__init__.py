@@ -24,6 +24,7 @@ from .collection import (
     pytest_collection_finish,
     pytest_collection_modifyitems,
     pytest_deselected,
+    pytest_report_collectionfinish,
     pytest_xdist_node_collection_finished,
 )
 from .items import pytest_report_teststatus, pytest_runtest_logreport, pytest_runtest_makereport
@@ -41,7 +42,8 @@ from .terminal import pytest_terminal_summary
 __all__ = [
     "pytest_addoption", "pytest_collect_file", "pytest_collection_finish",
     "pytest_collection_modifyitems", "pytest_configure", "pytest_deselected",
-    "pytest_internalerror", "pytest_keyboard_interrupt", "pytest_report_teststatus",
+    "pytest_internalerror", "pytest_keyboard_interrupt", "pytest_report_collectionfinish",
+    "pytest_report_teststatus",
     "pytest_runtest_logreport", "pytest_runtest_makereport", "pytest_sessionfinish",
     "pytest_sessionstart", "pytest_terminal_summary", "pytest_unconfigure",
     "pytest_xdist_node_collection_finished",

@@ -8,6 +8,8 @@ items, deselected by ``--world-size``/``--full``/``--perf`` and grouped by rank 
 from __future__ import annotations
 
 import fnmatch
+import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +42,25 @@ def is_case_file(file_path: Path, config: pytest.Config) -> bool:
                for pattern in dirs)
 
 
+def named_directory(file_path: Path, config: pytest.Config) -> Path | None:
+    """The directory named on the command line that holds ``file_path`` (None if none does,
+    or if only the invocation directory itself was named: ``pytest`` / ``pytest .``)."""
+    here = config.invocation_params.dir.resolve()
+    for arg in config.args:
+        named = (here / arg.split("::", 1)[0]).resolve()
+        if named != here and named.is_dir() and named in file_path.resolve().parents:
+            return named
+    return None
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     if not is_case_file(file_path, parent.config):
+        # A YAML file under a directory the user named is not collected (only directories
+        # named like collective_case_dirs hold case files, so unrelated YAML never runs), but
+        # it is not skipped in silence: the collection report lists it and says how.
+        if (file_path.suffix.lower() in CASE_SUFFIXES
+                and named_directory(file_path, parent.config) is not None):
+            harness_session(parent.config).skipped_yaml.append(file_path)
         return None
     mark_started(parent.config, harness_session(parent.config))
     return CaseFile.from_parent(parent, path=file_path)
@@ -155,3 +174,30 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
         if cases:
             mark_started(config, hs)
         hs.collected.update(cases)
+
+
+MAX_SKIPPED_LISTED = 5
+
+
+def pytest_report_collectionfinish(config: pytest.Config, start_path: Path,
+                                   items: list[pytest.Item]) -> list[str]:
+    """Under pytest's "collected N items": YAML files under the directories the user named
+    that were not collected as case files, and the exact option that collects them."""
+    hs = harness_session(config)
+    if not hs.skipped_yaml:
+        return []
+    here = config.invocation_params.dir
+    shown = [os.path.relpath(p, here) for p in hs.skipped_yaml[:MAX_SKIPPED_LISTED]]
+    more = len(hs.skipped_yaml) - len(shown)
+    dirs = sorted({p.parent.name for p in hs.skipped_yaml})
+    args = [a for a in config.invocation_params.args]
+    fix = shlex.join(["pytest", *args, "-o", f"collective_case_dirs={dirs[0]}"])
+    lines = [f"collective-harness: {len(hs.skipped_yaml)} YAML file(s) under the paths you "
+             f"named were not collected as case files: {', '.join(shown)}"
+             + (f" and {more} more" if more else ""),
+             "  only YAML files in directories named like the ini option collective_case_dirs "
+             f"({', '.join(map(str, config.getini('collective_case_dirs')))}) are case files, "
+             "or files named one by one on the command line;",
+             f"  to collect these: {fix}"
+             + (" (and the same for " + ", ".join(dirs[1:]) + ")" if len(dirs) > 1 else "")]
+    return lines

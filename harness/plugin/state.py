@@ -6,6 +6,7 @@ config) or :func:`active_session` (from hooks that get no config, e.g. on the xd
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,6 +58,8 @@ class HarnessSession:
         # The report paths were replaced by an INCOMPLETE report when the first case file was
         # collected: from then on only this session's own report may stand there.
         self.started_report = False
+        # YAML files under a directory named on the command line that are not case files.
+        self.skipped_yaml: list[Path] = []
         self.started_at = ""
 
     @property
