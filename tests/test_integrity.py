@@ -218,6 +218,45 @@ def test_selection_is_not_incompleteness(tmp_path: Path) -> None:
     assert rep["session"]["selection"]["deselected"] == 1
     assert rep["summary"]["verdict"] == "PASS"
     assert rep["summary"]["headline"].startswith("PASS: 1 instances: 1 conformant")
+    # ... but the headline says that it is a selection (issue 26, point 6).
+    assert rep["summary"]["headline"].endswith("only a selection ran (-k first): not the "
+                                               "whole suite")
+
+
+XDIST_STOP = """
+cases:
+  - name: wrong
+    op: all_reduce
+    world_size: 1
+    shape: [2]
+    input: "i"
+    expected: [7, 7]
+  - name: many
+    op: all_reduce
+    world_size: 1
+    dtype: [float32, float64, int32, int64, int8, uint8, bfloat16, float16]
+    reduce_op: [sum, max, min]
+    shape: [2]
+    input: "i"
+  - name: long_matrix
+    op: all_reduce
+    world_size: 1
+    marks: [full]
+    shape: [2]
+    input: "i"
+"""
+
+
+def test_a_stop_under_xdist_is_named_as_such_and_full_is_pointed_at(tmp_path: Path) -> None:
+    where = project(tmp_path, XDIST_STOP)
+    res = run(where, "-q", "-n", "2", "-x")
+    assert res.returncode == 2, res.stdout + res.stderr  # xdist's stop is an Interrupted
+    rep = report(where)
+    assert rep["session"]["ended_by"].startswith("stopped early: stopping after 1 failures"), (
+        rep["session"])
+    serial = run(where, "-q")
+    assert ("collective-harness: 1 instance(s) of the long matrix (marked 'full') were not "
+            "run; add --full to run them") in serial.stdout
 
 
 @pytest.mark.parametrize(("sig", "ended"), [(signal.SIGINT, "interrupted (Ctrl-C"),

@@ -137,6 +137,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 continue
             if "full" in inst.marks and not hs.full:
                 dropped.append(item)
+                hs.deselected_full += 1
                 continue
             if "perf" in inst.marks and not perfplan.enabled(config):
                 dropped.append(item)

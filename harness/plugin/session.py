@@ -69,10 +69,23 @@ def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> N
         value = excinfo.value
         # pytest stops for collection errors by raising Session.Interrupted, a
         # KeyboardInterrupt: say which it was, not "Ctrl-C".
-        harness_session(config).ended_by = ("terminated (SIGTERM)" if str(value) == "SIGTERM" else
-                                f"stopped by pytest: {value}"
-                                if isinstance(value, pytest.Session.Interrupted)
-                                else "interrupted (Ctrl-C / KeyboardInterrupt)")
+        harness_session(config).ended_by = stop_reason(value)
+
+
+def stop_reason(value: BaseException) -> str:
+    """Why pytest stopped, from the KeyboardInterrupt it raised: pytest's own Interrupted
+    (a collection error), pytest-xdist's (``-x`` / ``--maxfail`` under ``-n``: "stopping
+    after N failures"), SIGTERM (raised as KeyboardInterrupt("SIGTERM")), or Ctrl-C."""
+    text = str(value)
+    if text == "SIGTERM":
+        return "terminated (SIGTERM)"
+    if text.startswith("stopping after"):
+        return f"stopped early: {text} (-x / --maxfail)"
+    if isinstance(value, pytest.Session.Interrupted):
+        return f"stopped by pytest: {text}"
+    if type(value) is not KeyboardInterrupt and text:  # a plugin's own Interrupted
+        return f"stopped by {type(value).__module__.split('.')[0]}: {text}"
+    return "interrupted (Ctrl-C / KeyboardInterrupt)"
 
 
 def pytest_internalerror(excrepr: Any, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
@@ -145,7 +158,10 @@ def session_info(session: pytest.Session, hs: HarnessSession, exitstatus: int
         "selection": {"keyword": getattr(opt, "keyword", "") or None,
                       "markexpr": getattr(opt, "markexpr", "") or None,
                       "world_sizes": sorted(hs.world_sizes) if hs.world_sizes else None,
-                      "full": hs.full, "deselected": hs.deselected},
+                      "full": hs.full, "deselected": hs.deselected,
+                      "deselected_full": hs.deselected_full,
+                      "last_failed": bool(getattr(opt, "lf", False)),
+                      "node_ids": any("::" in str(a) for a in session.config.args)},
     }
 
 

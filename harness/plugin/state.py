@@ -54,6 +54,7 @@ class HarnessSession:
         # every one must end with a record, or the report says the session is incomplete.
         self.collected: set[str] = set()
         self.deselected = 0
+        self.deselected_full = 0  # of which: marked 'full' and left out without --full
         self.ended_by = ""  # set when pytest is interrupted or fails internally
         # The report paths were replaced by an INCOMPLETE report when the first case file was
         # collected: from then on only this session's own report may stand there.

@@ -28,6 +28,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
             why = json.loads(text).get("reason", "") if text else ""
             terminalreporter.write_line(f"LIMITATION {rep.nodeid} - {why}")
     info = config.stash.get(INFO_KEY, None)
+    left_out = (info or {}).get("selection", {}).get("deselected_full", 0)
+    if left_out:
+        terminalreporter.write_line(
+            f"collective-harness: {left_out:,} instance(s) of the long matrix (marked 'full') "
+            "were not run; add --full to run them")
     if info is not None and not info["complete"]:
         terminalreporter.write_line(
             f"collective-harness: INCOMPLETE: {info['without_result']} of {info['collected']} "

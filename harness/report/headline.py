@@ -56,10 +56,32 @@ def headline(summary: dict[str, Any], session: dict[str, Any] | None) -> str:
     if session is not None and session.get("unexplained_failures", 0):
         tail += (f"; pytest reported {_n(session['unexplained_failures'], 'failure')} that no "
                  "record explains")
+    subset = selection_text(session)
+    if subset:
+        tail += f"; {subset}"
     if word == "INCOMPLETE" and session is not None:
         return (f"INCOMPLETE: {incomplete_text(session)}. Of the {total:,} with a result: "
                 f"{counts_text(summary)}; {tail}")
     return f"{word}: {total:,} instances: {counts_text(summary)}; {tail}"
+
+
+def selection_text(session: dict[str, Any] | None) -> str:
+    """``only a selection ran (-k all_reduce, --lf): not the whole suite`` when the person
+    chose a subset; "" for the default selection (leaving out --full is not a choice of
+    subset: it is the quick suite)."""
+    sel = (session or {}).get("selection") or {}
+    parts = []
+    if sel.get("keyword"):
+        parts.append(f"-k {sel['keyword']}")
+    if sel.get("markexpr"):
+        parts.append(f"-m {sel['markexpr']}")
+    if sel.get("world_sizes"):
+        parts.append("--world-size " + ",".join(map(str, sel["world_sizes"])))
+    if sel.get("last_failed"):
+        parts.append("--lf")
+    if sel.get("node_ids"):
+        parts.append("single instances named by id")
+    return f"only a selection ran ({', '.join(parts)}): not the whole suite" if parts else ""
 
 
 def incomplete_text(session: dict[str, Any]) -> str:
