@@ -10,6 +10,8 @@ from harness.casefile import expand, validate
 from harness.casefile import load as yamlload
 from harness.errors import CaseFileError, CaseFileErrors
 
+from . import helpers as case_helpers
+
 GOOD = """
 cases:
   - name: ok
@@ -278,3 +280,34 @@ def test_premul_factor_expression_per_instance() -> None:
     (prog,) = expand.expand(cases[1], "gloo")
     assert [dict(s.args).get("reduce_op") for s in prog.steps] == ["premul_sum", "max"]
     assert dict(prog.steps[0].args)["premul_factor"] == 0.5
+
+
+@pytest.mark.parametrize("name", ["k", "j", "i", "rank", "world_size", "src", "dst", "rep",
+                                  "min", "where"])
+def test_a_parameter_named_like_a_builtin_name_is_refused_at_its_key(name: str) -> None:
+    """Issue 22, point 10: a parameter ``k`` was silently shadowed by the fill index ``k``."""
+    text = f"""
+    cases:
+      - name: shadow
+        op: all_reduce
+        world_size: 2
+        params: {{{name}: [1, 2]}}
+        shape: [4]
+        input: "i"
+    """
+    msg = case_helpers.case_error(text)
+    assert (f"\ncases/x.yaml:6:14: at cases[0].params.{name}: params: '{name}' is a name the "
+            "harness itself gives expressions") in msg, msg
+
+
+def test_a_parameter_with_another_name_is_fine() -> None:
+    (inst, _) = case_helpers.case_instances("""
+    cases:
+      - name: fine
+        op: all_reduce
+        world_size: 2
+        params: {kk: [1, 2]}
+        shape: [4]
+        input: "i * kk"
+    """)
+    assert dict(inst.params) == {"kk": 1}

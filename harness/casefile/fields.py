@@ -10,11 +10,16 @@ import difflib
 from typing import Any
 
 from ..errors import CaseFileErrors, ExprError, quote
-from ..expr import parse
+from ..expr import FUNCTIONS, parse
 from ..model import Case, Fill
 
 KEYWORDS = ("poison", "zeros", "unspecified", "unchanged", "auto")
 BASE_NAMES = ("rank", "world_size")
+# Every name the harness itself gives an expression somewhere: the element indices of fills
+# (i, j, k), the peers of all_to_all_single splits (src, dst), a repeated step's repetition
+# (rep), and the expression functions. A case parameter named like one of them would be
+# silently shadowed in some expressions (or shadow the built-in in others): refused.
+RESERVED_NAMES = (*BASE_NAMES, "i", "j", "k", "src", "dst", "rep", *FUNCTIONS)
 Path = tuple[Any, ...]
 
 

@@ -22,7 +22,7 @@ from . import (
     programcheck,
     sparse,
 )
-from .fields import KEYWORDS, as_list, check_expr, check_fill, suggest
+from .fields import KEYWORDS, RESERVED_NAMES, as_list, check_expr, check_fill, suggest
 from .load import Document, Path
 from .schema import schema_problems
 
@@ -89,6 +89,12 @@ def check_case(case: Case) -> None:
         except CaseFileErrors as exc:
             errs.extend(exc.errors)
 
+    for name in raw.get("params", {}) or {}:
+        if name in RESERVED_NAMES:
+            full = (*case.origin.get("params", ()), name)
+            errs.append(case.doc.error(full, f"params: {name!r} is a name the harness itself "
+                                       "gives expressions (" + ", ".join(RESERVED_NAMES) + ")",
+                                       "rename the parameter", at_key=True))
     has_op, has_steps = "op" in raw, "steps" in raw
     if has_op == has_steps:
         errs.append(case.error(("name",), "a case needs exactly one of 'op' (one collective) "
