@@ -149,6 +149,9 @@ class Step:
     # each of its buffers. Async repetitions stay in flight until the step's handle is waited.
     repeat: int = 1
     slices: bool = False
+    # op steps with ``slices``: (name the op step uses, the tensor of each repetition) for a
+    # buffer given as a list of names, one per repetition
+    per_repetition: tuple[tuple[str, tuple[str, ...]], ...] = ()
     warns: str | None = None  # op steps: a regex a warning of the call must match
     # op/wait/destroy steps: the step must raise an error matching this regex (searched in
     # "ExcType: message"), and the program goes on; ``raises_not_before``: and no earlier

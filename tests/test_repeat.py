@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +70,54 @@ def test_wait_timeout_reaches_the_step() -> None:
     (case,) = validate.load_cases(doc)
     (inst,) = expand.expand(case, "gloo")
     assert dict(inst.steps[1].args) == {"timeout": 1.5}
+
+
+STRESS_LIST = """
+cases:
+  - name: separate_tensors
+    description: upstream's coalesced stress tests, pg.allreduce(inputs[i]) for each i
+    world_size: 2
+    tensors:
+      t0: {shape: [3], init: "rank + i"}
+      t1: {shape: [3], init: "10 * rank + i"}
+      t2: {shape: [2], init: "100 + rank"}
+    steps:
+      - {op: all_reduce, tensor: [t0, t1, t2], repeat: 3, slices: true, async: true,
+         handle: h}
+      - {wait: h}
+    expected:
+      t0: "2 * i + 1"
+      t1: "2 * i + 10"
+      t2: %s
+"""
+
+
+def test_slices_accept_one_named_tensor_per_repetition(tmp_path: Path) -> None:
+    """Issue 22, point 10: the list form runs and is checked tensor by tensor on Gloo."""
+    from .helpers import load_report, run_pytest, write_case_file
+
+    write_case_file(tmp_path, STRESS_LIST % '"201"')
+    res = run_pytest(tmp_path, "c.yaml", "-q", "--rootdir", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    (rec,) = load_report(tmp_path / "reports" / "conformance.json")["records"]
+    assert rec["outcome"] == "passed"
+    assert {c["tensor"] for c in rec["ranks"][0]["checks"]} >= {"t0", "t1", "t2"}
+    # A wrong value in the last repetition's tensor fails, and names that tensor.
+    write_case_file(tmp_path, STRESS_LIST % '"200"')
+    res = run_pytest(tmp_path, "c.yaml", "-q", "--rootdir", str(tmp_path))
+    assert res.returncode == 1
+    (rec,) = load_report(tmp_path / "reports" / "conformance.json")["records"]
+    assert rec["outcome"] == "failed" and "buffer 't2'" in rec["message"]
+
+
+@pytest.mark.parametrize(("step", "message"), [
+    ("{op: all_reduce, tensor: [t, u], repeat: 3, slices: true}",
+     "the step repeats 3 time(s) but lists 2 tensor(s)"),
+    ("{op: all_reduce, tensor: [t, nope], repeat: 2, slices: true}", "unknown tensor 'nope'"),
+    ("{op: all_reduce_coalesced, tensors: [t, t], repeat: 2, slices: true}",
+     "'slices' needs one tensor per buffer, not a list of tensors"),
+])
+def test_bad_per_repetition_lists_are_reported(step: str, message: str) -> None:
+    with pytest.raises((CaseFileError, CaseFileErrors)) as info:
+        instances(step)
+    assert message in str(info.value)

@@ -69,7 +69,9 @@ def check_steps(case: Case) -> None:
         errs.extend(workstate.check(case, path, step, action, handles))
         step_op = ops.ALL_OPS.get(step.get("op", ""))
         errs.extend(repeat.check(case, path, step, action, tensors,
-                                 tuple(r.name for r in step_op.roles) if step_op else ()))
+                                 tuple(r.name for r in step_op.roles) if step_op else (),
+                                 tuple(r.name for r in step_op.roles
+                                       if r.form in ("list", "nested")) if step_op else ()))
         if isinstance(step.get("ranks"), str):
             try:
                 check_expr(case, (*path, "ranks"), step["ranks"])
@@ -91,6 +93,8 @@ def check_steps(case: Case) -> None:
         role_names = {r.name for r in op.roles}
         for role in op.roles:
             tname = step.get(role.name)
+            if isinstance(tname, list) and repeat.per_repetition(step, role.form):
+                continue  # one tensor per repetition: checked by repeat.check
             if isinstance(tname, list):  # one list entry per named tensor
                 errs.extend(_check_tensor_list(case, (*path, role.name), op, role, tname,
                                                tensors, object_tensors))

@@ -102,7 +102,12 @@ class ProgramBuilder(CaseEval):
                                       f"outside world_size {ws}")
         if "op" in s:
             op = ops.get(s["op"])
+            per_rep = tuple((s[role.name][0], tuple(s[role.name])) for role in op.roles
+                            if isinstance(s[role.name], list)
+                            and step_repeat.per_repetition(s, role.form))
+            # A buffer listed per repetition runs under its first name (rebound per repetition).
             bufs = tuple((role.name, s[role.name] if isinstance(s[role.name], str)
+                          else s[role.name][0] if step_repeat.per_repetition(s, role.form)
                           else pack_tensor_list(s[role.name])) for role in op.roles)
             args: list[tuple[str, Any]] = []
             for key in ("src", "dst", "tag", "group_src", "group_dst"):
@@ -149,7 +154,7 @@ class ProgramBuilder(CaseEval):
                         ranks=ranks, async_op=asy, handle=s.get("handle"),
                         stream=s.get("stream", "current"), returns=rets,
                         repeat=int(s.get("repeat", 1)),
-                        slices=bool(s.get("slices", False)),
+                        slices=bool(s.get("slices", False)), per_repetition=per_rep,
                         warns=s.get("warns"),
                         register_work=bool(s.get("register_work", False)),
                         **lifecycle.step_fields(s))

@@ -468,14 +468,18 @@ def _root_of(args: dict[str, Any], group_ranks: tuple[int, ...]) -> int | None:
 def _repeated(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
               bufs: dict[str, Any], written: set[str], returned: dict[str, Any]) -> Any:
     """Issue the op ``step.repeat`` times; async Works stay in flight as one WorkList."""
-    names = {t for _, t in step.bufs}
+    listed = dict(step.per_repetition)
+    names = {t for _, t in step.bufs} - set(listed)
     works: list[Any] = []
     for rep in range(step.repeat):
         view = {n: t[rep] for n, t in bufs.items() if n in names} if step.slices else bufs
+        # A buffer listed per repetition: its first name stands for repetition rep's tensor.
+        view = {**view, **{first: bufs[each[rep]] for first, each in listed.items()}}
         work = call_op(inst, step, renv, {**env, "rep": rep}, {**bufs, **view}, written,
                        returned)
         if work is not None:
             works.append(work)
+    written.update(name for each in listed.values() for name in each)
     return ops.p2p.WorkList(works) if works else None
 
 
