@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,3 +105,33 @@ def json_path(parts: tuple[str | int, ...]) -> str:
         else:
             out += f".{p}" if out else str(p)
     return out or "<document>"
+
+
+# Frames of files under the package root (where this module lives) are the harness's own
+# machinery, not the user's call.
+HARNESS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_FRAME = re.compile(r'\s*File "([^"]+)", line \d+')
+
+
+def trim_traceback(text: str) -> str:
+    """``text`` without the harness's own frames (the rank loop, the interpreter, the op
+    table's call): what is left starts at torch's entry point, and a line says how many
+    frames were cut. The op call itself is named by the step description beside it."""
+    out: list[str] = []
+    skipping = False
+    cut = 0
+    for ln in text.rstrip().splitlines():
+        frame = _FRAME.match(ln)
+        if frame:
+            skipping = frame.group(1).startswith(HARNESS_DIR)
+            cut += skipping
+            if skipping:
+                continue
+        elif skipping and ln.startswith("    "):
+            continue  # the source line and ^^^ markers of a cut frame
+        else:
+            skipping = False
+        out.append(ln)
+    if cut and out and out[0].startswith("Traceback"):
+        out.insert(1, f"  ({cut} harness frame(s) left out)")
+    return "\n".join(out)

@@ -424,3 +424,43 @@ def test_unrelated_yaml_under_the_rootdir_is_not_reported(tmp_path: Path) -> Non
     res = run_pytest(tmp_path, ".", "-q")
     assert res.returncode == 0, res.stdout
     assert "not collected as case files" not in res.stdout
+
+
+GROUP_ERRORS = """
+cases:
+  - name: subgroups_too_big
+    world_size: 2
+    steps:
+      - {new_group: mine, subgroups: 100}
+    expected: {}
+  - name: split_on_gloo
+    world_size: 2
+    tensors: {t: {shape: [1], dtype: int64, init: "rank"}}
+    steps:
+      - {new_group: ng, split: [[0, 1]]}
+      - {op: broadcast, tensor: t, group: ng, group_src: 0}
+    expected: {t: 0}
+    raises: "no such message"
+"""
+
+
+def test_group_step_errors_cut_the_harness_frames_everywhere(tmp_path: Path) -> None:
+    """Issue 22, point 8: new_group / split errors, in the message and in the record."""
+    (tmp_path / "c.yaml").write_text(GROUP_ERRORS)
+    res = run_pytest(tmp_path, "c.yaml", "-q", "--rootdir", str(tmp_path))
+    assert res.returncode == 1, res.stdout + res.stderr
+    report = load_report(tmp_path / "reports" / "conformance.json")
+    seen = 0
+    for rec in report["records"]:
+        assert "harness/program/" not in rec["message"], rec["message"]
+        for rank in rec["ranks"]:
+            exc = rank.get("exception")
+            if exc and exc["traceback"]:
+                seen += 1
+                assert "harness/program/" not in exc["traceback"]
+                assert "harness/run/" not in exc["traceback"]
+                assert "harness frame(s) left out" in exc["traceback"]
+                assert "distributed_c10d.py" in exc["traceback"]  # torch's frames stay
+    # new_subgroups raises on both ranks; split_group either raises or, on a torch that splits
+    # Gloo groups, passes the wrong raises: pattern, so its ranks have no exception.
+    assert seen >= 2

@@ -16,6 +16,7 @@ from typing import Any
 
 import jsonschema
 
+from ..errors import trim_traceback
 from ..model import Instance, InstanceResult
 from ..perf import stats as perfstats
 from . import costs, headline
@@ -83,7 +84,7 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
                 entry["exception"] = {"type": rr.exc_type, "message": rr.exc_message,
                                       "traceback": "" if result.outcome in ("passed",
                                                                             "limitation")
-                                      else rr.traceback, "step": rr.step}
+                                      else trim_traceback(rr.traceback), "step": rr.step}
         ranks.append(entry)
     record: dict[str, Any] = {
         "key": inst.key,
