@@ -135,3 +135,42 @@ def trim_traceback(text: str) -> str:
     if cut and out and out[0].startswith("Traceback"):
         out.insert(1, f"  ({cut} harness frame(s) left out)")
     return "\n".join(out)
+
+
+def int_in(least: int, most: int) -> Any:
+    """An argparse ``type`` for a whole number within ``least..most`` (argparse then reports
+    a value outside it as a one-line usage error naming the option, exit 2)."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{clip(text, 40)!r} is not a whole number"
+                                             ) from None
+        if not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"{value} is outside {least}..{most:,}")
+        return value
+
+    return parse
+
+
+def float_in(least: float, most: float, *, open_low: bool = False) -> Any:
+    """An argparse ``type`` for a finite number within ``least..most`` (``(least..most]``
+    with ``open_low``): nan and inf are refused, never taken for "no limit"."""
+    import argparse
+    import math
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{clip(text, 40)!r} is not a number") from None
+        low_ok = value > least if open_low else value >= least
+        if not (math.isfinite(value) and low_ok and value <= most):
+            raise argparse.ArgumentTypeError(
+                f"{clip(text, 40)} is not a finite number in {'(' if open_low else '['}"
+                f"{least:g}, {most:g}]")
+        return value
+
+    return parse

@@ -292,6 +292,9 @@ class PerfPlan:
     ``paired_bare``: also time a plain ``torch.distributed`` loop of the same op on the same
     buffers, block by block interleaved with the harness's (the reference of
     ``collective-bench --busbw``).
+    ``budget_s``: the most the timing may take on top of the correctness run; a loop predicted
+    (from the warm-up) to take longer is not run, and the record says ``not_timed`` with why,
+    so a timing setting can never turn a passing instance into a hang.
     """
 
     warmup: int = 5
@@ -300,6 +303,7 @@ class PerfPlan:
     repeats: int = 5
     max_iters: int = 100_000
     paired_bare: bool = False
+    budget_s: float = 20.0
 
 
 @dataclass(frozen=True)

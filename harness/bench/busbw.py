@@ -25,6 +25,7 @@ import sys
 from typing import Any
 
 from ..casefile import expand, load, validate
+from ..errors import float_in, int_in
 from ..model import Instance, PerfPlan
 from ..perf import stats
 from ..run.pool import PoolKey, PoolManager
@@ -101,15 +102,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="backend of the pools (its default device: cuda for nccl)")
     ap.add_argument("--world-sizes", default="2,4")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--min-bytes", type=int, default=1 << 20)
-    ap.add_argument("--max-bytes", type=int, default=1 << 62)
+    ap.add_argument("--min-bytes", type=int_in(0, 1 << 62), default=1 << 20)
+    ap.add_argument("--max-bytes", type=int_in(0, 1 << 62), default=1 << 62)
     ap.add_argument("--ops", default="", help="comma-separated op or case-prefix names")
-    ap.add_argument("--runs", type=int, default=3,
+    ap.add_argument("--runs", type=int_in(1, 1000), default=3,
                     help="runs per point; each gives --repeats harness/bare block pairs")
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--min-time", type=float, default=0.05)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--warmup", type=int_in(0, 1_000_000), default=5)
+    ap.add_argument("--iters", type=int_in(1, 1_000_000_000), default=20)
+    ap.add_argument("--min-time", type=float_in(0, 3600), default=0.05)
+    ap.add_argument("--repeats", type=int_in(1, 1000), default=5)
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
     plan = PerfPlan(warmup=args.warmup, iters=args.iters, min_time_s=args.min_time,

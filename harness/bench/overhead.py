@@ -37,6 +37,7 @@ from typing import Any
 import jsonschema
 
 from ..casefile import expand, load, validate
+from ..errors import float_in, int_in
 from ..report import costs
 from ..report.records import load_report
 from ..run.pool import PoolKey, PoolManager, forkserver_context
@@ -298,11 +299,13 @@ def main(argv: list[str] | None = None) -> int:
         return costs_main(rest[1:])
     ap = argparse.ArgumentParser(prog="collective-bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--world-sizes", default="2,4,8")
-    ap.add_argument("--instances", type=int, default=300, help="instances per world size")
-    ap.add_argument("--spawn-reps", type=int, default=3, help="spawn-per-test repetitions")
-    ap.add_argument("--hang-deadline", type=float, default=2.0)
+    ap.add_argument("--instances", type=int_in(1, 1_000_000), default=300,
+                    help="instances per world size")
+    ap.add_argument("--spawn-reps", type=int_in(1, 1000), default=3,
+                    help="spawn-per-test repetitions")
+    ap.add_argument("--hang-deadline", type=float_in(0, 600, open_low=True), default=2.0)
     ap.add_argument("--no-pytest", action="store_true", help="skip the whole-session column")
-    ap.add_argument("--rejections", type=int, default=200,
+    ap.add_argument("--rejections", type=int_in(1, 1_000_000), default=200,
                     help="accepted/rejected pairs for the rejection cost (world size 2)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)

@@ -27,6 +27,9 @@ from .fields import expr_names
 Path = tuple[Any, ...]
 Shape = tuple[int, ...]
 ENTRY_NAMES = ("j",)
+# Entries of one list buffer: each is a tensor object on every rank (and a shape evaluated at
+# collection), so the count is bounded before anything is built, as shapes are by bytes.
+MAX_ENTRIES = 65_536
 
 
 def _errors(case: Case, raw: dict[str, Any], path: Path, allow_rank: bool) -> list[CaseFileError]:
@@ -126,6 +129,9 @@ def _count(case: Case, value: Any, env: dict[str, Any], path: Path) -> int:
             raise case.error(path, f"bad expression {value!r}: {exc}") from None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise case.error(path, f"entries must be a whole number >= 0, got {value!r}")
+    if value > MAX_ENTRIES:
+        raise case.error(path, f"entries {value:,} is more than the {MAX_ENTRIES:,} one list "
+                         "buffer may have", "give fewer entries")
     return value
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import CaseFileError, CaseFileErrors
+from ..errors import CaseFileError, CaseFileErrors, ExprError
 from ..expr import Expr, parse
 from ..model import Case, Step
 from .fields import check_expr, suggest
@@ -111,6 +111,69 @@ def make_step(raw: dict[str, Any], line: int, ranks: tuple[int, ...] | Expr | No
         args.append(("lists", tuple(tuple(x) for x in raw["split"])))
     args += [(k, raw[k]) for k in ("parent", *OPTIONS) if k in raw]
     return Step("new_group", line, ranks=ranks, value=raw["new_group"], args=tuple(args))
+
+
+def expects_error(case: Case, raw: dict[str, Any]) -> bool:
+    """Whether the case (or one of its overrides) or this step declares that something raises:
+    then torch's own rejection of a membership is what the case tests, and it must reach torch
+    (upstream's tests of new_subgroups and new_group argument checks)."""
+    return bool(case.raw.get("raises") or raw.get("raises")
+                or any(isinstance(o, dict) and o.get("raises")
+                       for o in case.raw.get("overrides", [])))
+
+
+def check_membership(case: Case, raw: dict[str, Any], path: Path, env: dict[str, Any],
+                     ranks: tuple[int, ...] | None) -> None:
+    """Evaluate a group step's membership at this world size, at collection: an expression
+    that fails is an error at its line, and so are members outside the world (or the parent's
+    positions for ``split``) and duplicates, unless the case expects an error (see
+    :func:`expects_error`)."""
+    ws = int(env["world_size"])
+    strict = not expects_error(case, raw)
+    if "members" in raw:
+        for r in ranks if ranks is not None else range(ws):
+            got: list[int] = []
+            for i, v in enumerate(raw["members"]):
+                got.append(_member(case, (*path, "members", i), v, {**env, "rank": r}))
+            if strict:
+                _check_ranks(case, (*path, "members"), got, ws, f"on rank {r}, members")
+    elif isinstance(raw.get("subgroups"), list):
+        if strict:
+            flat = [x for lst in raw["subgroups"] for x in lst]
+            _check_ranks(case, (*path, "subgroups"), flat, ws, "subgroups")
+    elif "subgroups" in raw:
+        size = _member(case, (*path, "subgroups"), raw["subgroups"], {**env, "rank": 0})
+        if strict and not 1 <= size <= ws:
+            raise case.error((*path, "subgroups"), f"group size {size} is outside 1..{ws} "
+                             f"(world_size {ws})", "declare 'raises:' to test torch's check")
+    elif "split" in raw and strict and "parent" not in raw:
+        flat = [x for lst in raw["split"] for x in lst]
+        _check_ranks(case, (*path, "split"), flat, ws, "split")
+
+
+def _member(case: Case, path: Path, value: Any, env: dict[str, Any]) -> int:
+    if isinstance(value, str):
+        try:
+            value = parse(value, tuple(env))(env)
+        except (ExprError, KeyError, ZeroDivisionError, ArithmeticError) as exc:
+            raise case.error(path, f"bad expression {value!r} at world_size "
+                             f"{env['world_size']}, rank {env['rank']}: {exc}") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise case.error(path, f"a group member must be a whole number, got {value!r}")
+    return value
+
+
+def _check_ranks(case: Case, path: Path, ranks: list[int], ws: int, what: str) -> None:
+    outside = [r for r in ranks if not 0 <= r < ws]
+    if outside:
+        raise case.error(path, f"{what} names rank {outside[0]}, outside world_size {ws}",
+                         "declare 'raises:' to test torch's check of it")
+    seen: set[int] = set()
+    for r in ranks:
+        if r in seen:
+            raise case.error(path, f"{what} names rank {r} twice",
+                             "declare 'raises:' to test torch's check of it")
+        seen.add(r)
 
 
 def splits(steps: tuple[Step, ...]) -> bool:

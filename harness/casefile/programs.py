@@ -175,6 +175,8 @@ class ProgramBuilder(CaseEval):
                         value=float(s[kind]) if kind == "set_timeout" else None,
                         **lifecycle.step_fields(s))
         if "new_group" in s:
+            named_groups.check_membership(self.case, s, path, env,
+                                          ranks if isinstance(ranks, tuple) else None)
             return named_groups.make_step(s, line, ranks, names)
         if "work_state" in s:
             return work_state.make_step(s, line, ranks)

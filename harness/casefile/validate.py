@@ -226,6 +226,12 @@ def check_safety(case: Case) -> list[CaseFileError]:
     for i, o in enumerate(raw.get("overrides", [])):
         if isinstance(o, dict) and "expected" in o and "steps" not in raw:
             errs.extend(_override_exprs(case, ("overrides", i, "expected"), o["expected"]))
+    for key in ("pg_timeout", "deadline"):
+        # The schema's range checks let .nan through (every comparison with NaN is false).
+        value = raw.get(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            errs.append(case.error((key,), f"{key} must be a finite number of seconds, got "
+                                   f"{value!r}"))
     timeout = raw.get("args", {}).get("timeout") if isinstance(raw.get("args"), dict) else None
     if isinstance(timeout, float) and not math.isfinite(timeout):
         errs.append(case.error(("args", "timeout"), f"timeout must be a finite number of "

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..errors import float_in, int_in
 from .faults import FAULTS, NAMES
 from .runner import Options, Outcome, mutate
 
@@ -28,12 +29,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("paths", nargs="*", default=["cases"], help="case files or folders")
     ap.add_argument("-k", dest="keyword", default="", help="pytest -k selection")
     ap.add_argument("--full", action="store_true", help="include the long matrix (--full)")
-    ap.add_argument("--faults", default="",
+    ap.add_argument("--faults", default=None,
                     help="comma-separated fault names (default: all; see --list-faults)")
     ap.add_argument("--list-faults", action="store_true", help="print the faults and exit")
-    ap.add_argument("-j", "--jobs", type=int, default=1,
+    ap.add_argument("-j", "--jobs", type=int_in(1, 64), default=1,
                     help="fault sessions run in parallel (default 1)")
-    ap.add_argument("--deadline", type=float, default=None,
+    ap.add_argument("--deadline", type=float_in(0, 3600, open_low=True), default=None,
                     help="per-instance hang deadline passed to pytest (default: the plugin's)")
     ap.add_argument("--all-kills", action="store_true",
                     help="run every instance under every fault and list all that kill it "
@@ -97,7 +98,14 @@ def main(argv: list[str] | None = None) -> int:
         for f in FAULTS:
             print(f"{f.name:<26} {f.does}")
         return 0
-    faults = [f.strip() for f in args.faults.split(",") if f.strip()] or list(NAMES)
+    if args.faults is None:
+        faults = list(NAMES)
+    else:  # given: an empty list is a mistake, never "every fault"
+        faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+        if not faults:
+            print("collective-mutate: --faults names no fault; give fault names (see "
+                  "--list-faults) or leave the option out for all of them", file=sys.stderr)
+            return 2
     unknown = [f for f in faults if f not in NAMES]
     if unknown:
         print(f"collective-mutate: unknown fault(s) {', '.join(unknown)}; "

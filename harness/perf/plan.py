@@ -9,6 +9,7 @@ expected to raise, hang or crash have no meaningful bandwidth.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import pytest
@@ -16,6 +17,10 @@ import pytest
 from ..model import Instance, PerfPlan
 
 TIMED_STEPS = frozenset({"op", "wait", "sync"})
+# The largest value each setting takes: the timing loop also stops at its own time budget
+# (PerfPlan.budget_s), so these only keep a typo from asking for something absurd.
+MAXIMA = {"--perf-warmup": 1_000_000, "--perf-iters": 1_000_000_000,
+          "--perf-min-time": 3600.0, "--perf-repeats": 1000}
 # (option, ini, type, default, help)
 SETTINGS: tuple[tuple[str, str, type, Any, str], ...] = (
     ("--perf-warmup", "collective_perf_warmup", int, 5,
@@ -57,9 +62,10 @@ def settings(config: pytest.Config) -> PerfPlan:
             except ValueError:
                 raise pytest.UsageError(f"ini {ini} = {config.getini(ini)!r}: not a "
                                         f"{typ.__name__}") from None
-        if raw < (1 if opt in ("--perf-iters", "--perf-repeats") else 0):
-            raise pytest.UsageError(f"{opt} {raw}: must be at least "
-                                    f"{1 if opt in ('--perf-iters', '--perf-repeats') else 0}")
+        least = 1 if opt in ("--perf-iters", "--perf-repeats") else 0
+        if not (math.isfinite(raw) and least <= raw <= MAXIMA[opt]):
+            raise pytest.UsageError(f"{opt} {raw}: must be a finite number from {least} to "
+                                    f"{MAXIMA[opt]:,}")
         values[opt[len("--perf-"):].replace("-", "_")] = raw
     return PerfPlan(warmup=values["warmup"], iters=values["iters"],
                     min_time_s=values["min_time"], repeats=values["repeats"])
@@ -91,8 +97,18 @@ def not_timed(inst: Instance) -> str:
     return ""
 
 
+# The timing loop's budget: at most this, and at most this share of the instance's deadline
+# (the correctness run needs the rest; the deadline must never be what stops the timing).
+BUDGET_S = 20.0
+BUDGET_SHARE = 0.4
+
+
 def configure(inst: Instance, config: pytest.Config) -> Instance:
     """Attach the perf plan to a timeable instance of a ``--perf`` session."""
     if not enabled(config) or not_timed(inst):
         return inst
-    return dataclasses.replace(inst, perf=settings(config))
+    deadline = inst.deadline or float(config.getoption("collective_deadline")
+                                      or config.getini("collective_deadline"))
+    plan = dataclasses.replace(settings(config),
+                               budget_s=min(BUDGET_S, BUDGET_SHARE * deadline))
+    return dataclasses.replace(inst, perf=plan)

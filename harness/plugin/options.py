@@ -121,3 +121,14 @@ def operator_limits(config: pytest.Config, deadline: float) -> Limits:
         return Limits(**values)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def whole_number(name: str, value: Any, least: int, most: int) -> int:
+    """An integer option (or ini value) within ``least..most``, else a usage error naming it."""
+    try:
+        number = int(str(value), 10)
+    except ValueError:
+        raise pytest.UsageError(f"{name}: {str(value)[:60]!r} is not a whole number") from None
+    if not least <= number <= most:
+        raise pytest.UsageError(f"{name}: {number} is outside {least}..{most}")
+    return number

@@ -18,6 +18,7 @@ import pytest
 
 from .. import ops
 from ..gate import baseline, compare, versions
+from ..perf import plan as perfplan
 from ..report import html, markdown
 from ..report.headline import verdict as report_verdict
 from ..report.records import build_report, json_text, write_all
@@ -38,6 +39,8 @@ from .state import (
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = HarnessSession(config)
+    if perfplan.enabled(config):
+        perfplan.settings(config)  # a bad setting is a usage error now, not per instance
     load_baseline(config)
     config.addinivalue_line("markers", "collective: a collective-harness case instance")
     config.addinivalue_line("markers", "full: part of the long matrix (run with --full)")

@@ -14,7 +14,7 @@ import pytest
 from ..ordering import plan as ordering
 from ..perf import plan as perfplan
 from ..run.pool import PoolManager
-from .options import operator_limits, parse_seconds
+from .options import operator_limits, parse_seconds, whole_number
 
 BAD_OUTCOMES = ("failed", "error", "hang", "crash")
 
@@ -44,9 +44,14 @@ class HarnessSession:
         ws = opt("collective_world_sizes")
         self.world_sizes = {int(x) for x in ws.split(",")} if ws else None
         self.full: bool = opt("collective_full")
-        self.max_pools = int(opt("collective_max_pools") or config.getini("collective_max_pools"))
-        self.launched = int(opt("collective_launched_world_size")
-                            or config.getini("collective_launched_world_size"))
+        # ``is None``, not ``or``: a 0 on the command line is an error, not the default.
+        pools, launched = opt("collective_max_pools"), opt("collective_launched_world_size")
+        self.max_pools = whole_number(
+            "--max-pools", config.getini("collective_max_pools") if pools is None else pools,
+            1, 64)
+        self.launched = whole_number(
+            "--launched-world-size", config.getini("collective_launched_world_size")
+            if launched is None else launched, 1, self.limits.world_size)
         self.records: list[dict[str, Any]] = []
         self._manager: Any = None
         self.is_worker = hasattr(config, "workerinput")

@@ -180,13 +180,27 @@ def time_instance(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
                                    dist.ReduceOp.MIN) < 1.0:
         return {"not_timed": bare if isinstance(bare, str) else "another rank has no bare loop"}
     _sync(renv)
+    started = time.perf_counter()
+    one()  # the first warm-up iteration, timed alone: it bounds the rest of the warm-up
+    _sync(renv)
+    first = _agree(time.perf_counter() - started, renv, dist.ReduceOp.MAX)
+    if first * max(plan.warmup - 1, 0) > plan.budget_s:
+        return {"not_timed": _over_budget(plan, first * plan.warmup, "the warm-up")}
     t0 = time.perf_counter()
-    for _ in range(plan.warmup):
+    for _ in range(plan.warmup - 1):
         one()
     _sync(renv)
     warm = time.perf_counter() - t0
-    mine = iteration_count(plan, warm / plan.warmup) if plan.warmup else plan.iters
+    per_iter = warm / (plan.warmup - 1) if plan.warmup > 1 else first
+    mine = iteration_count(plan, per_iter) if plan.warmup else plan.iters
     n = int(_agree(float(mine), renv, dist.ReduceOp.MAX))
+    # Every rank decides from the same (agreed) prediction, so all skip or all time.
+    left = plan.budget_s - (time.perf_counter() - started)
+    predicted = _agree(n * per_iter * plan.repeats * (2 if callable(bare) else 1), renv,
+                       dist.ReduceOp.MAX)
+    if predicted > left:
+        return {"not_timed": _over_budget(plan, predicted, f"{plan.repeats} blocks of {n:,} "
+                                          "iterations")}
     times: list[float] = []
     bare_times: list[float] = []
     for r in range(plan.repeats):
@@ -201,6 +215,12 @@ def time_instance(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
     if bare_times:
         out["bare_times_s"] = bare_times
     return out
+
+
+def _over_budget(plan: PerfPlan, predicted_s: float, what: str) -> str:
+    return (f"timing budget: {what} would take about {predicted_s:.1f} s, above the "
+            f"{plan.budget_s:.1f} s the timing may take (lower --perf-iters/--perf-min-time/"
+            "--perf-repeats, or raise the deadline: the budget is part of it)")
 
 
 def timed_block(fn: Iteration, n: int, renv: RankEnv) -> float:

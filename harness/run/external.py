@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..casefile import expand, load, overrides, validate
-from ..errors import CaseFileError, CaseFileErrors
+from ..errors import CaseFileError, CaseFileErrors, float_in, int_in
 from ..model import Instance, InstanceResult, PerfPlan, PoolRun, RankState
 from ..perf.plan import not_timed
 from ..perf.stats import aggregate
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("paths", nargs="+", help="case files or folders")
     ap.add_argument("--backend", default="gloo")
     ap.add_argument("--backend-module", action="append", default=[])
-    ap.add_argument("--deadline", type=float, default=120.0)
+    ap.add_argument("--deadline", type=float_in(0, 86400, open_low=True), default=120.0)
     ap.add_argument("-k", dest="keyword", default="", help="only instance keys containing this")
     ap.add_argument("--full", action="store_true",
                     help="also run instances marked 'full' (the long matrix), as pytest --full")
@@ -135,10 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--perf", action="store_true",
                     help="time every passing instance like nccl-tests (see the README); "
                          "instances then run one at a time, so that timings do not compete")
-    ap.add_argument("--perf-warmup", type=int, default=PerfPlan.warmup)
-    ap.add_argument("--perf-iters", type=int, default=PerfPlan.iters)
-    ap.add_argument("--perf-min-time", type=float, default=PerfPlan.min_time_s)
-    ap.add_argument("--perf-repeats", type=int, default=PerfPlan.repeats)
+    ap.add_argument("--perf-warmup", type=int_in(0, 1_000_000), default=PerfPlan.warmup)
+    ap.add_argument("--perf-iters", type=int_in(1, 1_000_000_000), default=PerfPlan.iters)
+    ap.add_argument("--perf-min-time", type=float_in(0, 3600), default=PerfPlan.min_time_s)
+    ap.add_argument("--perf-repeats", type=int_in(1, 1000), default=PerfPlan.repeats)
     args = ap.parse_args(argv)
     if env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK") == 0:
         # Before anything can fail (a case file, the state directory, the process group):
