@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -612,3 +613,47 @@ def test_expected_raise_not_raised_names_wrong_values(tmp_path: Path) -> None:
     assert "held what was expected" not in wrong
     right = by["right_and_not_raised"]["message"]
     assert "no rank raised; the checked buffers held what was expected: 't'" in right, right
+
+
+# -- 5c. outputs that cannot be written (issue 22, point 5) -------------------------------------
+
+@pytest.mark.parametrize(("option", "says"), [
+    (["--report-json", "afile/r.json"], "afile is a file, not a folder"),
+    (["--report-json", "adir"], "it is a directory; give a file name"),
+    (["--report-md", "afile/sub/r.md"], "afile is a file, not a folder"),
+])
+def test_an_unusable_report_path_is_refused_before_the_run(tmp_path: Path, option: list[str],
+                                                            says: str) -> None:
+    where = project(tmp_path, PASSING)
+    (where / "afile").write_text("x")
+    (where / "adir").mkdir()
+    res = run(where, "-q", *option)
+    assert res.returncode == pytest.ExitCode.USAGE_ERROR, res.stdout + res.stderr
+    assert f"{option[0]} {option[1]}: cannot write the report there: " in res.stderr
+    assert says in res.stderr and "Traceback" not in res.stderr
+    assert not list(where.rglob(".tmp-*"))
+
+
+BREAK_REPORTS = """
+import pathlib
+import shutil
+
+def pytest_runtest_call(item):
+    reports = pathlib.Path("reports")
+    if reports.is_dir():
+        shutil.rmtree(reports)
+        reports.write_text("the folder became a file during the run")
+"""
+
+
+def test_a_path_that_breaks_during_the_run_loses_no_record(tmp_path: Path) -> None:
+    where = project(tmp_path, PASSING, BREAK_REPORTS)
+    res = run(where, "-q")
+    assert res.returncode == 1, res.stdout + res.stderr  # passed, but not where expected
+    line = next(ln for ln in res.stdout.splitlines() if "could not write the report" in ln)
+    folder = Path(line.rsplit(" was written to ", 1)[1].removesuffix(" instead"))
+    rep = load_report(folder / "conformance.json")
+    assert rep["summary"]["verdict"] == "PASS" and len(rep["records"]) == 2
+    assert (folder / "conformance.md").exists() and (folder / "conformance.html").exists()
+    assert not list(where.rglob(".tmp-*"))
+    shutil.rmtree(folder)

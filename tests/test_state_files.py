@@ -171,3 +171,22 @@ def test_no_pickle_is_read_from_the_state_directory() -> None:
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not {"pickle", "cPickle", "dill", "marshal"} & imported, name
+
+
+def test_an_external_run_refuses_an_unusable_report_path(tmp_path: Path) -> None:
+    write_case_file(tmp_path, """
+    cases:
+      - name: one
+        op: all_reduce
+        world_size: 1
+        shape: [2]
+        input: "i"
+    """)
+    (tmp_path / "afile").write_text("x")
+    env = subprocess_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                         MASTER_PORT=str(_free_port()))
+    res = subprocess.run([PYTHON, "-m", "harness.run.external", "c.yaml", "--report-json",
+                          "afile/r.json"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "afile is a file, not a folder" in res.stderr

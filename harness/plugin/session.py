@@ -20,6 +20,7 @@ from .. import ops
 from ..gate import baseline, compare, versions
 from ..perf import plan as perfplan
 from ..report import html, markdown
+from ..report import paths as report_paths_mod
 from ..report.headline import verdict as report_verdict
 from ..report.records import build_report, json_text, write_all
 from ..run.capabilities import probe
@@ -41,6 +42,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = HarnessSession(config)
     if perfplan.enabled(config):
         perfplan.settings(config)  # a bad setting is a usage error now, not per instance
+    check_report_paths(config)
     load_baseline(config)
     config.addinivalue_line("markers", "collective: a collective-harness case instance")
     config.addinivalue_line("markers", "full: part of the long matrix (run with --full)")
@@ -117,6 +119,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if ((hs.records or hs.collected or hs.started_report)
             and not config.getoption("collective_no_report")):
         write_reports(config, hs, info)
+        if hs.fallback and session.exitstatus == pytest.ExitCode.OK:
+            # The report is not where the caller will look for it: not a clean run.
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if base is not None:
         gate_session(session, hs, base, info)
     elif session.exitstatus == pytest.ExitCode.OK and report_verdict(
@@ -209,12 +214,38 @@ def report_paths(config: pytest.Config) -> list[str]:
             for kind in ("json", "md", "html")]
 
 
+def check_report_paths(config: pytest.Config) -> None:
+    """At start-up: a report path that cannot be written is a usage error, before any rank
+    starts (not a run whose records are lost at its end)."""
+    if (hasattr(config, "workerinput") or config.option.collectonly
+            or config.getoption("collective_no_report")):
+        return
+    for kind, path in zip(("json", "md", "html"), report_paths(config), strict=True):
+        why = report_paths_mod.unusable(path)
+        if why:
+            raise pytest.UsageError(f"--report-{kind} {os.path.relpath(path)}: cannot write "
+                                    f"the report there: {why}; give another path with "
+                                    f"--report-{kind} (or --no-report)")
+
+
 def write_report_set(config: pytest.Config, report: dict[str, Any]) -> list[str]:
-    """Render the three reports, then replace the files together (they never disagree)."""
+    """Render the three reports, then replace the files together (they never disagree). If
+    the paths stopped working during the run, the set goes to a new private folder instead,
+    and the returned paths (and a warning) say where: the records are never lost."""
     paths = report_paths(config)
-    write_all([(paths[0], json_text(report)), (paths[1], markdown.render(report)),
-               (paths[2], html.render(report))])
-    return paths
+    texts = [json_text(report), markdown.render(report), html.render(report)]
+    try:
+        write_all(list(zip(paths, texts, strict=True)))
+        harness_session(config).fallback = ""
+        return paths
+    except OSError as exc:
+        folder = report_paths_mod.fallback_dir()
+        moved = report_paths_mod.fallback_paths(paths, folder)
+        write_all(list(zip(moved, texts, strict=True)))
+        harness_session(config).fallback = (
+            f"collective-harness: could not write the report to {os.path.relpath(paths[0])} "
+            f"({exc.strerror or exc}); it was written to {folder} instead")
+        return moved
 
 
 def write_reports(config: pytest.Config, hs: HarnessSession,

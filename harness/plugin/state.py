@@ -64,6 +64,7 @@ class HarnessSession:
         # The report paths were replaced by an INCOMPLETE report when the first case file was
         # collected: from then on only this session's own report may stand there.
         self.started_report = False
+        self.fallback = ""  # where the report went when its own paths failed (the message)
         # YAML files under a directory named on the command line that are not case files.
         self.skipped_yaml: list[Path] = []
         self.started_at = ""

@@ -9,11 +9,14 @@ from typing import Any
 import pytest
 
 from ..gate import compare
-from .state import GATE_KEY, INFO_KEY, RECORD_ATTR, WRITTEN_KEY
+from .state import GATE_KEY, INFO_KEY, RECORD_ATTR, WRITTEN_KEY, harness_session
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
                             config: pytest.Config) -> None:
+    hs = harness_session(config)
+    if hs.fallback:
+        terminalreporter.write_line(hs.fallback, red=True, bold=True)
     written = config.stash.get(WRITTEN_KEY, None)
     if written is not None:
         terminalreporter.ensure_newline()
