@@ -311,3 +311,23 @@ def test_a_parameter_with_another_name_is_fine() -> None:
         input: "i * kk"
     """)
     assert dict(inst.params) == {"kk": 1}
+
+
+def test_every_typo_of_a_case_is_reported_in_one_pass() -> None:
+    """Issue 26, point 3: unknown keys no longer hide the case's other problems."""
+    msg = case_helpers.case_error("""
+    cases:
+      - name: a
+        op: all_reduc
+        wrld_size: 2
+        dtype: flaot32
+        shape: [4]
+        input: "i +"
+        expcted: [1, 2, 3, 4]
+    """)
+    assert msg.startswith("5 problem(s) in case file cases/x.yaml:"), msg
+    for where, says in [("4:9", "unknown op 'all_reduc'"), ("5:5", "unknown key 'wrld_size'"),
+                        ("6:12", "unknown dtype 'flaot32'"), ("8:12", "bad expression 'i +'"),
+                        ("9:5", "unknown key 'expcted'")]:
+        assert f"cases/x.yaml:{where}: " in msg and says in msg, (where, msg)
+    assert "did you mean 'world_size'?" in msg and "did you mean 'expected'?" in msg

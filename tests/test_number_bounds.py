@@ -27,7 +27,7 @@ cases:
     (["--perf", "--perf-min-time", "nan"], "--perf-min-time nan: must be a finite number"),
     (["--perf", "--perf-min-time", "inf"], "--perf-min-time inf: must be a finite number"),
     (["--perf", "--perf-iters", "0"], "--perf-iters 0: must be a finite number from 1"),
-    (["--launched-world-size", "0"], "--launched-world-size: 0 is outside 1.."),
+    (["--launched-world-size", "0"], "--launched-world-size: 0 is outside 1..1000000"),
     (["--max-pools", "0"], "--max-pools: 0 is outside 1..64"),
 ])
 def test_a_pytest_option_out_of_bounds_is_a_usage_error(tmp_path: Path, args: list[str],

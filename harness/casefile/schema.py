@@ -48,17 +48,19 @@ def _doc_path(doc: Document, parts: tuple[Any, ...]) -> Path:
     return tuple(out)
 
 
+def unknown_key(key: Any, allowed: list[str]) -> tuple[str, str]:
+    """The message and hint for one unknown key (a "did you mean" when one is close)."""
+    return (f"unknown key {quote(key, 80)}", suggest(str(key)[:80], allowed) if allowed else "")
+
+
 def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
     """A short message and a hint for one schema error."""
     v = err.validator
     schema: dict[str, Any] = err.schema if isinstance(err.schema, dict) else {}
     if v == "additionalProperties":
-        allowed = sorted(schema.get("properties", {}))
         instance: Any = err.instance
         extras = [k for k in instance if k not in schema.get("properties", {})]
-        if allowed:
-            return (f"unknown key {quote(extras[0], 80)}", suggest(str(extras[0])[:80], allowed))
-        return (f"unknown key {quote(extras[0], 80)}", "")
+        return unknown_key(extras[0], sorted(schema.get("properties", {})))
     if v == "required":
         return (err.message.replace("is a required property", "is required here"), "")
     if v == "enum":
@@ -112,23 +114,27 @@ def _short(value: Any) -> str:
 
 def schema_errors(doc: Document) -> list[CaseFileError]:
     """All schema violations of ``doc``, sorted by position."""
-    return [e for e, _ in schema_problems(doc)]
+    return [e for e, _, _ in schema_problems(doc)]
 
 
-def schema_problems(doc: Document) -> list[tuple[CaseFileError, tuple[Any, ...]]]:
-    """Schema violations with the raw document path each was found at."""
-    found: list[tuple[CaseFileError, tuple[Any, ...]]] = []
+def schema_problems(doc: Document) -> list[tuple[CaseFileError, tuple[Any, ...], bool]]:
+    """Schema violations with the raw document path each was found at, and whether it is an
+    unknown key (which the rest of the checks can simply leave out)."""
+    found: list[tuple[CaseFileError, tuple[Any, ...], bool]] = []
     for err in _validator().iter_errors(_jsonable(doc.data)):
         path = _doc_path(doc, tuple(err.absolute_path))
-        message, hint = _schema_message(err)
-        at_key = False
         if err.validator == "additionalProperties":
+            # One error per unknown key, each at its own line (jsonschema reports them as one).
             props = err.schema.get("properties", {}) if isinstance(err.schema, dict) else {}
-            extra = next(k for k in err.instance if k not in props)
-            key_path = (*path, int(extra) if (*path, extra) not in doc.positions
-                        and str(extra).isdigit() else extra)
-            if key_path in doc.positions:
-                path, at_key = key_path, True
-        found.append((doc.error(path, message, hint, at_key=at_key), tuple(err.absolute_path)))
+            for extra in [k for k in err.instance if k not in props]:
+                message, hint = unknown_key(extra, sorted(props))
+                key_path = (*path, int(extra) if (*path, extra) not in doc.positions
+                            and str(extra).isdigit() else extra)
+                at = key_path if key_path in doc.positions else path
+                found.append((doc.error(at, message, hint, at_key=at is key_path),
+                              (*tuple(err.absolute_path), extra), True))
+            continue
+        message, hint = _schema_message(err)
+        found.append((doc.error(path, message, hint), tuple(err.absolute_path), False))
     found.sort(key=lambda f: (f[0].pos.line, f[0].pos.col))
     return found

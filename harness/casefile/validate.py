@@ -39,11 +39,15 @@ def load_cases(doc: Document) -> list[Case]:
     if not isinstance(doc.data, dict):
         raise CaseFileErrors([doc.error((), "a case file must be a mapping with a 'cases:' list")])
     problems = schema_problems(doc)
-    errors = [e for e, _ in problems]
-    # Cases the schema found wrong are not checked further, but every other case is, so a
-    # file's problems are all reported in one go (a mistake outside the cases stops here).
-    bad_cases = {p[1] for _, p in problems if len(p) > 1 and p[0] == "cases"}
-    if any(len(p) < 2 or p[0] != "cases" for _, p in problems):
+    errors = [e for e, _, _ in problems]
+    # Every problem of a file is reported in one go. A case whose only schema problems are
+    # unknown keys of its own (typos) is checked further without them; a case with any other
+    # schema problem is not (its values may not have the shapes the checks expect). A mistake
+    # outside the cases stops here.
+    in_case = [(p, unknown) for _, p, unknown in problems if len(p) > 1 and p[0] == "cases"]
+    bad_cases = {p[1] for p, unknown in in_case if not (unknown and len(p) == 3)}
+    typos = {(p[1], p[2]) for p, unknown in in_case if unknown and len(p) == 3}
+    if any(len(p) < 2 or p[0] != "cases" for _, p, _ in problems):
         raise CaseFileErrors(errors)
     defaults: dict[str, Any] = doc.data.get("defaults") or {}
     cases: list[Case] = []
@@ -55,6 +59,8 @@ def load_cases(doc: Document) -> list[Case]:
             merged[key] = value
             origin[key] = ("defaults", key)
         for key, value in raw_case.items():
+            if (idx, key) in typos:
+                continue  # reported as an unknown key; the rest of the case is checked
             merged[key] = value
             origin[key] = ("cases", idx, key)
         if idx in bad_cases:

@@ -51,7 +51,7 @@ class HarnessSession:
             1, 64)
         self.launched = whole_number(
             "--launched-world-size", config.getini("collective_launched_world_size")
-            if launched is None else launched, 1, self.limits.world_size)
+            if launched is None else launched, 1, 1_000_000)  # --max-world-size bounds its use
         self.records: list[dict[str, Any]] = []
         self._manager: Any = None
         self.is_worker = hasattr(config, "workerinput")
