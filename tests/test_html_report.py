@@ -449,3 +449,14 @@ def test_failure_block_shows_first_wrong_element() -> None:
     (shown,) = dom.select("p", "first-wrong")
     assert shown["text"] == ("first wrong: rank 1 'tensor'[2]: expected 3.0 got 5.0 "
                              "(1 of 4 wrong)")
+
+
+def test_the_verdict_comes_first_then_the_grid_then_the_legend() -> None:
+    """Issue 26, point 8: what a reader needs first is the answer."""
+    page = html.render(synthetic())
+    body = page[page.index("<body>"):]
+    first = re.search(r'<p class="banner verdict run (pass|fail)">([^<]*)</p>', body)
+    assert first is not None and body.index(first.group(0)) < body.index('class="meta"')
+    assert first.group(2).startswith(("PASS", "FAIL", "INCOMPLETE"))
+    assert body.index(first.group(0)) < body.index('<table class="grid') < body.index(
+        'class="legend"')

@@ -1,13 +1,15 @@
 """HTML conformance report: one self-contained page (inline CSS and a few lines of inline
 script, no fetches), so it can be opened from a CI artifact or a file:// URL.
 
-Layout, per backend: a heading naming the devices that really ran, a banner area (the
-verdict, then any extra banners a caller passes), a per-family summary, a filter box, and a
-compact op x dtype grid (one cell per op and dtype, colored by its worst outcome, counts on
-hover, a click opens the cell's drill-down). Op names and the dtype headers stay in view while
-scrolling (sticky); dtypes are grouped floating / integer / other. Below: the async-contract
-table (the same statuses as the Markdown), extra per-backend sections a caller passes, the
-failures (each a ``<details>``), the skips, and one drill-down per cell.
+Layout: the run's verdict and headline first (then an incomplete session's banner), then per
+backend: a heading naming the devices that really ran, a banner area (the backend's verdict
+when there are several, then any extra banners a caller passes), a filter box, a compact op x
+dtype grid (one cell per op and dtype, colored by its worst outcome, counts on hover, a click
+opens the cell's drill-down; the legend follows the first grid), a per-family summary. Op
+names and the dtype headers stay in view while scrolling (sticky); dtypes are grouped floating
+/ integer / other. Below: the async-contract table (the same statuses as the Markdown), extra
+per-backend sections a caller passes, the failures (each a ``<details>``), the skips, and one
+drill-down per cell.
 
 The outcome palette is a table (:data:`OUTCOMES`), worst first; an outcome added to the
 records joins the grid, legend and counts by adding one row.
@@ -490,27 +492,37 @@ def render(report: dict[str, Any], title: str = "collective-harness conformance"
     """
     meta = report["metadata"]
     backends = meta.get("backends") or sorted({r["backend"] for r in report["records"]})
-    body: list[str] = [f"<h1>{_e(title)}</h1>",
-                       f'<p class="meta">torch {_e(meta.get("torch", "?"))} · Python '
-                       f'{_e(meta.get("python", "?"))} · host {_e(meta.get("hostname", "?"))} · '
-                       f'{_e(meta.get("created", ""))}</p>', legend(),
-                       '<p class="meta">limitation: the case expects this backend to reject the '
-                       "call, crash or hang (an override with its reason), and it did. Each "
-                       "grid cell is one op &times; dtype, colored by its worst outcome, with "
-                       "its number of instances; hover for the counts, click for every "
-                       "instance.</p>"]
+    # The verdict first (the run's headline, then how the session ended), the grid next, the
+    # legend after it: what a reader needs first is the answer, then where it comes from.
     session = report.get("session") if isinstance(report.get("session"), dict) else None
-    body[1:1] = _session_banners(report)
-    for backend in backends:
+    # The run's own verdict, computed from its records like each backend's below.
+    body: list[str] = [f"<h1>{_e(title)}</h1>",
+                       verdict_banner(report["records"], session).replace(
+                           'class="banner verdict ', 'class="banner verdict run ', 1)]
+    body += _session_banners(report)
+    body.append(f'<p class="meta">torch {_e(meta.get("torch", "?"))} · Python '
+                f'{_e(meta.get("python", "?"))} · host {_e(meta.get("hostname", "?"))} · '
+                f'{_e(meta.get("created", ""))}</p>')
+    legend_block = [legend(), '<p class="meta">limitation: the case expects this backend to '
+                    "reject the call, crash or hang (an override with its reason), and it did. "
+                    "Each grid cell is one op &times; dtype, colored by its worst outcome, with "
+                    "its number of instances; hover for the counts, click for every "
+                    "instance.</p>"]
+    if not backends:
+        body += legend_block
+    for n, backend in enumerate(backends):
         recs = [r for r in report["records"] if r["backend"] == backend]
         body.append(f'<section class="backend" id="{anchor("b", backend)}" '
                     f'data-backend="{_e(backend)}">')
         body.append(f"<h2>{_e(backend)} on {_e(devices_label(recs))}</h2>")
-        body.append(verdict_banner(recs, session))
+        if len(backends) > 1:  # with one backend its verdict is the run's, shown at the top
+            body.append(verdict_banner(recs, session))
         body += [f'<div class="banner note">{b}</div>' for b in banners]
-        body += _families(backend, recs)
         body.append(_filter_box())
         body += _grid(backend, recs)
+        if n == 0:
+            body += legend_block
+        body += _families(backend, recs)
         body += _ordering(recs)
         for section in sections:
             body += section(backend, recs)
