@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import PYTHON, REPO, load_report, run_pytest
+from .helpers import PYTHON, REPO, load_report, run_pytest, subprocess_env
 
 pytest_plugins = ["pytester"]
 
@@ -464,3 +464,24 @@ def test_group_step_errors_cut_the_harness_frames_everywhere(tmp_path: Path) -> 
     # new_subgroups raises on both ranks; split_group either raises or, on a torch that splits
     # Gloo groups, passes the wrong raises: pattern, so its ranks have no exception.
     assert seen >= 2
+
+
+def test_the_missing_baseline_hint_works_when_pasted(tmp_path: Path) -> None:
+    """Issue 26, point 2: the printed commands reproduce the session (its paths and -o)."""
+    (tmp_path / "mycases").mkdir()
+    (tmp_path / "mycases" / "ar.yaml").write_text(CASES)
+    args = ["mycases/", "-o", "collective_case_dirs=mycases", "--world-size", "1", "-q"]
+    res = run_pytest(tmp_path, *args, "--baseline", "base.json")
+    assert res.returncode == pytest.ExitCode.USAGE_ERROR
+    hint = next(ln for ln in res.stderr.splitlines() if "create it with:" in ln)
+    run_cmd, gate_cmd = hint.split("create it with: ", 1)[1].split(" && ")
+    run_argv, gate_argv = shlex.split(run_cmd), shlex.split(gate_cmd)
+    assert run_argv[0] == "pytest" and gate_argv[0] == "collective-gate"
+    first = run_pytest(tmp_path, *run_argv[1:])
+    assert first.returncode == 0 and "4 passed" in first.stdout, first.stdout
+    made = subprocess.run([sys.executable, "-m", "harness.gate", *gate_argv[1:]], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env=subprocess_env())
+    assert made.returncode == 0, made.stderr
+    gated = run_pytest(tmp_path, *args, "--baseline", "base.json")
+    assert gated.returncode == 0, gated.stdout + gated.stderr

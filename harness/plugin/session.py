@@ -279,9 +279,24 @@ def session_refresh_hint(config: pytest.Config, path: str) -> str:
     """The commands that (re)create the baseline ``path`` from the paths this run was given."""
     report = (config.getoption("collective_report_json")
               or str(config.getini("collective_report_json")))
-    run = shlex.join(["pytest", *(list(config.args) or ["."]), "--backend",
-                      harness_session(config).backend, "--report-json", report])
-    return baseline.refresh_hint(path, report, run)
+    return baseline.refresh_hint(path, report, shlex.join(["pytest", *rerun_args(config)]))
+
+
+def rerun_args(config: pytest.Config) -> list[str]:
+    """This session's own command-line arguments (paths, -o, --max-world-size, -k, ...), less
+    the baseline options, so a printed command collects what this session collected."""
+    out: list[str] = []
+    skip_next = False
+    for arg in config.invocation_params.args:
+        if skip_next:
+            skip_next = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--baseline", "--baseline-match"):
+            skip_next = "=" not in arg
+            continue
+        out.append(arg)
+    return out
 
 
 def gate_session(session: pytest.Session, hs: HarnessSession, base: Any,
