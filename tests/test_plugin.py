@@ -485,3 +485,25 @@ def test_the_missing_baseline_hint_works_when_pasted(tmp_path: Path) -> None:
     assert made.returncode == 0, made.stderr
     gated = run_pytest(tmp_path, *args, "--baseline", "base.json")
     assert gated.returncode == 0, gated.stdout + gated.stderr
+
+
+def test_a_long_wait_is_not_silence(tmp_path: Path) -> None:
+    """Issue 26, point 4: a recv with no send says who waits where, before the hang."""
+    (tmp_path / "c.yaml").write_text("""
+cases:
+  - name: lonely_recv
+    world_size: 2
+    deadline: 8
+    tensors: {t: {shape: [2], init: 0}}
+    steps:
+      - {op: recv, tensor: t, src: 0, ranks: [1]}
+    expected: {}
+""")
+    res = run_pytest(tmp_path, "c.yaml", "-q", "--no-report")
+    assert res.returncode == 1
+    lines = [ln for ln in res.stdout.splitlines() if "waiting" in ln]
+    assert lines and lines[0].startswith(
+        "collective-harness: c.yaml::lonely_recv[gloo-ws2-float32-sync]: waiting 5 s: rank 1 "
+        "in step 0 (recv(tensor=t)); 1 rank(s) answered; "), res.stdout
+    assert lines[0].endswith("s left before the deadline declares a hang")
+    assert "[HANG]" in res.stdout

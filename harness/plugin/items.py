@@ -152,7 +152,7 @@ class CaseItem(pytest.Item):
             try:
                 pool = hs.manager.isolated(key) if inst.isolate else hs.manager.get(key)
                 t_pool = time.monotonic()
-                run = pool.run(inst, deadline)
+                run = pool.run(inst, deadline, on_wait=self._tell_waiting)
             except PoolStartError as exc:
                 return InstanceResult("error", f"{where}: {exc}",
                                       expected_kind=inst.expectation.kind)
@@ -182,6 +182,19 @@ class CaseItem(pytest.Item):
                                    f"belong to this instance and was discarded: {foreign})")
             return result
         raise AssertionError("unreachable")
+
+    def _tell_waiting(self, note: str) -> None:
+        """A long wait is not silence: a line in pytest's terminal (not on xdist workers,
+        whose output nobody sees; the record is unchanged)."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None or hasattr(self.config, "workerinput"):
+            return
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        # Output capture covers the test's call: step out of it, as pytest's live logging does.
+        with (capture.global_and_fixture_disabled() if capture is not None
+              else contextlib.nullcontext()):
+            reporter.ensure_newline()
+            reporter.write_line(f"collective-harness: {self.nodeid}: {note}", yellow=True)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style: Any = None) -> str:

@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,10 @@ HEALTH_DEADLINE_S = 3.0  # the check takes about a millisecond; this only bounds
 # multiprocessing's wait() turns its timeout into an int of milliseconds for poll(): wait in
 # slices so that any finite deadline works.
 WAIT_SLICE_S = 3600.0
+# A person watching a run hears about an instance that waits longer than this (and then every
+# PROGRESS_EVERY_S): which rank is in which step, and the time left to the deadline.
+PROGRESS_AFTER_S = 5.0
+PROGRESS_EVERY_S = 15.0
 
 _ctx_lock = threading.RLock()
 _ctx: Any = None
@@ -274,7 +278,8 @@ class RankPool:
                 f"request #{seq} of pool {self.nonce!r} was waiting{detail}; pool discarded")
         return kind, payload
 
-    def run(self, inst: Instance, deadline_s: float, grace_s: float = FAIL_FAST_GRACE_S) -> PoolRun:
+    def run(self, inst: Instance, deadline_s: float, grace_s: float = FAIL_FAST_GRACE_S,
+            on_wait: Callable[[str], None] | None = None) -> PoolRun:
         """Run ``inst`` on every rank; never blocks longer than the deadline plus a few s.
 
         ValueError (nothing sent) for a deadline that is not a positive finite number;
@@ -285,13 +290,15 @@ class RankPool:
         check_deadline(deadline_s)
         check_deadline(grace_s)
         try:
-            return self._run(inst, deadline_s, grace_s)
+            return self._run(inst, deadline_s, grace_s, on_wait)
         except BaseException:
             self.kill()
             raise
 
-    def _run(self, inst: Instance, deadline_s: float, grace_s: float) -> PoolRun:
+    def _run(self, inst: Instance, deadline_s: float, grace_s: float,
+             on_wait: Callable[[str], None] | None = None) -> PoolRun:
         t0 = time.monotonic()
+        next_note = t0 + PROGRESS_AFTER_S
         seq = self.send_request("run", inst)
         pending = set(range(self.key.world_size))
         run = PoolRun(kind="done")
@@ -301,6 +308,12 @@ class RankPool:
             timeout = end - time.monotonic()
             if timeout <= 0:
                 break
+            if on_wait is not None:
+                now = time.monotonic()
+                if now >= next_note:
+                    on_wait(self.waiting_note(inst, pending, now - t0, end - now))
+                    next_note = now + PROGRESS_EVERY_S
+                timeout = min(timeout, max(next_note - now, 0.05))
             objs = [self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending]
             for obj in multiprocessing.connection.wait(objs, timeout=min(timeout, WAIT_SLICE_S)):
                 r = self._rank_of(obj)
@@ -338,6 +351,22 @@ class RankPool:
         run.states = self._diagnose(inst, pending, died, run)
         self.kill()
         return run
+
+    def waiting_note(self, inst: Instance, pending: set[int], waited: float,
+                     left: float) -> str:
+        """One line for a person: how long the instance has waited, which ranks have not
+        answered and the step each is in, the time left before a hang is declared."""
+        where = []
+        for r in sorted(pending):
+            step = self.progress[r][1]
+            desc = inst.steps[step].describe() if 0 <= step < len(inst.steps) else (
+                "building buffers" if step == -1 else "checking results")
+            where.append(f"rank {r} in step {step} ({desc})" if step >= 0 else
+                         f"rank {r} {desc}")
+        done = self.key.world_size - len(pending)
+        return (f"waiting {waited:.0f} s: {'; '.join(where)}"
+                + (f"; {done} rank(s) answered" if done else "")
+                + f"; {left:.0f} s left before the deadline declares a hang")
 
     def _diagnose(self, inst: Instance, pending: set[int], died: list[int],
                   run: PoolRun) -> list[RankState]:
