@@ -47,7 +47,7 @@ def test_user_run_has_properties_with_default_family_and_xdist(pytester: pytest.
     _, xfail, _ = tcs["known_wrong[gloo-ws2-float32-sum-sync]"]
     assert xfail["outcome"] == "xfail"
     assert xfail["reason"] == "test data - the expectation is wrong on purpose"
-    assert xfail["detail"].startswith("wrong values on rank(s) 0, 1")
+    assert xfail["detail"].startswith("wrong values on rank(s) 0-1")
 
 
 def test_xunit1_points_at_the_yaml_case_and_says_what_failed(faulty_run: Run) -> None:

@@ -91,8 +91,8 @@ def test_exitfirst_and_failure_message(pytester: pytest.Pytester) -> None:
     res.stdout.fnmatch_lines([
         # the line of the expectation that was not met, not the case's "- name:" line
         "[[]FAILED[]] cases/bad.yaml:8: wrong[[]gloo-ws2-float32-sum-sync[]]: wrong values "
-        "on rank(s) 0, 1",
-        "  rank 0, buffer 'tensor' (expr): 4 of 4 element(s) wrong (max abs error 1, max rel "
+        "on rank(s) 0-1",
+        "  ranks 0-1, buffer 'tensor' (expr): 4 of 4 element(s) wrong (max abs error 1, max rel "
         "error *, max * ulp; compared bit for bit); first: [[]0[]] expected 0.0 got 1.0, *",
     ])
 
@@ -433,6 +433,7 @@ cases:
     steps:
       - {new_group: mine, subgroups: 100}
     expected: {}
+    raises: "not this message"
   - name: split_on_gloo
     world_size: 2
     tensors: {t: {shape: [1], dtype: int64, init: "rank"}}
@@ -507,3 +508,21 @@ cases:
         "in step 0 (recv(tensor=t)); 1 rank(s) answered; "), res.stdout
     assert lines[0].endswith("s left before the deadline declares a hang")
     assert "[HANG]" in res.stdout
+
+
+def test_identical_wrong_values_on_every_rank_are_one_line(tmp_path: Path) -> None:
+    """Issue 26, point 5: 4 ranks with the same wrong value read as one line, not four."""
+    (tmp_path / "c.yaml").write_text("""
+cases:
+  - name: wrong_everywhere
+    op: all_reduce
+    world_size: 4
+    shape: [2]
+    input: "1"
+    expected: 5
+""")
+    res = run_pytest(tmp_path, "c.yaml", "-q", "--no-report")
+    assert res.returncode == 1
+    assert ("  ranks 0-3, buffer 'tensor' (explicit): 2 of 2 element(s) wrong" in res.stdout
+            ), res.stdout
+    assert "  rank 1, buffer" not in res.stdout

@@ -83,17 +83,20 @@ def _raised(results: dict[int, RankResult]) -> list[RankResult]:
 
 
 def _value_failures(inst: Instance, results: dict[int, RankResult]) -> list[str]:
-    lines: list[str] = []
+    """One line per wrong buffer; ranks whose line would be the same word for word share one
+    (``ranks 0-3, buffer 't' ...``), as identical raises do."""
+    groups: dict[str, list[int]] = {}
     for rank, res in sorted(results.items()):
         for c in res.checks:
             if c.ok:
                 continue
             first = ", ".join(f"[{i}] expected {e} got {g}" for i, e, g in c.first_wrong)
             extra = f" ({c.note})" if c.note else ""
-            lines.append(f"  rank {rank}, buffer {c.tensor!r} ({c.expectation}): {c.wrong} of "
-                         f"{c.total} element(s) wrong{extra}" + (f"; first: {first}" if first
-                                                                else ""))
-    return lines
+            text = (f"buffer {c.tensor!r} ({c.expectation}): {c.wrong} of {c.total} element(s) "
+                    f"wrong{extra}" + (f"; first: {first}" if first else ""))
+            groups.setdefault(text, []).append(rank)
+    return [f"  rank {members[0]}, {text}" if len(members) == 1 else
+            f"  ranks {rank_ranges(members)}, {text}" for text, members in groups.items()]
 
 
 def disagreements(inst: Instance, results: dict[int, RankResult]) -> list[str]:
@@ -247,7 +250,7 @@ def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
     split = disagreements(inst, run.results)
     if bad or split:
         wrong_ranks = sorted({r.rank for r in ranks if any(not c.ok for c in r.checks)})
-        head = (f"wrong values on rank(s) {', '.join(map(str, wrong_ranks))}" if wrong_ranks
+        head = (f"wrong values on rank(s) {rank_ranges(wrong_ranks)}" if wrong_ranks
                 else "ranks disagree")
         where = _where(inst, _value_line(inst, run.results))
         return InstanceResult("failed", f"{where}: {head}\n" + "\n".join(bad + split),
