@@ -36,6 +36,7 @@ from typing import Any
 
 from . import busbw_bench
 from .casefile import expand, load, validate
+from .report.jsonfile import unwritable
 from .run.pool import PoolKey, PoolManager, forkserver_context
 from .verdict import judge
 
@@ -279,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="accepted/rejected pairs for the rejection cost (world size 2)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
+    why = unwritable(args.json, "--json file") if args.json else ""
+    if why:  # refused before minutes of measuring, not after
+        print(f"collective-bench: error: {why}", file=sys.stderr)
+        return 2
     rows: list[Row] = []
     forkserver_s = warm_forkserver()
     for ws in (int(x) for x in args.world_sizes.split(",")):

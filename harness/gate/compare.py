@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..report.jsonfile import printable
 from . import baseline as bl
 from .baseline import Baseline, BaselineError, Entry, Level
 
@@ -266,11 +267,12 @@ def render_text(res: GateResult, max_list: int = 200) -> str:
         lines.append("")
         lines.append(f"To lock in fixes and new instances, refresh the baseline: "
                      f"{res.refresh_hint or bl.REFRESH_HINT}")
-    return "\n".join(lines) + "\n"
+    # Keys, reasons and labels come from the report: one printed line each, whatever they hold.
+    return "\n".join(printable(line) for line in lines) + "\n"
 
 
 def _md_escape(text: str) -> str:
-    text = " ".join(text.split())  # a newline in a case's reason would start a new block
+    text = printable(" ".join(text.split()))  # a newline would start a new block
     return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
             .replace("|", "\\|").replace("`", "'"))
 
@@ -303,7 +305,7 @@ def render_markdown(res: GateResult, max_list: int = 100) -> str:
         if len(items) > max_list:
             out.append(f"- … and {len(items) - max_list} more (see the gate's JSON artifact)")
         out.append("")
-    return "\n".join(out).rstrip() + "\n"
+    return "\n".join(printable(line) for line in out).rstrip() + "\n"
 
 
 def to_json(res: GateResult) -> dict[str, Any]:
