@@ -28,8 +28,9 @@ Level = Literal["fail", "warn", "ok"]
 LEVELS: tuple[Level, ...] = ("fail", "warn", "ok")
 
 # What each kind of change does to the gate's exit status, unless the baseline file or the
-# command line says otherwise. Regressions and failures nobody has seen before fail; losing
-# coverage (missing, newly skipped) and fixes that should be locked in warn.
+# command line says otherwise. Regressions, failures nobody has seen before and instances the
+# baseline has but the report lacks fail (a vanished instance is not a pass; a deliberately
+# partial run sets missing to warn); newly skipped instances and fixes to lock in warn.
 CATEGORIES: tuple[str, ...] = ("regression", "new_failure", "missing", "newly_skipped", "fixed",
                                "new", "changed", "unchanged")
 # Session-level keys: ``incomplete`` is a report whose session did not give every collected
@@ -37,7 +38,7 @@ CATEGORIES: tuple[str, ...] = ("regression", "new_failure", "missing", "newly_sk
 SESSION_KEYS: tuple[str, ...] = ("incomplete",)
 POLICY_KEYS: tuple[str, ...] = (*CATEGORIES, *SESSION_KEYS)
 DEFAULT_POLICY: dict[str, Level] = {
-    "regression": "fail", "new_failure": "fail", "missing": "warn", "newly_skipped": "warn",
+    "regression": "fail", "new_failure": "fail", "missing": "fail", "newly_skipped": "warn",
     "fixed": "warn", "new": "ok", "changed": "ok", "unchanged": "ok", "incomplete": "fail",
 }
 REFRESH_HINT = ("pytest cases/ --backend gloo && "

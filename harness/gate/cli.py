@@ -18,7 +18,7 @@ from typing import Any
 from ..report.jsonfile import printable, unwritable
 from ..report.records import write_atomic
 from . import baseline as bl
-from . import perf, versions
+from . import evidence, perf, versions
 from .baseline import Baseline, BaselineError, Entry, Level
 from .compare import (
     GateResult,
@@ -141,6 +141,7 @@ def gate_files(report_path: str, baseline_path: str, match: Match = "auto",
     if not base.torch:
         res.notes.append("the baseline records no torch version, so it is compared as if it "
                          "came from the report's; refresh it (--update) to record one")
+    res.problems += [("evidence", m) for m in evidence.problems(report)]
     check_session(res, report)
     if pytest_status is not None:
         check_exit_status(res, pytest_status, report)
@@ -153,6 +154,10 @@ def gate_files(report_path: str, baseline_path: str, match: Match = "auto",
 def update(report_path: str, baseline_path: str, keep_missing: bool = False) -> str:
     """Write a baseline from a report; return what changed, as text for the terminal."""
     report = _load_report(report_path)
+    wrong = evidence.problems(report)
+    if wrong:  # a baseline records what was observed, never what a report only claims
+        raise BaselineError(f"{report_path}: not written to {baseline_path}: "
+                            + "; ".join(wrong))
     previous: Baseline | None = None
     try:
         previous = bl.load(baseline_path)
