@@ -201,7 +201,8 @@ def test_versions_prints_report_strings_inert(gloo_run: Run, tmp_path: Path,
 def test_perf_gate_and_mutate_print_keys_inert() -> None:
     point = {"key": f"k{FORGED}", "bytes": 8, "busbw_gbs": 1.0, "busbw_gbs_min": 1.0,
              "busbw_gbs_max": 1.0}
-    base = perfgate.PerfBaseline({"other" + FORGED: perfgate._point("b", point)})
+    base = perfgate.PerfBaseline({"other" + FORGED: perfgate.PerfEntry("other" + FORGED, 8,
+                                                                       1.0, 1.0, 1.0)})
     res = perfgate.compare({"perf": {"points": [point]}, "metadata": {}}, base)
     assert_inert(perfgate.render_text(res))
     doc = {"faults": [{"name": "f", "status": "killed", "killed_by": [
