@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from harness import busbw_bench
+from harness import bench, busbw_bench
 from harness.gate import cli, versions
 from harness.gate import perf as perfgate
 from harness.mutate import cli as mutate_cli
@@ -252,3 +252,17 @@ def test_unusable_output_paths_are_one_line_errors(
                  for p in d.glob(".tmp-*")]
     assert not leftovers
     assert os.path.isdir(tmp_path / "a-dir") and not list((tmp_path / "a-dir").iterdir())
+
+
+@pytest.mark.parametrize("target", ["directory", "under-a-file"])
+@pytest.mark.parametrize("command", ["collective-bench", "collective-bench --busbw",
+                                     "collective-mutate"])
+def test_bench_and_mutate_refuse_an_unusable_json_path_before_running(
+        command: str, target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _outputs(tmp_path)[target]
+    main = {"collective-bench": bench.main, "collective-bench --busbw": busbw_bench.main,
+            "collective-mutate": mutate_cli.main}[command]
+    assert main(["--json", out]) == 2  # before any pool, pytest session or measurement
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and out in err and "Traceback" not in err, err
+    assert not list((tmp_path / "a-dir").iterdir())
