@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +20,7 @@ from ..report.jsonfile import printable, unwritable
 from ..report.records import write_atomic
 from . import baseline as bl
 from . import evidence, perf, versions
-from .baseline import Baseline, BaselineError, Entry, Level
+from .baseline import BaselineError, Entry, Level
 from .compare import (
     GateResult,
     Match,
@@ -158,12 +159,8 @@ def update(report_path: str, baseline_path: str, keep_missing: bool = False) -> 
     if wrong:  # a baseline records what was observed, never what a report only claims
         raise BaselineError(f"{report_path}: not written to {baseline_path}: "
                             + "; ".join(wrong))
-    previous: Baseline | None = None
-    try:
-        previous = bl.load(baseline_path)
-    except BaselineError as exc:
-        if "not found" not in str(exc):
-            raise
+    # Any file already there must be a usable baseline (its policy and notes are kept).
+    previous = bl.load(baseline_path) if os.path.lexists(baseline_path) else None
     entries = bl.entries_from_report(report)
     keep: list[Entry] = []
     summary = ""
