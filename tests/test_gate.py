@@ -61,19 +61,21 @@ def test_new_missing_and_new_failures() -> None:
     cats = {c.key.split("::")[1].split("[")[0]: c.category for c in res.changes}
     assert cats == {"kept": "unchanged", "gone": "missing", "fresh": "new",
                     "fresh_bad": "new_failure"}
-    # default policy: a new failure fails the gate, a missing instance only warns
-    assert not res.ok and res.failing() == ["new_failure"] and res.warning() == ["missing"]
+    # default policy: a new failure and a missing instance both fail the gate
+    assert not res.ok and res.failing() == ["new_failure", "missing"] and res.warning() == []
 
 
-def test_default_policy_missing_warns_and_can_be_made_fatal() -> None:
+def test_default_policy_missing_fails_and_can_be_made_a_warning() -> None:
+    """Issue 22, point 2: an instance of the baseline absent from the report is a failure by
+    default, not "PASS with warnings"; the policy key ``missing`` may make it a warning."""
     base = Baseline([entry("a", "passed"), entry("b", "passed")])
     res = gate.compare([entry("a", "passed")], base)
-    assert res.ok and res.verdict().startswith("PASS with warnings: 1 missing")
-    strict = gate.compare([entry("a", "passed")], base,
-                          policy=cli.cli_policy(["missing=fail"], strict=False))
-    assert not strict.ok and strict.verdict().startswith("FAIL: 1 missing")
-    assert not gate.compare([entry("a", "passed")], base,
-                            policy=cli.cli_policy([], strict=True)).ok
+    assert not res.ok and res.verdict().startswith("FAIL: 1 missing")
+    assert "Missing (1, policy fail):" in gate.render_text(res)
+    lenient = gate.compare([entry("a", "passed")], base,
+                           policy=cli.cli_policy(["missing=warn"], strict=False))
+    assert lenient.ok and lenient.verdict().startswith("PASS with warnings: 1 missing")
+    assert bl.DEFAULT_POLICY["missing"] == "fail"
 
 
 def test_baseline_policy_and_allow_are_honoured() -> None:
@@ -262,8 +264,9 @@ def test_pytest_baseline_bad_path_is_a_usage_error(tmp_path: Path) -> None:
     assert "--baseline: " in run.output and "baseline file not found" in run.output
     assert "collective-harness: reports written" not in run.output  # nothing ran
     # how to create *this* baseline from the paths given, not the bundled suite's
-    assert ("create it with: pytest cases --backend gloo --report-json "
-            "reports/conformance.json && collective-gate reports/conformance.json nope.json "
+    # (the session's own arguments, less --baseline: pasted, it collects what this run did)
+    assert ("create it with: pytest cases --rootdir=. -p no:cacheprovider -q --backend gloo "
+            "--deadline 30 && collective-gate reports/conformance.json nope.json "
             "--update") in run.output, run.output
     assert "ci/baselines" not in run.output
 

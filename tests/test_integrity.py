@@ -619,7 +619,7 @@ def test_expected_raise_not_raised_names_wrong_values(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("option", "says"), [
     (["--report-json", "afile/r.json"], "afile is a file, not a folder"),
-    (["--report-json", "adir"], "it is a directory; give a file name"),
+    (["--report-json", "adir"], "adir: is a directory; give a file path for the report"),
     (["--report-md", "afile/sub/r.md"], "afile is a file, not a folder"),
 ])
 def test_an_unusable_report_path_is_refused_before_the_run(tmp_path: Path, option: list[str],
@@ -629,7 +629,7 @@ def test_an_unusable_report_path_is_refused_before_the_run(tmp_path: Path, optio
     (where / "adir").mkdir()
     res = run(where, "-q", *option)
     assert res.returncode == pytest.ExitCode.USAGE_ERROR, res.stdout + res.stderr
-    assert f"{option[0]} {option[1]}: cannot write the report there: " in res.stderr
+    assert f"{option[0]} {option[1]}: " in res.stderr
     assert says in res.stderr and "Traceback" not in res.stderr
     assert not list(where.rglob(".tmp-*"))
 

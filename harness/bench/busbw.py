@@ -25,9 +25,10 @@ import sys
 from typing import Any
 
 from ..casefile import expand, load, validate
-from ..errors import float_in, int_in
+from ..errors import CaseFileError, CaseFileErrors, float_in, int_in
 from ..model import Instance, PerfPlan
 from ..perf import stats
+from ..report.jsonfile import printable, unwritable
 from ..run.pool import PoolKey, PoolManager
 
 
@@ -116,8 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     plan = PerfPlan(warmup=args.warmup, iters=args.iters, min_time_s=args.min_time,
                     repeats=args.repeats)
     sizes = {int(x) for x in args.world_sizes.split(",")}
-    insts = points(args.cases, args.backend, sizes, args.dtype, args.min_bytes, args.max_bytes,
-                   set(args.ops.split(",")) if args.ops else None)
+    why = unwritable(args.json, "--json file") if args.json else ""
+    if why:
+        print(f"collective-bench --busbw: error: {why}", file=sys.stderr)
+        return 2
+    try:
+        insts = points(args.cases, args.backend, sizes, args.dtype, args.min_bytes,
+                       args.max_bytes, set(args.ops.split(",")) if args.ops else None)
+    except (CaseFileError, CaseFileErrors) as exc:  # the case loader's message, on one line
+        text = "; ".join(line.strip() for line in str(exc).splitlines())
+        print(f"collective-bench --busbw: error: {printable(text, 2000)}", file=sys.stderr)
+        return 2
     if not insts:
         print(f"collective-bench --busbw: no point of {args.cases} matches", file=sys.stderr)
         return 2

@@ -39,15 +39,11 @@ import jsonschema
 from ..casefile import expand, load, validate
 from ..errors import float_in, int_in
 from ..report import costs
+from ..report.jsonfile import UnreadableFile, printable, unwritable
 from ..report.records import load_report
 from ..run.pool import PoolKey, PoolManager, forkserver_context
 from ..verdict.outcome import judge
 from . import busbw as busbw_bench
-
-
-def one_line_text(text: str) -> str:
-    """``text`` on one line, control characters escaped (it may come from a hostile file)."""
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
 
 
 @dataclass
@@ -282,9 +278,10 @@ def costs_main(argv: list[str]) -> int:
         return 2
     try:
         report = load_report(argv[0])
-    except (OSError, ValueError, EOFError, RecursionError, jsonschema.ValidationError) as exc:
-        print(f"collective-bench: {one_line_text(argv[0])}: not a readable report "
-              f"({type(exc).__name__}: {one_line_text(str(exc))[:200]})", file=sys.stderr)
+    except (UnreadableFile, OSError, ValueError, EOFError, RecursionError,
+            jsonschema.ValidationError) as exc:
+        print(f"collective-bench: {printable(argv[0])}: not a readable report "
+              f"({type(exc).__name__}: {printable(str(exc))[:200]})", file=sys.stderr)
         return 2
     print(costs.render(report), end="")
     return 0
@@ -309,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="accepted/rejected pairs for the rejection cost (world size 2)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
+    why = unwritable(args.json, "--json file") if args.json else ""
+    if why:  # refused before minutes of measuring, not after
+        print(f"collective-bench: error: {why}", file=sys.stderr)
+        return 2
     rows: list[Row] = []
     forkserver_s = warm_forkserver()
     for ws in (int(x) for x in args.world_sizes.split(",")):

@@ -18,6 +18,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..errors import quote
+from ..report.jsonfile import UnreadableFile, printable, read_json
 from ..report.oneline import one_line
 from ..report.records import OUTCOMES, write_atomic
 
@@ -26,8 +28,9 @@ Level = Literal["fail", "warn", "ok"]
 LEVELS: tuple[Level, ...] = ("fail", "warn", "ok")
 
 # What each kind of change does to the gate's exit status, unless the baseline file or the
-# command line says otherwise. Regressions and failures nobody has seen before fail; losing
-# coverage (missing, newly skipped) and fixes that should be locked in warn.
+# command line says otherwise. Regressions, failures nobody has seen before and instances the
+# baseline has but the report lacks fail (a vanished instance is not a pass; a deliberately
+# partial run sets missing to warn); newly skipped instances and fixes to lock in warn.
 CATEGORIES: tuple[str, ...] = ("regression", "new_failure", "missing", "newly_skipped", "fixed",
                                "new", "changed", "unchanged")
 # Session-level keys: ``incomplete`` is a report whose session did not give every collected
@@ -35,7 +38,7 @@ CATEGORIES: tuple[str, ...] = ("regression", "new_failure", "missing", "newly_sk
 SESSION_KEYS: tuple[str, ...] = ("incomplete",)
 POLICY_KEYS: tuple[str, ...] = (*CATEGORIES, *SESSION_KEYS)
 DEFAULT_POLICY: dict[str, Level] = {
-    "regression": "fail", "new_failure": "fail", "missing": "warn", "newly_skipped": "warn",
+    "regression": "fail", "new_failure": "fail", "missing": "fail", "newly_skipped": "warn",
     "fixed": "warn", "new": "ok", "changed": "ok", "unchanged": "ok", "incomplete": "fail",
 }
 REFRESH_HINT = ("pytest cases/ --backend gloo && "
@@ -107,7 +110,7 @@ class Baseline:
 
 
 def _bad(path: str, what: str, hint: str) -> BaselineError:
-    return BaselineError(f"{path}: {what}\n    hint: regenerate it with: {hint}")
+    return BaselineError(f"{path}: {what}; regenerate it with: {hint}")
 
 
 def parse_policy(items: dict[str, Any], where: str) -> dict[str, Level]:
@@ -115,51 +118,71 @@ def parse_policy(items: dict[str, Any], where: str) -> dict[str, Level]:
     out: dict[str, Level] = {}
     for cat, level in items.items():
         if cat not in POLICY_KEYS:
-            raise BaselineError(f"{where}: unknown gate category {cat!r}; "
+            raise BaselineError(f"{where}: unknown gate category {quote(cat, 60)}; "
                                 f"choose from {', '.join(POLICY_KEYS)}")
         if level not in LEVELS:
-            raise BaselineError(f"{where}: policy for {cat!r} must be one of "
-                                f"{', '.join(LEVELS)}, got {level!r}")
+            raise BaselineError(f"{where}: policy for {quote(cat, 60)} must be one of "
+                                f"{', '.join(LEVELS)}, got {quote(level, 60)}")
         out[cat] = level
     return out
 
 
 def load(path: str, hint: str = "") -> Baseline:
-    """Read a baseline file, with an error message a person can act on if it is malformed.
+    """Read a baseline file, with a one-line error a person can act on if it is malformed.
 
     ``hint``: the command that (re)creates it, shown when it is missing or malformed (default:
     :func:`refresh_hint` for ``path``)."""
     hint = hint or refresh_hint(path)
     try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except FileNotFoundError:
-        raise BaselineError(f"{path}: baseline file not found\n    hint: create it with: "
-                            f"{hint}") from None
-    except json.JSONDecodeError as exc:
-        raise _bad(path, f"not valid JSON (line {exc.lineno}: {exc.msg})", hint) from None
+        doc = read_json(path, "baseline file", f" (create it with: {hint})")
+    except UnreadableFile as exc:
+        text = str(exc) if hint in str(exc) else f"{exc}; regenerate it with: {hint}"
+        raise BaselineError(text) from None
     if not isinstance(doc, dict) or doc.get("baseline_version") != BASELINE_VERSION:
         raise _bad(path, f"not a collective-harness baseline (expected \"baseline_version\": "
                          f"{BASELINE_VERSION})", hint)
     policy = dict(DEFAULT_POLICY)
-    policy.update(parse_policy(doc.get("policy") or {}, f"{path}: policy"))
-    entries: list[Entry] = []
-    for n, e in enumerate(doc.get("entries") or []):
-        try:
-            allow = tuple(e.get("allow", ()))
-            unknown = [o for o in (e["outcome"], *allow) if o not in OUTCOMES]
-            if unknown:
-                raise _bad(path, f"entries[{n}] ({e.get('key')}): unknown outcome "
-                                 f"{unknown[0]!r}; outcomes are {', '.join(OUTCOMES)}", hint)
-            entries.append(Entry(key=e["key"], case=e["case"], backend=e["backend"],
-                                 axes=dict(e["axes"]), outcome=e["outcome"],
-                                 reason=e.get("reason", ""), allow=allow,
-                                 note=e.get("note", "")))
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise _bad(path, f"entries[{n}] is malformed (missing or wrong field {exc})",
-                       hint) from None
-    return Baseline(entries, policy, str(doc.get("torch", "")), path,
-                    str(doc.get("nccl_version", "")))
+    raw_policy = doc.get("policy", {})
+    if not isinstance(raw_policy, dict):
+        raise _bad(path, "\"policy\" must be an object of category: level", hint)
+    policy.update(parse_policy(raw_policy, f"{path}: policy"))
+    raw_entries = doc.get("entries", [])
+    if not isinstance(raw_entries, list):
+        raise _bad(path, "\"entries\" must be a list", hint)
+    entries = [_entry(path, n, e, hint) for n, e in enumerate(raw_entries)]
+    for name in ("torch", "nccl_version"):
+        if not isinstance(doc.get(name, ""), str):
+            raise _bad(path, f"{name!r} must be a string", hint)
+    return Baseline(entries, policy, doc.get("torch", ""), path, doc.get("nccl_version", ""))
+
+
+def _entry(path: str, n: int, e: Any, hint: str) -> Entry:
+    """Entry ``n`` of a baseline file, every field checked for its type."""
+    if not isinstance(e, dict):
+        raise _bad(path, f"entries[{n}] is malformed (not an object)", hint)
+    for name in ("key", "case", "backend", "outcome"):
+        if not isinstance(e.get(name), str):
+            raise _bad(path, f"entries[{n}] is malformed (missing or wrong field {name!r}: "
+                             "a string)", hint)
+    for name in ("reason", "note"):
+        if not isinstance(e.get(name, ""), str):
+            raise _bad(path, f"entries[{n}] is malformed (wrong field {name!r}: a string)",
+                       hint)
+    if not isinstance(e.get("axes"), dict):
+        raise _bad(path, f"entries[{n}] is malformed (missing or wrong field 'axes': an "
+                         "object)", hint)
+    allow = e.get("allow", [])
+    if not isinstance(allow, list) or not all(isinstance(o, str) for o in allow):
+        raise _bad(path, f"entries[{n}] is malformed (wrong field 'allow': a list of "
+                         "outcomes)", hint)
+    unknown = [o for o in (e["outcome"], *allow) if o not in OUTCOMES]
+    if unknown:
+        raise _bad(path, f"entries[{n}] ({printable(e['key'], 120)}): unknown outcome "
+                         f"{printable(repr(unknown[0]), 60)}; outcomes are "
+                         f"{', '.join(OUTCOMES)}", hint)
+    return Entry(key=e["key"], case=e["case"], backend=e["backend"], axes=dict(e["axes"]),
+                 outcome=e["outcome"], reason=e.get("reason", ""), allow=tuple(allow),
+                 note=e.get("note", ""))
 
 
 def from_report(report: dict[str, Any], previous: Baseline | None = None,

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ..report.jsonfile import printable, unwritable
 from ..report.records import write_atomic
 from . import baseline as bl
-from . import perf, versions
-from .baseline import Baseline, BaselineError, Entry, Level
+from . import evidence, perf, versions
+from .baseline import BaselineError, Entry, Level
 from .compare import (
     GateResult,
     Match,
@@ -94,8 +96,33 @@ def cli_policy(items: Sequence[str], strict: bool) -> dict[str, Level]:
 
 
 def _load_report(path: str) -> dict[str, Any]:
-    return versions.load(path, hint="\n    hint: run pytest with the collective-harness "
-                         "plugin first (it writes reports/conformance.json)")
+    return versions.load(path, hint=" (run pytest with the collective-harness plugin first: "
+                         "it writes reports/conformance.json)")
+
+
+def _error(exc: Exception) -> int:
+    """Print ``exc`` as the one line the user sees; the exit status for unusable input."""
+    sys.stderr.write(f"collective-gate: error: {printable(exc, 2000)}\n")
+    return 2
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse output paths that cannot be written before reading anything: a directory, a path
+    under a regular file, a folder that is not writable."""
+    outputs = [(args.markdown, "--markdown file"), (args.json_path, "--json file")]
+    if args.update:
+        outputs.append((args.baseline, "baseline"))
+    for path, what in outputs:
+        why = unwritable(path, what) if path else ""
+        if why:
+            raise BaselineError(why)
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        write_atomic(path, text)
+    except OSError as exc:  # the disk filled, the folder went away...
+        raise BaselineError(f"{path}: cannot write it: {exc.strerror or exc}") from None
 
 
 def _label(path: str, backends: list[str], torch: str) -> str:
@@ -115,6 +142,7 @@ def gate_files(report_path: str, baseline_path: str, match: Match = "auto",
     if not base.torch:
         res.notes.append("the baseline records no torch version, so it is compared as if it "
                          "came from the report's; refresh it (--update) to record one")
+    res.problems += [("evidence", m) for m in evidence.problems(report)]
     check_session(res, report)
     if pytest_status is not None:
         check_exit_status(res, pytest_status, report)
@@ -127,12 +155,12 @@ def gate_files(report_path: str, baseline_path: str, match: Match = "auto",
 def update(report_path: str, baseline_path: str, keep_missing: bool = False) -> str:
     """Write a baseline from a report; return what changed, as text for the terminal."""
     report = _load_report(report_path)
-    previous: Baseline | None = None
-    try:
-        previous = bl.load(baseline_path)
-    except BaselineError as exc:
-        if "not found" not in str(exc):
-            raise
+    wrong = evidence.problems(report)
+    if wrong:  # a baseline records what was observed, never what a report only claims
+        raise BaselineError(f"{report_path}: not written to {baseline_path}: "
+                            + "; ".join(wrong))
+    # Any file already there must be a usable baseline (its policy and notes are kept).
+    previous = bl.load(baseline_path) if os.path.lexists(baseline_path) else None
     entries = bl.entries_from_report(report)
     keep: list[Entry] = []
     summary = ""
@@ -144,7 +172,10 @@ def update(report_path: str, baseline_path: str, keep_missing: bool = False) -> 
             have = {e.identity(True) for e in entries}
             keep = [e for e in previous.entries if e.identity(True) not in have]
     new = bl.from_report(report, previous, keep)
-    bl.write(baseline_path, new)
+    try:
+        bl.write(baseline_path, new)
+    except OSError as exc:
+        raise BaselineError(f"{baseline_path}: cannot write it: {exc.strerror or exc}") from None
     return (f"collective-gate: wrote {baseline_path}: {len(new.entries)} entries for "
             f"{', '.join(new.backends) or 'no backend'}{summary}\n")
 
@@ -155,40 +186,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.perf:
         return perf_main(args)
     try:
+        check_outputs(args)
         if args.update:
             sys.stdout.write(update(args.report, args.baseline, args.keep_missing))
             return 0
         res = gate_files(args.report, args.baseline, args.match,
                          cli_policy(args.policy, args.strict), args.pytest_status,
                          args.same_version)
+        sys.stdout.write(render_text(res, args.max_list))
+        if args.markdown:
+            _write(args.markdown, render_markdown(res))
+        if args.json_path:
+            _write(args.json_path, json.dumps(to_json(res), indent=1) + "\n")
     except BaselineError as exc:
-        sys.stderr.write(f"collective-gate: error: {exc}\n")
-        return 2
-    sys.stdout.write(render_text(res, args.max_list))
-    if args.markdown:
-        write_atomic(args.markdown, render_markdown(res))
-    if args.json_path:
-        write_atomic(args.json_path, json.dumps(to_json(res), indent=1) + "\n")
+        return _error(exc)
     return 0 if res.ok else 1
 
 
 def perf_main(args: argparse.Namespace) -> int:
     """``collective-gate --perf``: gate (or with --update write) a perf baseline."""
     try:
+        check_outputs(args)
         report = _load_report(args.report)
         if args.update:
-            sys.stdout.write(perf.update(report, args.baseline, args.threshold))
+            try:
+                sys.stdout.write(perf.update(report, args.baseline, args.threshold,
+                                             args.report))
+            except OSError as exc:
+                raise BaselineError(f"{args.baseline}: cannot write it: "
+                                    f"{exc.strerror or exc}") from None
             return 0
-        res = perf.compare(report, perf.load(args.baseline), args.threshold)
+        res = perf.compare(report, perf.load(args.baseline), args.threshold, args.report)
+        text = perf.render_text(res, args.max_list)
+        sys.stdout.write(text)
+        if args.markdown:  # a key holding a fence must not end the code block
+            _write(args.markdown, "```\n" + text.replace("```", "'''") + "```\n")
+        if args.json_path:
+            _write(args.json_path, json.dumps(perf.to_json(res), indent=1) + "\n")
     except BaselineError as exc:
-        sys.stderr.write(f"collective-gate: error: {exc}\n")
-        return 2
-    text = perf.render_text(res, args.max_list)
-    sys.stdout.write(text)
-    if args.markdown:
-        write_atomic(args.markdown, "```\n" + text + "```\n")
-    if args.json_path:
-        write_atomic(args.json_path, json.dumps(perf.to_json(res), indent=1) + "\n")
+        return _error(exc)
     return 0 if res.ok else 1
 
 

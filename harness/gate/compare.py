@@ -17,7 +17,8 @@ says), a limitation that becomes a pass is ``fixed``, one that starts failing a 
 
 Besides the instances, the gate checks the session behind the report: an incomplete session
 (policy key ``incomplete``, default fail) and pytest failures that no failing record explains
-(always fail: the gate is never more positive than the evidence).
+(always fail: the gate is never more positive than the evidence); and the command checks that
+the records are the evidence the report claims (:mod:`harness.gate.evidence`, always fail).
 
 Across versions (report and baseline from different torch releases or NCCL versions, see
 :mod:`harness.gate.versions`) a matched instance whose outcome differs is ``changed``, never a
@@ -35,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..report.jsonfile import printable
 from . import baseline as bl
 from .baseline import Baseline, BaselineError, Entry, Level
 
@@ -42,6 +44,9 @@ BAD = frozenset({"failed", "error", "hang", "crash"})
 PASSING = frozenset({"passed", "xpass"})
 MET = frozenset({"passed", "xpass", "xfail", "limitation"})
 Match = Literal["auto", "exact", "agnostic"]
+# Problems no policy can allow: pytest failures the records do not explain, and records that
+# are not the evidence the report claims (see :mod:`harness.gate.evidence`).
+ALWAYS_FAIL = frozenset({"unexplained", "evidence"})
 TITLES = {"regression": "Regressions", "new_failure": "New failures", "missing": "Missing",
           "newly_skipped": "Newly skipped", "fixed": "Fixed", "new": "New",
           "changed": "Changed", "unchanged": "Unchanged"}
@@ -76,7 +81,7 @@ class GateResult:
     report_label: str = ""
     baseline_label: str = ""
     notes: list[str] = field(default_factory=list)
-    # Session-level problems: (policy key or "unexplained", message); "unexplained" always fails.
+    # Session-level problems: (policy key or one of ALWAYS_FAIL, message).
     problems: list[tuple[str, str]] = field(default_factory=list)
     refresh_hint: str = ""  # how to refresh the baseline in use (default: the bundled one's)
     across_versions: str = ""  # "report torch X vs baseline torch Y" when they differ
@@ -91,7 +96,7 @@ class GateResult:
         """Categories with instances (or session problems) whose policy is ``fail``."""
         out = [c for c, n in self.counts().items() if n and self.policy.get(c) == "fail"]
         out += [k for k, _ in self.problems
-                if k == "unexplained" or self.policy.get(k, "fail") == "fail"]
+                if k in ALWAYS_FAIL or self.policy.get(k, "fail") == "fail"]
         return out
 
     def warning(self) -> list[str]:
@@ -266,11 +271,12 @@ def render_text(res: GateResult, max_list: int = 200) -> str:
         lines.append("")
         lines.append(f"To lock in fixes and new instances, refresh the baseline: "
                      f"{res.refresh_hint or bl.REFRESH_HINT}")
-    return "\n".join(lines) + "\n"
+    # Keys, reasons and labels come from the report: one printed line each, whatever they hold.
+    return "\n".join(printable(line) for line in lines) + "\n"
 
 
 def _md_escape(text: str) -> str:
-    text = " ".join(text.split())  # a newline in a case's reason would start a new block
+    text = printable(" ".join(text.split()))  # a newline would start a new block
     return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
             .replace("|", "\\|").replace("`", "'"))
 
@@ -303,7 +309,7 @@ def render_markdown(res: GateResult, max_list: int = 100) -> str:
         if len(items) > max_list:
             out.append(f"- … and {len(items) - max_list} more (see the gate's JSON artifact)")
         out.append("")
-    return "\n".join(out).rstrip() + "\n"
+    return "\n".join(printable(line) for line in out).rstrip() + "\n"
 
 
 def to_json(res: GateResult) -> dict[str, Any]:

@@ -25,10 +25,13 @@ the gate says so first.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import quote
+from ..report.jsonfile import UnreadableFile, printable, read_json
 from ..report.records import write_atomic
 from .baseline import BaselineError
 
@@ -91,15 +94,15 @@ class PerfResult:
         return [d for d in self.deltas if d.category == category]
 
 
-def entries_from_report(report: dict[str, Any]) -> dict[str, PerfEntry]:
-    """The timed instances of a report (its top-level ``perf.points``)."""
+def entries_from_report(report: dict[str, Any], where: str = "the report"
+                        ) -> dict[str, PerfEntry]:
+    """The timed instances of a report (its top-level ``perf.points``); ``where`` names the
+    report in errors."""
     perf = report.get("perf")
     if not perf:
-        raise BaselineError("the report has no perf section\n    hint: run pytest with --perf "
+        raise BaselineError(f"{where}: the report has no perf section; run pytest with --perf "
                             "(e.g. pytest cases/perf.yaml --perf)")
-    return {p["key"]: PerfEntry(p["key"], int(p["bytes"]), float(p["busbw_gbs"]),
-                                float(p["busbw_gbs_min"]), float(p["busbw_gbs_max"]))
-            for p in perf["points"]}
+    return {e.key: e for e in (_point(where, p) for p in perf["points"])}
 
 
 def facts_of(report: dict[str, Any]) -> dict[str, Any]:
@@ -127,9 +130,9 @@ def classify(base: PerfEntry, now: PerfEntry, threshold: float, min_bytes: int) 
 
 
 def compare(report: dict[str, Any], base: PerfBaseline,
-            threshold: float | None = None) -> PerfResult:
-    """Classify every instance of ``report`` against ``base``."""
-    now = entries_from_report(report)
+            threshold: float | None = None, where: str = "the report") -> PerfResult:
+    """Classify every instance of ``report`` (read from ``where``) against ``base``."""
+    now = entries_from_report(report, where)
     thr = base.threshold if threshold is None else threshold
     deltas = [classify(base.entries[k], now[k], thr, base.min_bytes)
               for k in sorted(now) if k in base.entries]
@@ -137,37 +140,52 @@ def compare(report: dict[str, Any], base: PerfBaseline,
     mine = facts_of(report)
     for k, v in base.facts.items():
         if mine.get(k) != v:
-            warnings.append(f"{k} differs: report {mine.get(k)!r}, baseline {v!r} (the numbers "
-                            "may not be comparable)")
+            warnings.append(f"{printable(k, 60)} differs: report {quote(mine.get(k), 120)}, "
+                            f"baseline {quote(v, 120)} (the numbers may not be comparable)")
     return PerfResult(deltas, sorted(set(base.entries) - set(now)),
                       sorted(set(now) - set(base.entries)), thr, warnings)
 
 
+def _point(where: str, p: Any) -> PerfEntry:
+    """One point of a report's perf section or a perf baseline, every number checked finite."""
+    try:
+        key = p["key"]
+        nums = [p[k] for k in ("bytes", "busbw_gbs", "busbw_gbs_min", "busbw_gbs_max")]
+    except (KeyError, TypeError):
+        raise BaselineError(f"{where}: a point lacks one of key, bytes, busbw_gbs, "
+                            "busbw_gbs_min, busbw_gbs_max") from None
+    if not isinstance(key, str):
+        raise BaselineError(f"{where}: a point's key is not a string")
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+               and x >= 0 for x in nums) or not isinstance(nums[0], int):
+        raise BaselineError(f"{where}: point {printable(key, 120)}: bytes and busbw must be "
+                            "finite numbers >= 0 (bytes an integer)")
+    return PerfEntry(key, nums[0], float(nums[1]), float(nums[2]), float(nums[3]))
+
+
 def load(path: str) -> PerfBaseline:
-    """Read a perf baseline; :class:`BaselineError` with the fix when it is unusable."""
+    """Read a perf baseline; :class:`BaselineError` (one line) with the fix when unusable."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except FileNotFoundError:
-        raise BaselineError(f"{path}: perf baseline not found\n    hint: create it with "
-                            f"collective-gate --perf REPORT {path} --update") from None
-    except json.JSONDecodeError as exc:
-        raise BaselineError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        doc = read_json(path, "perf baseline", " (create it with: collective-gate --perf "
+                        f"REPORT {path} --update)")
+    except UnreadableFile as exc:
+        raise BaselineError(str(exc)) from None
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
-        raise BaselineError(f"{path}: not a perf baseline (expected \"kind\": \"{KIND}\")"
-                            "\n    hint: conformance baselines are gated without --perf")
+        raise BaselineError(f"{path}: not a perf baseline (expected \"kind\": \"{KIND}\"); "
+                            "conformance baselines are gated without --perf")
     thr = doc.get("threshold", DEFAULT_THRESHOLD)
-    if not isinstance(thr, int | float) or not 0 <= thr < 10:
-        raise BaselineError(f"{path}: threshold {thr!r}: write a relative drop such as 0.1")
-    try:
-        entries = {e["key"]: PerfEntry(e["key"], int(e["bytes"]), float(e["busbw_gbs"]),
-                                       float(e["busbw_gbs_min"]), float(e["busbw_gbs_max"]))
-                   for e in doc.get("points", [])}
-    except (KeyError, TypeError, ValueError) as exc:
-        raise BaselineError(f"{path}: a point lacks {exc} (key, bytes, busbw_gbs, "
-                            "busbw_gbs_min, busbw_gbs_max)") from None
-    return PerfBaseline(entries, float(thr), int(doc.get("min_bytes", 0)),
-                        dict(doc.get("facts", {})))
+    if isinstance(thr, bool) or not isinstance(thr, int | float) or not 0 <= thr < 10:
+        raise BaselineError(f"{path}: threshold {quote(thr, 40)}: write a relative drop such "
+                            "as 0.1")
+    min_bytes = doc.get("min_bytes", 0)
+    if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
+        raise BaselineError(f"{path}: min_bytes {quote(min_bytes, 40)}: write a number of "
+                            "bytes such as 0")
+    points, facts = doc.get("points", []), doc.get("facts", {})
+    if not isinstance(points, list) or not isinstance(facts, dict):
+        raise BaselineError(f"{path}: \"points\" must be a list and \"facts\" an object")
+    entries = {e.key: e for e in (_point(path, p) for p in points)}
+    return PerfBaseline(entries, float(thr), min_bytes, dict(facts))
 
 
 def write(path: str, base: PerfBaseline) -> None:
@@ -182,12 +200,14 @@ def write(path: str, base: PerfBaseline) -> None:
     write_atomic(path, text)
 
 
-def update(report: dict[str, Any], path: str, threshold: float | None) -> str:
-    """Write the perf baseline at ``path`` from ``report`` (threshold and min_bytes kept)."""
+def update(report: dict[str, Any], path: str, threshold: float | None,
+           where: str = "the report") -> str:
+    """Write the perf baseline at ``path`` from ``report`` (read from ``where``; threshold and
+    min_bytes kept)."""
     old: PerfBaseline | None = None
     if os.path.exists(path):
         old = load(path)
-    new = PerfBaseline(entries_from_report(report),
+    new = PerfBaseline(entries_from_report(report, where),
                        threshold if threshold is not None
                        else (old.threshold if old else DEFAULT_THRESHOLD),
                        old.min_bytes if old else 0, facts_of(report))
@@ -197,8 +217,8 @@ def update(report: dict[str, Any], path: str, threshold: float | None) -> str:
 
 
 def _line(d: Delta) -> str:
-    return (f"  {d.key}: busbw {d.base:.4g} -> {d.now:.4g} GB/s ({d.change * 100:+.1f}%, "
-            f"noise {d.noise * 100:.1f}%)")
+    return (f"  {printable(d.key, 300)}: busbw {d.base:.4g} -> {d.now:.4g} GB/s "
+            f"({d.change * 100:+.1f}%, noise {d.noise * 100:.1f}%)")
 
 
 def render_text(res: PerfResult, max_list: int = 200) -> str:
@@ -219,7 +239,8 @@ def render_text(res: PerfResult, max_list: int = 200) -> str:
                 out.append(f"  ... and {len(items) - max_list} more\n")
     if res.missing:
         out.append(f"\nMissing from the report ({len(res.missing)}): "
-                   + ", ".join(res.missing[:10]) + (" ..." if len(res.missing) > 10 else "")
+                   + ", ".join(printable(k, 300) for k in res.missing[:10])
+                   + (" ..." if len(res.missing) > 10 else "")
                    + "\n")
     return "".join(out)
 

@@ -19,7 +19,6 @@ built for different devices) and the NCCL version the report recorded.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections import defaultdict
@@ -27,8 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
-
+from ..report.jsonfile import UnreadableFile, printable, unwritable
 from ..report.oneline import one_line
 from ..report.records import load_report, write_atomic
 from .baseline import Baseline, BaselineError, canonical
@@ -41,19 +39,12 @@ EVIDENCE = 3  # instances quoted per change of behaviour
 
 def load(path: str, hint: str = "") -> dict[str, Any]:
     """Read and validate a report (``.json`` or ``.json.gz``); any problem is a
-    :class:`BaselineError` naming the file (``hint`` follows a missing file's message)."""
+    :class:`BaselineError` of one line naming the file (``hint`` follows a missing file's
+    message)."""
     try:
-        return load_report(path)
-    except FileNotFoundError:
-        raise BaselineError(f"{path}: report not found{hint}") from None
-    except (OSError, EOFError) as exc:
-        raise BaselineError(f"{path}: cannot read it ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise BaselineError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    except jsonschema.ValidationError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(top)"
-        raise BaselineError(f"{path}: not a collective-harness report: at {where}: "
-                            f"{exc.message}") from None
+        return load_report(path, hint)
+    except UnreadableFile as exc:
+        raise BaselineError(str(exc)) from None
 
 
 def public_version(version: str) -> str:
@@ -203,8 +194,9 @@ def diff(a: dict[str, Any], b: dict[str, Any], a_path: str = "A", b_path: str = 
 # -- rendering ---------------------------------------------------------------------------------
 
 def _md(text: str) -> str:
+    text = printable(" ".join(text.split()))  # one line, no terminal escape sequence
     return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-            .replace("|", "\\|").replace("`", "'").replace("\n", " "))
+            .replace("|", "\\|").replace("`", "'"))
 
 
 def _why(record: dict[str, Any]) -> str:
@@ -304,7 +296,8 @@ def render_markdown(results: Sequence[VersionDiff],
     out.append("")
     for res in results:
         out += render_pair(res, 2)
-    return "\n".join(out).rstrip() + "\n"
+    # Every line escaped as a whole: a field from a report cannot start a line of its own.
+    return "\n".join(printable(line) for line in out).rstrip() + "\n"
 
 
 def render_text(res: VersionDiff) -> str:
@@ -316,7 +309,7 @@ def render_text(res: VersionDiff) -> str:
     for op, changes in res.by_op().items():
         for (x, y), items in changes.items():
             lines.append(f"  {op}: {x} -> {y}: {len(items)} ({_dtypes(items)})")
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line) for line in lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -335,17 +328,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args.reports) < 2:
         p.error("give at least two reports to compare (e.g. OLD.json NEW.json)")
     try:
+        why = unwritable(args.markdown, "--markdown page") if args.markdown else ""
+        if why:
+            raise BaselineError(why)
         loaded = [load(path) for path in args.reports]
+        results = [diff(loaded[i], loaded[i + 1], args.reports[i], args.reports[i + 1])
+                   for i in range(len(loaded) - 1)]
+        for res in results:
+            sys.stdout.write(render_text(res))
+        if args.markdown:
+            command = f"collective-versions {' '.join(args.reports)} --markdown {args.markdown}"
+            try:
+                write_atomic(args.markdown, render_markdown(results, args.title, command))
+            except OSError as exc:
+                raise BaselineError(f"{args.markdown}: cannot write it: "
+                                    f"{exc.strerror or exc}") from None
     except BaselineError as exc:
-        sys.stderr.write(f"collective-versions: error: {exc}\n")
+        sys.stderr.write(f"collective-versions: error: {printable(exc, 2000)}\n")
         return 2
-    results = [diff(loaded[i], loaded[i + 1], args.reports[i], args.reports[i + 1])
-               for i in range(len(loaded) - 1)]
-    for res in results:
-        sys.stdout.write(render_text(res))
-    if args.markdown:
-        command = f"collective-versions {' '.join(args.reports)} --markdown {args.markdown}"
-        write_atomic(args.markdown, render_markdown(results, args.title, command))
     return 0
 
 

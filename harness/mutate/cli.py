@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import float_in, int_in
+from ..report.jsonfile import printable, unwritable
+from ..report.records import write_atomic
 from .faults import FAULTS, NAMES
 from .runner import Options, Outcome, mutate
 
@@ -70,13 +72,14 @@ def render(doc: dict[str, Any]) -> str:
         if r["status"] == "killed":
             k = r["killed_by"][0]
             more = f" (+{len(r['killed_by']) - 1} more)" if len(r["killed_by"]) > 1 else ""
-            lines.append(f"  killed        {r['name']:<26} by {k['nodeid']} ({k['outcome']})"
+            lines.append(f"  killed        {r['name']:<26} by {printable(k['nodeid'], 300)} "
+                         f"({k['outcome']})"
                          f"{more}")
         elif r["status"] == "survived":
             lines.append(f"  SURVIVED      {r['name']:<26} {r['instances_run']} instance(s) "
                          "all passed")
         else:
-            lines.append(f"  INCONCLUSIVE  {r['name']:<26} {r['detail'][:300]}")
+            lines.append(f"  INCONCLUSIVE  {r['name']:<26} {printable(r['detail'], 300)}")
     s = doc["score"]
     pct = f" ({100 * s['ratio']:.1f}%)" if s["ratio"] is not None else ""
     lines.append(f"mutation score: {s['killed']}/{s['total']} faults killed{pct}; "
@@ -111,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"collective-mutate: unknown fault(s) {', '.join(unknown)}; "
               "--list-faults shows them", file=sys.stderr)
         return 2
+    why = unwritable(args.json_path, "--json file") if args.json_path else ""
+    if why:
+        print(f"collective-mutate: error: {why}", file=sys.stderr)
+        return 2
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing:
         print(f"collective-mutate: no such case file or folder: {', '.join(missing)}",
@@ -125,7 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     outcome = mutate(opts, faults, progress=lambda s: print("  .. " + s, flush=True))
     doc = to_json(outcome, opts)
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        try:
+            write_atomic(args.json_path, json.dumps(doc, indent=1) + "\n")
+        except OSError as exc:
+            print(f"collective-mutate: error: {args.json_path}: cannot write it: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return 2
     if not outcome.faithful["passed"]:
         print("collective-mutate: no instance passes on the faithful wrapper; nothing to "
               "measure. pytest said:\n" + str(outcome.faithful.get("tail", "")),

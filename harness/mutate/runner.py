@@ -10,7 +10,6 @@ wrapper (the others are ``--deselect``-ed) and stop at the first one that does n
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -23,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..report.jsonfile import UnreadableFile
+from ..report.records import load_report
 from .faults import BACKEND, BACKEND_MODULE, ENV, FAITHFUL, describe
 
 BAD = ("failed", "error", "hang", "crash")  # an instance that no longer passes
@@ -93,7 +94,11 @@ def run_session(opts: Options, fault: str, workdir: Path, deselect: list[str],
     took = time.monotonic() - t0
     records: dict[str, dict[str, Any]] = {}
     if report.exists():
-        for rec in json.loads(report.read_text(encoding="utf-8")).get("records", []):
+        try:
+            doc = load_report(str(report))
+        except UnreadableFile:
+            doc = {"records": []}  # no records: the fault is inconclusive, never survived
+        for rec in doc["records"]:
             records[rec["nodeid"]] = rec
     tail = (proc.stdout + proc.stderr)[-TAIL_CHARS:]
     return Session(fault, records, proc.returncode, round(took, 1), tail)

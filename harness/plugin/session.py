@@ -22,6 +22,7 @@ from ..perf import plan as perfplan
 from ..report import html, markdown
 from ..report import paths as report_paths_mod
 from ..report.headline import verdict as report_verdict
+from ..report.jsonfile import unwritable
 from ..report.records import build_report, json_text, write_all
 from ..run.capabilities import probe
 from .state import (
@@ -221,10 +222,9 @@ def check_report_paths(config: pytest.Config) -> None:
             or config.getoption("collective_no_report")):
         return
     for kind, path in zip(("json", "md", "html"), report_paths(config), strict=True):
-        why = report_paths_mod.unusable(path)
+        why = unwritable(os.path.relpath(path), "report")
         if why:
-            raise pytest.UsageError(f"--report-{kind} {os.path.relpath(path)}: cannot write "
-                                    f"the report there: {why}; give another path with "
+            raise pytest.UsageError(f"--report-{kind} {why}; give another path with "
                                     f"--report-{kind} (or --no-report)")
 
 

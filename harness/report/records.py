@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import datetime
 import functools
-import gzip
 import json
 import os
 import tempfile
@@ -20,6 +19,7 @@ from ..errors import trim_traceback
 from ..model import Instance, InstanceResult
 from ..perf import stats as perfstats
 from . import costs, headline
+from .jsonfile import UnreadableFile, printable, read_json
 
 SCHEMA_VERSION = 1
 OUTCOMES = ("passed", "failed", "error", "hang", "crash", "skipped", "xfail", "xpass",
@@ -246,15 +246,25 @@ def write_all(files: list[tuple[str, str]]) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         raise
-    for tmp, path in done:
-        os.replace(tmp, path)
+    for n, (tmp, path) in enumerate(done):
+        try:
+            os.replace(tmp, path)
+        except OSError:  # e.g. the target is a directory: leave no temporary file behind
+            for left, _ in done[n:]:
+                with contextlib.suppress(OSError):
+                    os.unlink(left)
+            raise
 
 
-def load_report(path: str) -> dict[str, Any]:
+def load_report(path: str, missing_hint: str = "") -> dict[str, Any]:
     """Read and validate a report written by :func:`write_json` (``.json``, or ``.json.gz``
-    as the committed references are)."""
-    opener: Any = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        report = json.load(fh)
-    validate_report(report)
+    as the committed references are); :class:`UnreadableFile` (one line naming the file) for
+    anything else, ``missing_hint`` following the message of a missing file."""
+    report = read_json(path, "report", missing_hint)
+    try:
+        validate_report(report)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(top)"
+        raise UnreadableFile(f"{path}: not a collective-harness report: at "
+                             f"{printable(where, 100)}: {printable(exc.message, 200)}") from None
     return dict(report)

@@ -42,7 +42,7 @@ from ..model import Instance, InstanceResult, PerfPlan, PoolRun, RankState
 from ..perf.plan import not_timed
 from ..perf.stats import aggregate
 from ..report import markdown
-from ..report import paths as report_paths
+from ..report.jsonfile import unwritable
 from ..report.records import build_report, instance_record, skipped_record, write_atomic
 from ..report.records import write_json as write_report
 from ..verdict.outcome import judge
@@ -142,10 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--perf-repeats", type=int_in(1, 1000), default=PerfPlan.repeats)
     args = ap.parse_args(argv)
     for flag, path in (("--report-json", args.report_json), ("--report-md", args.report_md)):
-        why = report_paths.unusable(path)
+        why = unwritable(path, "report")
         if why:  # every rank stops here alike (the path is the same for all of them)
-            print(f"python -m harness.run.external: {flag} {path}: cannot write the report "
-                  f"there: {why}; give another path", file=sys.stderr)
+            print(f"python -m harness.run.external: {flag} {why}; give another path",
+                  file=sys.stderr)
             return 2
     if env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK") == 0:
         # Before anything can fail (a case file, the state directory, the process group):
