@@ -1,144 +1,169 @@
-"""docs/upstream.md must stay honest: its counts match its table, and every row it calls
-covered names bundled cases that exist and say which upstream test they mirror."""
+"""docs/upstream.md must stay honest: it is rendered from docs/upstream/behaviours.yaml (the
+page is byte-for-byte what the data renders), every case and instance id the data names
+exists (collected with the harness's own loader for Gloo and NCCL), and a re-audited row's
+status is the one its assertions give."""
 
 from __future__ import annotations
 
-import re
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
+
+from harness.upstream import cli, library, render, table
 
 ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "upstream.md"
-STATUSES = {"covered", "expressible", "partly", "no"}
-# `cases/FILE.yaml::name`, or `::name` continuing the last file named in the same cell.
-CASE_REF = re.compile(r"`(?:cases/([\w.-]+\.yaml))?::(\w+)`")
-UPSTREAM_NAME = re.compile(r"test_\w+|\w+Test\b")
+DATA = ROOT / "docs" / "upstream" / "behaviours.yaml"
+PAGE = ROOT / "docs" / "upstream.md"
 
-
-@dataclass(frozen=True)
-class Row:
-    uid: str
-    upstream: str
-    status: str
-    ours: str
-
-
-def split_row(line: str) -> list[str]:
-    # A `\|` inside a cell is a literal bar (GitHub renders it so, even in code spans).
-    inner = line.strip()[1:-1]
-    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", inner)]
-
-
-def parse_doc(text: str) -> tuple[str, list[Row]]:
-    rows: list[Row] = []
-    for line in text.splitlines():
-        if not line.startswith("| U"):
-            continue
-        cells = split_row(line)
-        assert len(cells) == 7, f"row {cells[0]} has {len(cells)} cells, not 7: {line[:120]}"
-        rows.append(Row(cells[0], cells[3], cells[5], cells[6]))
-    by_id = {r.uid: r for r in rows}
-    # "same as U073" in the upstream column borrows that row's upstream tests.
-    resolved = []
-    for r in rows:
-        m = re.match(r"same as (U\d+)", r.upstream)
-        resolved.append(Row(r.uid, by_id[m.group(1)].upstream, r.status, r.ours) if m else r)
-    return text, resolved
-
-
-def case_descriptions() -> dict[tuple[str, str], str]:
-    out: dict[tuple[str, str], str] = {}
-    for path in sorted((ROOT / "cases").glob("*.yaml")):
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        for case in data.get("cases", []):
-            out[(path.name, case["name"])] = str(case.get("description", ""))
-    return out
-
-
-def case_refs(cell: str) -> list[tuple[str | None, str]]:
-    refs: list[tuple[str | None, str]] = []
-    current: str | None = None
-    for m in CASE_REF.finditer(cell):
-        current = m.group(1) or current
-        refs.append((current, m.group(2)))
-    return refs
-
-
-def count_problems(text: str, rows: list[Row]) -> list[str]:
-    counts = Counter(r.status for r in rows)
-    total = len(rows)
-    expressible = counts["covered"] + counts["expressible"]
-    wanted = [
-        f"**expressible: {expressible} of {total}**",
-        f"**covered: {counts['covered']} of {total}**",
-        f"partly expressible (not counted above): {counts['partly']} of {total}",
-    ]
-    return [f"counts line lacks {w!r}" for w in wanted if w not in text]
-
-
-def coverage_problems(rows: list[Row], cases: dict[tuple[str, str], str]) -> list[str]:
-    problems = []
-    for r in rows:
-        if r.status != "covered":
-            continue
-        refs = case_refs(r.ours)
-        if not refs:
-            problems.append(f"{r.uid}: covered but names no case")
-            continue
-        unknown = [f"{f}::{n}" for f, n in refs if (f or "", n) not in cases]
-        if unknown:
-            problems.append(f"{r.uid}: no such case {unknown}")
-            continue
-        names = set(UPSTREAM_NAME.findall(r.upstream))
-        if not any(any(t in cases[(f or "", n)] for t in names) for f, n in refs):
-            problems.append(f"{r.uid}: no named case's description cites {sorted(names)}")
-    return problems
+CASE_FILE = """\
+cases:
+  - name: one
+    description: Mirrors upstream test_a.
+    op: all_reduce
+    world_size: 2
+    shape: [3]
+    input: "rank + i"
+"""
 
 
 @pytest.fixture(scope="module")
-def doc() -> tuple[str, list[Row]]:
-    return parse_doc(DOC.read_text(encoding="utf-8"))
+def data() -> table.Table:
+    return table.load(DATA)
 
 
-def test_ids_unique_and_statuses_known(doc: tuple[str, list[Row]]) -> None:
-    _, rows = doc
-    ids = [r.uid for r in rows]
-    assert len(ids) == len(set(ids))
-    assert {r.status for r in rows} <= STATUSES, {r.status for r in rows} - STATUSES
+@pytest.fixture(scope="module")
+def lib() -> table.Library:
+    return library.collect(ROOT / "cases")
 
 
-def test_counts_line_matches_table(doc: tuple[str, list[Row]]) -> None:
-    text, rows = doc
-    assert count_problems(text, rows) == []
+def test_page_is_what_the_data_renders(data: table.Table) -> None:
+    assert PAGE.read_text(encoding="utf-8") == render.render(data), (
+        "docs/upstream.md differs from what docs/upstream/behaviours.yaml renders: run "
+        "`python ci/upstream_table.py`")
 
 
-def test_covered_rows_name_existing_cases_that_cite_upstream(
-    doc: tuple[str, list[Row]],
-) -> None:
-    _, rows = doc
-    problems = coverage_problems(rows, case_descriptions())
+def test_every_named_case_and_instance_exists(data: table.Table, lib: table.Library) -> None:
+    problems = table.problems(data, lib)
     assert not problems, "\n".join(problems)
 
 
-def test_checks_fail_on_a_dishonest_table() -> None:
-    text, rows = parse_doc(
-        "**expressible: 2 of 3** · **covered: 2 of 3** · "
-        "partly expressible (not counted above): 0 of 3\n"
-        "| U900 | x | y | dt::test_a | gloo | covered | `cases/a.yaml::one`, `::two` |\n"
-        "| U901 | x | y | dt::test_b | gloo | covered | `cases/a.yaml::gone` |\n"
-        "| U902 | x | y | same as U900 | gloo | covered | `cases/a.yaml::two` |\n"
-    )
-    assert rows[2].upstream == "dt::test_a"
-    cases = {("a.yaml", "one"): "Mirrors upstream test_a.", ("a.yaml", "two"): "no citation"}
-    assert coverage_problems(rows, cases) == [
-        "U901: no such case ['a.yaml::gone']",
-        "U902: no named case's description cites ['test_a']",
+def test_counts_on_the_page_are_the_rows(data: table.Table) -> None:
+    c = table.counts(data)
+    assert c["total"] == len(data.rows) == sum(c[s] for s in table.STATUSES)
+    page = PAGE.read_text(encoding="utf-8")
+    assert f"**covered: {c['covered']} of {c['total']}**" in page
+    assert f"re-audited assertion by assertion: {c['audited']} of {c['total']}" in page
+    # An audited row's status is derived, so no audited row can claim more than its parts.
+    for r in data.rows:
+        if r.audited:
+            assert r.status == table.derived_status(r.assertions), r.id
+
+
+def _write(tmp: Path, rows: str) -> Path:
+    p = tmp / "t.yaml"
+    p.write_text("preamble: p\ngained: g\nrows:\n" + rows, encoding="utf-8")
+    return p
+
+
+ROW = """\
+  - id: U900
+    family: x
+    behaviour: y
+    upstream: dt::test_a
+    backends: gloo
+    status: {status}
+    audited: 2026-11-25
+    assertions:
+      - says: first
+        status: covered
+        checks: [{{case: cases/a.yaml::one, instances: [{inst}]}}]
+      - says: second
+        status: no
+        reason: the format has no such step
+"""
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "a.yaml").write_text(CASE_FILE, encoding="utf-8")
+    return tmp_path
+
+
+def test_problems_catch_a_dishonest_table(tiny: Path) -> None:
+    lib = library.collect(tiny / "cases")
+    assert lib.instances[("a.yaml", "one")] == {"gloo-ws2-float32-sum-sync",
+                                                "nccl-ws2-float32-sum-sync"}
+    # Claims covered while one assertion is not; names an instance that does not exist.
+    bad = table.load(_write(tiny, ROW.format(status="covered", inst="gloo-ws3-float32-sum-sync")))
+    assert table.problems(bad, lib) == [
+        "U900: status 'covered' but its assertions make it 'partly'",
+        "U900: cases/a.yaml::one has no instance gloo-ws3-float32-sum-sync",
     ]
-    assert count_problems(text, rows) == [
-        "counts line lacks '**expressible: 3 of 3**'",
-        "counts line lacks '**covered: 3 of 3**'",
+    good = table.load(_write(tiny, ROW.format(status="partly", inst="nccl-ws2-float32-sum-sync")))
+    assert table.problems(good, lib) == []
+    unaudited = table.load(_write(tiny, """\
+  - {id: U901, family: x, behaviour: y, upstream: dt::test_b, backends: gloo, status: covered,
+     ours: "`cases/a.yaml::one`, `::gone`"}
+"""))
+    assert table.problems(unaudited, lib) == [
+        "U901: names cases/a.yaml::gone, which no case file holds",
+        "U901: no named case's description cites ['test_b']",
     ]
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    ("  - {id: U1, family: x, behaviour: y, upstream: u, backends: b, status: covered, ours: o}\n",
+     "is not U followed by three digits"),
+    ("  - {id: U001, family: x, behaviour: y, upstream: u, backends: b, status: done, ours: o}\n",
+     "is not one of covered"),
+    ("  - {id: U001, family: x, behaviour: y, upstream: u, backends: b, status: covered,\n"
+     "     audited: 2026-11-25, assertions: [{says: s, status: covered}]}\n",
+     "a covered assertion names the case(s) that check it"),
+    ("  - {id: U001, family: x, behaviour: y, upstream: u, backends: b, status: no,\n"
+     "     audited: 2026-11-25, assertions: [{says: s, status: no}]}\n",
+     "a no assertion gives its reason"),
+    ("  - {id: U001, family: x, behaviour: y, upstream: u, backends: b, status: no, ours: o,\n"
+     "     assertions: [{says: s, status: no, reason: r}]}\n",
+     "says when it was audited"),
+    ("  - {id: U001, family: x, behaviour: y, upstream: u, backends: b, status: no, ours: o}\n"
+     "  - {id: U001, family: x, behaviour: y, upstream: u, backends: b, status: no, ours: o}\n",
+     "repeated: U001"),
+])
+def test_load_rejects_a_malformed_table(tmp_path: Path, rows: str, message: str) -> None:
+    with pytest.raises(table.TableError, match=r"t\.yaml: ") as exc:
+        table.load(_write(tmp_path, rows))
+    assert message in str(exc.value)
+
+
+@pytest.mark.parametrize("content", [b"[" * 60000, "rows: [x]".encode("utf-16"), None])
+def test_load_rejects_hostile_files(tmp_path: Path, content: bytes | None) -> None:
+    p = tmp_path / "t.yaml"
+    if content is None:
+        p.mkdir()
+    else:
+        p.write_bytes(content)
+    with pytest.raises(table.TableError, match=r"cannot read the table|expected a mapping"):
+        table.load(p)
+
+
+def test_cli_writes_then_checks_the_page(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _write(tiny, ROW.format(status="partly", inst="gloo-ws2-float32-sum-sync"))
+    page = tiny / "page.md"
+    args = ["--data", str(data), "--cases", str(tiny / "cases"), "--page", str(page)]
+    assert cli.main(args) == 0
+    assert cli.main([*args, "--check"]) == 0
+    page.write_text(page.read_text(encoding="utf-8").replace("partly: 1", "partly: 0"),
+                    encoding="utf-8")
+    assert cli.main([*args, "--check"]) == 1
+    assert "is not what" in capsys.readouterr().err
+    # A false claim is reported and the page is not rewritten to carry it.
+    before = page.read_text(encoding="utf-8")
+    data.write_text(data.read_text(encoding="utf-8").replace("status: partly", "status: covered"),
+                    encoding="utf-8")
+    assert cli.main(args) == 1
+    assert "status 'covered' but its assertions make it 'partly'" in capsys.readouterr().err
+    assert page.read_text(encoding="utf-8") == before
+    data.write_text("rows: {", encoding="utf-8")
+    assert cli.main(args) == 2
+    assert capsys.readouterr().err.startswith(f"upstream_table: {data}: cannot read the table")
