@@ -526,3 +526,27 @@ cases:
     assert ("  ranks 0-3, buffer 'tensor' (explicit): 2 of 2 element(s) wrong" in res.stdout
             ), res.stdout
     assert "  rank 1, buffer" not in res.stdout
+
+
+def test_a_wrong_read_expectation_points_at_the_read_and_claims_no_more(tmp_path: Path) -> None:
+    """Issue 26, point 5: the read step's line, and both explanations the evidence allows."""
+    (tmp_path / "c.yaml").write_text("""
+cases:
+  - name: read_after_wait
+    world_size: 2
+    tensors:
+      t: {shape: [3], dtype: float32, init: {0: [1, 2, 3], 1: zeros}}
+    steps:
+      - {op: isend, tensor: t, dst: 1, ranks: [0], handle: req}
+      - {op: irecv, tensor: t, src: 0, ranks: [1], handle: req}
+      - {wait: req}
+      - {read: t, as: after_wait, expect: [1, 2, 4], ranks: [1]}
+    expected:
+      t: {0: unchanged, 1: [1, 2, 3]}
+""")
+    res = run_pytest(tmp_path, "c.yaml", "-q", "--no-report")
+    assert res.returncode == 1
+    want = ("[FAILED] c.yaml:11: read_after_wait[gloo-ws2-float32]: a read expectation was not "
+            "met: either the backend made the data visible at another time than the async "
+            "contract allows, or the read's expect: is not what the contract implies")
+    assert want in res.stdout, res.stdout
