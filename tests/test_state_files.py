@@ -128,24 +128,28 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _external(where: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+ONE_CASE = """
+cases:
+  - name: one
+    op: all_reduce
+    world_size: 1
+    shape: [2]
+    input: "i"
+"""
+
+
+def _external(where: Path, *extra: str, report: str = "r.json"
+              ) -> subprocess.CompletedProcess[str]:
     """One rank, no launcher: the environment torchrun would give a world of one."""
     env = subprocess_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                          MASTER_PORT=str(_free_port()))
     return subprocess.run([PYTHON, "-m", "harness.run.external", "c.yaml", "--report-json",
-                           "r.json", "--report-md", "r.md", "--deadline", "60", *extra],
+                           report, "--report-md", "r.md", "--deadline", "60", *extra],
                           cwd=where, env=env, capture_output=True, text=True, timeout=240)
 
 
 def test_a_resume_from_a_broken_state_stops_and_leaves_no_pass(tmp_path: Path) -> None:
-    write_case_file(tmp_path, """
-    cases:
-      - name: one
-        op: all_reduce
-        world_size: 1
-        shape: [2]
-        input: "i"
-    """)
+    write_case_file(tmp_path, ONE_CASE)
     first = _external(tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     assert load_report(tmp_path / "r.json")["summary"]["verdict"] == "PASS"
@@ -174,19 +178,8 @@ def test_no_pickle_is_read_from_the_state_directory() -> None:
 
 
 def test_an_external_run_refuses_an_unusable_report_path(tmp_path: Path) -> None:
-    write_case_file(tmp_path, """
-    cases:
-      - name: one
-        op: all_reduce
-        world_size: 1
-        shape: [2]
-        input: "i"
-    """)
+    write_case_file(tmp_path, ONE_CASE)
     (tmp_path / "afile").write_text("x")
-    env = subprocess_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                         MASTER_PORT=str(_free_port()))
-    res = subprocess.run([PYTHON, "-m", "harness.run.external", "c.yaml", "--report-json",
-                          "afile/r.json"], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=120)
+    res = _external(tmp_path, report="afile/r.json")
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "afile is a file, not a folder" in res.stderr
