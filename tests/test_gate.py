@@ -292,3 +292,12 @@ def test_committed_baseline_matches_the_case_library() -> None:
         f"ci/baselines/gloo-cpu.json is stale: {len(collected - keys)} collected instance(s) "
         f"not in it, {len(keys - collected)} entry(ies) no longer collected. Refresh it with: "
         f"{bl.REFRESH_HINT}")
+
+
+def test_a_baselines_refresh_comment_names_its_own_files(gloo_run: Run,
+                                                        gloo_baseline: Path) -> None:
+    """Issue 26, point 2: never the bundled suite's paths in a user's baseline."""
+    comment = json.loads(gloo_baseline.read_text())["comment"]
+    assert (f"Refresh: the run that writes {gloo_run.json}, then collective-gate "
+            f"{gloo_run.json} {gloo_baseline} --update") in comment
+    assert "ci/baselines" not in comment and "cases/" not in comment

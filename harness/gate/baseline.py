@@ -103,6 +103,8 @@ class Baseline:
     torch: str = ""
     path: str = ""
     nccl: str = ""  # the NCCL version the report recorded (NCCL runs only)
+    # How to refresh this file, as written into its comment: the command that wrote it.
+    refresh: str = ""
 
     @property
     def backends(self) -> list[str]:
@@ -210,8 +212,10 @@ def render(baseline: Baseline) -> str:
     head: dict[str, Any] = {
         "baseline_version": BASELINE_VERSION,
         "comment": "collective-harness gate baseline: one entry per instance, keyed by case id "
-                   "+ axes (+ backend). Refresh: run the suite that made it, then "
-                   "collective-gate REPORT THIS-FILE --update (README: Gating in CI)",
+                   "+ axes (+ backend). Refresh: " + (baseline.refresh or
+                                                     "run the suite that made it, then "
+                                                     "collective-gate REPORT THIS-FILE --update")
+                   + " (README: Gating in CI)",
         "backends": sorted({e.backend for e in entries}),
         "torch": baseline.torch,
         **({"nccl_version": baseline.nccl} if baseline.nccl else {}),

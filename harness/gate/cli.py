@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -172,6 +173,10 @@ def update(report_path: str, baseline_path: str, keep_missing: bool = False) -> 
             have = {e.identity(True) for e in entries}
             keep = [e for e in previous.entries if e.identity(True) not in have]
     new = bl.from_report(report, previous, keep)
+    # The comment names this file's own refresh, never the bundled suite's paths.
+    new.refresh = (f"the run that writes {report_path}, then "
+                   + shlex.join(["collective-gate", report_path, baseline_path, "--update",
+                                 *(["--keep-missing"] if keep_missing else [])]))
     try:
         bl.write(baseline_path, new)
     except OSError as exc:
