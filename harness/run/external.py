@@ -205,20 +205,16 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         try:
             resumed = state.load(any_run=args.resume)
-        except StateError as exc:
-            resumed = None
-            box[0] = f"python -m harness.run.external: {exc}"
-        if isinstance(box[0], str):
-            pass
-        elif resumed is None:
-            state.reset()
-        else:  # launch n+1 of the run: files are named by launch, restarts counted
-            box[1] = resumed.last_attempt + 1
-            box[2] = max_restarts - resumed.launches
-        if not isinstance(box[0], str):
+            if resumed is None:
+                state.reset()
+            else:  # launch n+1 of the run: files are named by launch, restarts counted
+                box[1] = resumed.last_attempt + 1
+                box[2] = max_restarts - resumed.launches
             state.attempt = box[1]
             state.started()
             box[0] = resumed
+        except StateError as exc:
+            box[0] = f"python -m harness.run.external: {exc}"
     dist.broadcast_object_list(box, src=0)
     if isinstance(box[0], str):  # the state directory is not usable: every rank stops
         if rank == 0:
