@@ -12,6 +12,7 @@ import ast
 import json
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -265,3 +266,43 @@ def test_a_state_dir_that_cannot_be_a_folder_stops_with_one_line(tmp_path: Path,
     assert f"--state-dir {state_dir}: " in line
     assert "not a folder" in line or "Not a directory" in line, line
     assert load_report(tmp_path / "r.json")["summary"]["verdict"] == "INCOMPLETE"
+
+
+# Imported by every rank after rank 0 wrote its INCOMPLETE report: the report folder becomes
+# a file, so every later write to the report paths fails.
+BREAK_REPORTS = """
+import pathlib, shutil
+out = pathlib.Path("out")
+if out.is_dir():
+    shutil.rmtree(out)
+    out.write_text("the folder became a file during the run")
+"""
+
+
+def test_an_external_report_path_that_breaks_during_the_run_loses_no_record(
+        tmp_path: Path) -> None:
+    write_case_file(tmp_path, """
+    cases:
+      - name: one
+        op: all_reduce
+        world_size: 1
+        shape: [2]
+        input: "i"
+    """)
+    (tmp_path / "breakout.py").write_text(BREAK_REPORTS)
+    res = _external(tmp_path, "--report-json", "out/r.json", "--report-md", "out/r.md",
+                    "--backend-module", "breakout")
+    assert res.returncode == 0, res.stdout + res.stderr  # the run itself completed
+    assert "Traceback" not in res.stderr
+    [line] = [ln for ln in res.stderr.splitlines() if "could not write the report" in ln]
+    assert line.startswith("python -m harness.run.external: could not write the report to "
+                           "out/r.json (")
+    folder = Path(line.rsplit(" it is written to ", 1)[1].removesuffix(" instead"))
+    try:
+        rep = load_report(folder / "r.json")
+        assert rep["summary"]["verdict"] == "PASS" and len(rep["records"]) == 1
+        assert (folder / "r.md").read_text().count("Verdict: PASS") == 1
+        assert f"report: {folder / 'r.json'}" in res.stdout
+    finally:
+        shutil.rmtree(folder)
+    assert not list(tmp_path.rglob(".tmp-*"))
