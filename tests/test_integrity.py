@@ -290,10 +290,10 @@ def test_signal_mid_run_writes_an_incomplete_report(tmp_path: Path, sig: signal.
 
 # -- 5b. no stale verdict: a run that does not finish never leaves an older report standing --
 
-def _previous_pass(where: Path) -> dict[str, Any]:
+def _previous_pass(where: Path, *extra: str) -> dict[str, Any]:
     """A PASS report at the default paths, as an earlier run leaves it."""
     write_case_file(where, PASSING)
-    assert run(where, "-q").returncode == 0
+    assert run(where, "-q", *extra).returncode == 0
     before = report(where)
     assert before["summary"]["verdict"] == "PASS"
     return before
@@ -301,9 +301,11 @@ def _previous_pass(where: Path) -> dict[str, Any]:
 
 def test_a_killed_run_never_leaves_the_previous_pass(tmp_path: Path) -> None:
     where = tmp_path
-    _previous_pass(where)
+    _previous_pass(where, "--junitxml", "junit.xml")
+    assert 'errors="0" failures="0"' in (where / "junit.xml").read_text()
     project(where, SLOW, MARKER_CONFTEST)
-    proc = start(where, pytest_argv("c.yaml", "-q", "--rootdir", str(where)), merge_stderr=True)
+    proc = start(where, pytest_argv("c.yaml", "-q", "--rootdir", str(where), "--junitxml",
+                                    "junit.xml"), merge_stderr=True)
     try:
         wait_for(lambda: (where / "slow-started").exists() or proc.poll() is not None, 120,
                  "the slow instance to start")
@@ -320,6 +322,9 @@ def test_a_killed_run_never_leaves_the_previous_pass(tmp_path: Path) -> None:
     md = (where / "reports" / "conformance.md").read_text()
     assert "INCOMPLETE" in md.splitlines()[0] and "Verdict: PASS" not in md
     assert "Verdict: PASS" not in (where / "reports" / "conformance.html").read_text()
+    # pytest writes --junitxml only at the end: the earlier all-green file is gone too.
+    junit = (where / "junit.xml").read_text()
+    assert 'errors="1"' in junit and 'message="INCOMPLETE: started at ' in junit, junit
     # ... and the gate refuses it.
     code, _text = gate_against_itself(where)
     assert code == 1
@@ -621,6 +626,7 @@ def test_expected_raise_not_raised_names_wrong_values(tmp_path: Path) -> None:
     (["--report-json", "afile/r.json"], "afile is a file, not a folder"),
     (["--report-json", "adir"], "adir: is a directory; give a file path for the report"),
     (["--report-md", "afile/sub/r.md"], "afile is a file, not a folder"),
+    (["--junitxml", "afile/junit.xml"], "afile is a file, not a folder"),
 ])
 def test_an_unusable_report_path_is_refused_before_the_run(tmp_path: Path, option: list[str],
                                                             says: str) -> None:

@@ -7,12 +7,14 @@ the controller only; with ``--baseline`` the exit status follows the gate's verd
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import shlex
 import signal
 from collections import Counter
 from typing import Any
+from xml.sax.saxutils import quoteattr
 
 import pytest
 
@@ -205,6 +207,26 @@ def mark_started(config: pytest.Config, hs: HarnessSession) -> None:
                           "full": hs.full, "args": list(config.args)}}
     meta: dict[str, Any] = {"torch": "", "hostname": "", "options": hs.options()}
     write_report_set(config, build_report([], meta, info))
+    junit = junit_path(config)
+    if junit:
+        # pytest writes --junitxml only at the end; until then an earlier run's file (all
+        # green) must not stand there either.
+        why = quoteattr(f"INCOMPLETE: {info['ended_by']}")
+        try:
+            write_all([(junit, '<?xml version="1.0" encoding="utf-8"?>\n<testsuites><testsuite'
+                        ' name="collective-harness" errors="1" failures="0" skipped="0" '
+                        'tests="1"><testcase classname="collective-harness" name="session">'
+                        f'<error message={why}/></testcase></testsuite></testsuites>\n')])
+        except OSError:  # pytest's own write will fail too; at least no earlier file stands
+            with contextlib.suppress(OSError):
+                os.unlink(junit)
+
+
+def junit_path(config: pytest.Config) -> str:
+    """The --junitxml file as pytest resolves it ("" without one)."""
+    xml = getattr(config.option, "xmlpath", None)
+    return os.path.normpath(os.path.abspath(os.path.expanduser(os.path.expandvars(xml)))
+                            ) if xml else ""
 
 
 def report_paths(config: pytest.Config) -> list[str]:
@@ -221,11 +243,12 @@ def check_report_paths(config: pytest.Config) -> None:
     if (hasattr(config, "workerinput") or config.option.collectonly
             or config.getoption("collective_no_report")):
         return
-    for kind, path in zip(("json", "md", "html"), report_paths(config), strict=True):
-        why = unwritable(os.path.relpath(path), "report")
+    flags = ["--report-json", "--report-md", "--report-html", "--junitxml"]
+    for flag, path in zip(flags, [*report_paths(config), junit_path(config)], strict=True):
+        why = unwritable(os.path.relpath(path), "report") if path else ""
         if why:
-            raise pytest.UsageError(f"--report-{kind} {why}; give another path with "
-                                    f"--report-{kind} (or --no-report)")
+            raise pytest.UsageError(f"{flag} {why}; give another path with {flag}"
+                                    f"{'' if flag == '--junitxml' else ' (or --no-report)'}")
 
 
 def write_report_set(config: pytest.Config, report: dict[str, Any]) -> list[str]:
