@@ -341,6 +341,25 @@ def test_a_collection_error_never_leaves_the_previous_pass(tmp_path: Path) -> No
     assert rep["session"]["ended_by"].startswith("stopped by pytest"), rep["session"]
 
 
+@pytest.mark.parametrize(("option", "says"), [
+    (["--baseline", "nope.json"], "--baseline: "),
+    (["--perf", "--perf-min-time", "nan"], "--perf-min-time nan: must be a finite number"),
+])
+def test_a_usage_error_in_a_harness_option_never_leaves_the_previous_pass(
+        tmp_path: Path, option: list[str], says: str) -> None:
+    """A script that ignores pytest's exit status and gates the report must not gate an
+    earlier PASS when the harness refused this run's options."""
+    where = tmp_path
+    _previous_pass(where)
+    res = run(where, "-q", *option)
+    assert res.returncode == pytest.ExitCode.USAGE_ERROR, res.stdout + res.stderr
+    rep = report(where)
+    assert rep["summary"]["verdict"] == "INCOMPLETE" and rep["records"] == []
+    assert rep["session"]["ended_by"].startswith(f"did not start: usage error: {says}")
+    assert "\n" not in rep["session"]["ended_by"]
+    assert "Verdict: PASS" not in (where / "reports" / "conformance.md").read_text()
+
+
 def test_a_session_without_case_files_leaves_the_report_alone(tmp_path: Path) -> None:
     where = tmp_path
     before = _previous_pass(where)

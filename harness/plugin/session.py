@@ -43,10 +43,17 @@ from .state import (
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = HarnessSession(config)
-    if perfplan.enabled(config):
-        perfplan.settings(config)  # a bad setting is a usage error now, not per instance
     check_report_paths(config)
-    load_baseline(config)
+    try:
+        if perfplan.enabled(config):
+            perfplan.settings(config)  # a bad setting is a usage error now, not per instance
+        load_baseline(config)
+    except pytest.UsageError as exc:
+        # A harness option is wrong, so this was meant to be a harness run: an earlier
+        # report must not be taken for its result (a script that ignores the exit status).
+        first = str(exc).splitlines()[0] if str(exc) else "?"
+        mark_started(config, harness_session(config), f"did not start: usage error: {first}")
+        raise
     config.addinivalue_line("markers", "collective: a collective-harness case instance")
     config.addinivalue_line("markers", "full: part of the long matrix (run with --full)")
     for name in sorted({*ops.ALL_OPS, *(op.family for op in ops.ALL_OPS.values())}):
@@ -184,7 +191,7 @@ def session_report(hs: HarnessSession, info: dict[str, Any] | None = None) -> di
     return build_report(hs.records, meta, info)
 
 
-def mark_started(config: pytest.Config, hs: HarnessSession) -> None:
+def mark_started(config: pytest.Config, hs: HarnessSession, ended_by: str = "") -> None:
     """Replace the report files at once by an INCOMPLETE report naming this session.
 
     Called when the first case file is collected (on the xdist controller, when a worker
@@ -199,13 +206,16 @@ def mark_started(config: pytest.Config, hs: HarnessSession) -> None:
     hs.started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     opt = config.option
     info = {"complete": False, "collected": 0, "without_result": 0, "missing": [],
-            "ended_by": f"started at {hs.started_at} (pid {os.getpid()}) and not finished: "
-                        "still running, or ended without writing its report (killed?)",
+            "ended_by": ended_by[:300] or (
+                f"started at {hs.started_at} (pid {os.getpid()}) and not finished: still "
+                "running, or ended without writing its report (killed?)"),
             "selection": {"keyword": getattr(opt, "keyword", "") or None,
                           "markexpr": getattr(opt, "markexpr", "") or None,
                           "world_sizes": sorted(hs.world_sizes) if hs.world_sizes else None,
                           "full": hs.full, "args": list(config.args)}}
-    meta: dict[str, Any] = {"torch": "", "hostname": "", "options": hs.options()}
+    # ``ended_by``: the options are the usage error's subject, not read back into the report.
+    options = {"backend": hs.backend} if ended_by else hs.options()
+    meta: dict[str, Any] = {"torch": "", "hostname": "", "options": options}
     write_report_set(config, build_report([], meta, info))
     junit = junit_path(config)
     if junit:
