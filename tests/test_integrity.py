@@ -290,10 +290,10 @@ def test_signal_mid_run_writes_an_incomplete_report(tmp_path: Path, sig: signal.
 
 # -- 5b. no stale verdict: a run that does not finish never leaves an older report standing --
 
-def _previous_pass(where: Path) -> dict[str, Any]:
+def _previous_pass(where: Path, *extra: str) -> dict[str, Any]:
     """A PASS report at the default paths, as an earlier run leaves it."""
     write_case_file(where, PASSING)
-    assert run(where, "-q").returncode == 0
+    assert run(where, "-q", *extra).returncode == 0
     before = report(where)
     assert before["summary"]["verdict"] == "PASS"
     return before
@@ -301,9 +301,11 @@ def _previous_pass(where: Path) -> dict[str, Any]:
 
 def test_a_killed_run_never_leaves_the_previous_pass(tmp_path: Path) -> None:
     where = tmp_path
-    _previous_pass(where)
+    _previous_pass(where, "--junitxml", "junit.xml")
+    assert 'errors="0" failures="0"' in (where / "junit.xml").read_text()
     project(where, SLOW, MARKER_CONFTEST)
-    proc = start(where, pytest_argv("c.yaml", "-q", "--rootdir", str(where)), merge_stderr=True)
+    proc = start(where, pytest_argv("c.yaml", "-q", "--rootdir", str(where), "--junitxml",
+                                    "junit.xml"), merge_stderr=True)
     try:
         wait_for(lambda: (where / "slow-started").exists() or proc.poll() is not None, 120,
                  "the slow instance to start")
@@ -320,6 +322,9 @@ def test_a_killed_run_never_leaves_the_previous_pass(tmp_path: Path) -> None:
     md = (where / "reports" / "conformance.md").read_text()
     assert "INCOMPLETE" in md.splitlines()[0] and "Verdict: PASS" not in md
     assert "Verdict: PASS" not in (where / "reports" / "conformance.html").read_text()
+    # pytest writes --junitxml only at the end: the earlier all-green file is gone too.
+    junit = (where / "junit.xml").read_text()
+    assert 'errors="1"' in junit and 'message="INCOMPLETE: started at ' in junit, junit
     # ... and the gate refuses it.
     code, _text = gate_against_itself(where)
     assert code == 1
@@ -334,6 +339,25 @@ def test_a_collection_error_never_leaves_the_previous_pass(tmp_path: Path) -> No
     rep = report(where)
     assert rep["summary"]["verdict"] == "INCOMPLETE"
     assert rep["session"]["ended_by"].startswith("stopped by pytest"), rep["session"]
+
+
+@pytest.mark.parametrize(("option", "says"), [
+    (["--baseline", "nope.json"], "--baseline: "),
+    (["--perf", "--perf-min-time", "nan"], "--perf-min-time nan: must be a finite number"),
+])
+def test_a_usage_error_in_a_harness_option_never_leaves_the_previous_pass(
+        tmp_path: Path, option: list[str], says: str) -> None:
+    """A script that ignores pytest's exit status and gates the report must not gate an
+    earlier PASS when the harness refused this run's options."""
+    where = tmp_path
+    _previous_pass(where)
+    res = run(where, "-q", *option)
+    assert res.returncode == pytest.ExitCode.USAGE_ERROR, res.stdout + res.stderr
+    rep = report(where)
+    assert rep["summary"]["verdict"] == "INCOMPLETE" and rep["records"] == []
+    assert rep["session"]["ended_by"].startswith(f"did not start: usage error: {says}")
+    assert "\n" not in rep["session"]["ended_by"]
+    assert "Verdict: PASS" not in (where / "reports" / "conformance.md").read_text()
 
 
 def test_a_session_without_case_files_leaves_the_report_alone(tmp_path: Path) -> None:
@@ -621,6 +645,7 @@ def test_expected_raise_not_raised_names_wrong_values(tmp_path: Path) -> None:
     (["--report-json", "afile/r.json"], "afile is a file, not a folder"),
     (["--report-json", "adir"], "adir: is a directory; give a file path for the report"),
     (["--report-md", "afile/sub/r.md"], "afile is a file, not a folder"),
+    (["--junitxml", "afile/junit.xml"], "afile is a file, not a folder"),
 ])
 def test_an_unusable_report_path_is_refused_before_the_run(tmp_path: Path, option: list[str],
                                                             says: str) -> None:

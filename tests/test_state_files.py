@@ -9,8 +9,10 @@ leaving an INCOMPLETE report rather than the earlier PASS.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -183,3 +185,117 @@ def test_an_external_run_refuses_an_unusable_report_path(tmp_path: Path) -> None
     res = _external(tmp_path, report="afile/r.json")
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "afile is a file, not a folder" in res.stderr
+
+
+# -- the state directory itself, and records read back from it --------------------------------
+
+def _resumable(tmp_path: Path) -> State:
+    """A state directory with a header and a launch, as a run that stopped leaves it."""
+    state = State(str(tmp_path / "state"), "fp", "run", rank=0, local_rank=0, attempt=0)
+    state.reset()
+    state.started()
+    return state
+
+
+@pytest.mark.parametrize("record", [
+    {"key": "x", "outcome": "passed"},  # a record lacking every other field
+    {**{k: "x" for k in ("key", "nodeid", "file", "case", "id", "backend", "dtype", "op",
+                         "family", "outcome", "expected", "message")},
+     "line": "1", "device": "cpu", "world_size": 1, "ranks": [], "axes": {}},  # line: a str
+])
+def test_a_round_whose_records_are_not_report_records_is_a_state_error(
+        tmp_path: Path, record: dict[str, Any]) -> None:
+    state = _resumable(tmp_path)
+    with open(state.root / "progress.jsonl", "a") as fh:
+        fh.write(json.dumps({"round": 0, "records": [record]}) + "\n")
+    with pytest.raises(StateError, match=r"progress.jsonl:3: record 0: "):
+        state.load()
+
+
+@pytest.mark.parametrize("make", ["directory", "utf16", "truncated"])
+def test_an_unreadable_round_in_flight_is_a_state_error(tmp_path: Path, make: str) -> None:
+    state = _resumable(tmp_path)
+    target = state.root / "inflight.json"
+    if make == "directory":
+        target.mkdir()
+    else:
+        text = json.dumps({"round": 0, "attempt": 0, "retry": False, "slots": [[0, [0]]]})
+        target.write_bytes(text.encode("utf-16") if make == "utf16" else text[:20].encode())
+    with pytest.raises(StateError, match=r"inflight.json: not the round in flight"):
+        state.load()
+
+
+def test_a_folder_the_harness_did_not_write_is_never_emptied(tmp_path: Path) -> None:
+    """A --state-dir given by mistake (the project, a home directory) is refused: a reset
+    removes only the files this harness names, and never anything else."""
+    (tmp_path / "mine.txt").write_text("keep me")
+    state = State(str(tmp_path), "fp", "run", rank=0, local_rank=0, attempt=0)
+    with pytest.raises(StateError, match=r"holds files this harness did not write \('mine.txt'\)"):
+        state.reset()
+    assert (tmp_path / "mine.txt").read_text() == "keep me"
+    # The harness's own files are replaced as before.
+    ours = _resumable(tmp_path / "ours")
+    (ours.root / "rank1.a0.trace").write_text("1 0 0\n")
+    ours.reset()
+    assert sorted(p.name for p in ours.root.iterdir()) == ["progress.jsonl"]
+
+
+@pytest.mark.parametrize("state_dir", ["afile", "afile/sub"])
+def test_a_state_dir_that_cannot_be_a_folder_stops_with_one_line(tmp_path: Path,
+                                                                 state_dir: str) -> None:
+    write_case_file(tmp_path, """
+    cases:
+      - name: one
+        op: all_reduce
+        world_size: 1
+        shape: [2]
+        input: "i"
+    """)
+    (tmp_path / "afile").write_text("x")
+    res = _external(tmp_path, "--state-dir", state_dir)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr and "Error: [Errno" not in res.stderr
+    [line] = [ln for ln in res.stderr.splitlines() if "--state-dir" in ln]
+    assert f"--state-dir {state_dir}: " in line
+    assert "not a folder" in line or "Not a directory" in line, line
+    assert load_report(tmp_path / "r.json")["summary"]["verdict"] == "INCOMPLETE"
+
+
+# Imported by every rank after rank 0 wrote its INCOMPLETE report: the report folder becomes
+# a file, so every later write to the report paths fails.
+BREAK_REPORTS = """
+import pathlib, shutil
+out = pathlib.Path("out")
+if out.is_dir():
+    shutil.rmtree(out)
+    out.write_text("the folder became a file during the run")
+"""
+
+
+def test_an_external_report_path_that_breaks_during_the_run_loses_no_record(
+        tmp_path: Path) -> None:
+    write_case_file(tmp_path, """
+    cases:
+      - name: one
+        op: all_reduce
+        world_size: 1
+        shape: [2]
+        input: "i"
+    """)
+    (tmp_path / "breakout.py").write_text(BREAK_REPORTS)
+    res = _external(tmp_path, "--report-json", "out/r.json", "--report-md", "out/r.md",
+                    "--backend-module", "breakout")
+    assert res.returncode == 0, res.stdout + res.stderr  # the run itself completed
+    assert "Traceback" not in res.stderr
+    [line] = [ln for ln in res.stderr.splitlines() if "could not write the report" in ln]
+    assert line.startswith("python -m harness.run.external: could not write the report to "
+                           "out/r.json (")
+    folder = Path(line.rsplit(" it is written to ", 1)[1].removesuffix(" instead"))
+    try:
+        rep = load_report(folder / "r.json")
+        assert rep["summary"]["verdict"] == "PASS" and len(rep["records"]) == 1
+        assert (folder / "r.md").read_text().count("Verdict: PASS") == 1
+        assert f"report: {folder / 'r.json'}" in res.stdout
+    finally:
+        shutil.rmtree(folder)
+    assert not list(tmp_path.rglob(".tmp-*"))

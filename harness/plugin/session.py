@@ -7,12 +7,14 @@ the controller only; with ``--baseline`` the exit status follows the gate's verd
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import shlex
 import signal
 from collections import Counter
 from typing import Any
+from xml.sax.saxutils import quoteattr
 
 import pytest
 
@@ -41,10 +43,17 @@ from .state import (
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = HarnessSession(config)
-    if perfplan.enabled(config):
-        perfplan.settings(config)  # a bad setting is a usage error now, not per instance
     check_report_paths(config)
-    load_baseline(config)
+    try:
+        if perfplan.enabled(config):
+            perfplan.settings(config)  # a bad setting is a usage error now, not per instance
+        load_baseline(config)
+    except pytest.UsageError as exc:
+        # A harness option is wrong, so this was meant to be a harness run: an earlier
+        # report must not be taken for its result (a script that ignores the exit status).
+        first = str(exc).splitlines()[0] if str(exc) else "?"
+        mark_started(config, harness_session(config), f"did not start: usage error: {first}")
+        raise
     config.addinivalue_line("markers", "collective: a collective-harness case instance")
     config.addinivalue_line("markers", "full: part of the long matrix (run with --full)")
     for name in sorted({*ops.ALL_OPS, *(op.family for op in ops.ALL_OPS.values())}):
@@ -182,7 +191,7 @@ def session_report(hs: HarnessSession, info: dict[str, Any] | None = None) -> di
     return build_report(hs.records, meta, info)
 
 
-def mark_started(config: pytest.Config, hs: HarnessSession) -> None:
+def mark_started(config: pytest.Config, hs: HarnessSession, ended_by: str = "") -> None:
     """Replace the report files at once by an INCOMPLETE report naming this session.
 
     Called when the first case file is collected (on the xdist controller, when a worker
@@ -197,14 +206,37 @@ def mark_started(config: pytest.Config, hs: HarnessSession) -> None:
     hs.started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     opt = config.option
     info = {"complete": False, "collected": 0, "without_result": 0, "missing": [],
-            "ended_by": f"started at {hs.started_at} (pid {os.getpid()}) and not finished: "
-                        "still running, or ended without writing its report (killed?)",
+            "ended_by": ended_by[:300] or (
+                f"started at {hs.started_at} (pid {os.getpid()}) and not finished: still "
+                "running, or ended without writing its report (killed?)"),
             "selection": {"keyword": getattr(opt, "keyword", "") or None,
                           "markexpr": getattr(opt, "markexpr", "") or None,
                           "world_sizes": sorted(hs.world_sizes) if hs.world_sizes else None,
                           "full": hs.full, "args": list(config.args)}}
-    meta: dict[str, Any] = {"torch": "", "hostname": "", "options": hs.options()}
+    # ``ended_by``: the options are the usage error's subject, not read back into the report.
+    options = {"backend": hs.backend} if ended_by else hs.options()
+    meta: dict[str, Any] = {"torch": "", "hostname": "", "options": options}
     write_report_set(config, build_report([], meta, info))
+    junit = junit_path(config)
+    if junit:
+        # pytest writes --junitxml only at the end; until then an earlier run's file (all
+        # green) must not stand there either.
+        why = quoteattr(f"INCOMPLETE: {info['ended_by']}")
+        try:
+            write_all([(junit, '<?xml version="1.0" encoding="utf-8"?>\n<testsuites><testsuite'
+                        ' name="collective-harness" errors="1" failures="0" skipped="0" '
+                        'tests="1"><testcase classname="collective-harness" name="session">'
+                        f'<error message={why}/></testcase></testsuite></testsuites>\n')])
+        except OSError:  # pytest's own write will fail too; at least no earlier file stands
+            with contextlib.suppress(OSError):
+                os.unlink(junit)
+
+
+def junit_path(config: pytest.Config) -> str:
+    """The --junitxml file as pytest resolves it ("" without one)."""
+    xml = getattr(config.option, "xmlpath", None)
+    return os.path.normpath(os.path.abspath(os.path.expanduser(os.path.expandvars(xml)))
+                            ) if xml else ""
 
 
 def report_paths(config: pytest.Config) -> list[str]:
@@ -221,11 +253,12 @@ def check_report_paths(config: pytest.Config) -> None:
     if (hasattr(config, "workerinput") or config.option.collectonly
             or config.getoption("collective_no_report")):
         return
-    for kind, path in zip(("json", "md", "html"), report_paths(config), strict=True):
-        why = unwritable(os.path.relpath(path), "report")
+    flags = ["--report-json", "--report-md", "--report-html", "--junitxml"]
+    for flag, path in zip(flags, [*report_paths(config), junit_path(config)], strict=True):
+        why = unwritable(os.path.relpath(path), "report") if path else ""
         if why:
-            raise pytest.UsageError(f"--report-{kind} {why}; give another path with "
-                                    f"--report-{kind} (or --no-report)")
+            raise pytest.UsageError(f"{flag} {why}; give another path with {flag}"
+                                    f"{'' if flag == '--junitxml' else ' (or --no-report)'}")
 
 
 def write_report_set(config: pytest.Config, report: dict[str, Any]) -> list[str]:

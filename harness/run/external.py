@@ -42,9 +42,9 @@ from ..model import Instance, InstanceResult, PerfPlan, PoolRun, RankState
 from ..perf.plan import not_timed
 from ..perf.stats import aggregate
 from ..report import markdown
+from ..report import paths as report_paths
 from ..report.jsonfile import unwritable
-from ..report.records import build_report, instance_record, skipped_record, write_atomic
-from ..report.records import write_json as write_report
+from ..report.records import build_report, instance_record, json_text, skipped_record, write_all
 from ..verdict.outcome import judge
 from . import schedule
 from .capabilities import Capabilities, probe
@@ -79,7 +79,33 @@ def load_instances(paths: list[str], backend: str, launched: int) -> list[Instan
     return instances
 
 
-def write_started(report_json: str, report_md: str, backend: str) -> None:
+class ReportFiles:
+    """Where rank 0 writes the report pair. If a path stops working during the run (the folder
+    removed, the disk full), the pair goes to a new private folder instead, named once on
+    stderr, and stays there for the rest of the run: the records are never lost."""
+
+    def __init__(self, report_json: str, report_md: str) -> None:
+        self.paths = [report_json, report_md]
+        self.moved_to = ""
+
+    def write(self, report: dict[str, Any]) -> None:
+        """Replace both files together (JSON and Markdown never disagree)."""
+        texts = (json_text(report), markdown.render(report))
+        try:
+            write_all(list(zip(self.paths, texts, strict=True)))
+        except OSError as exc:
+            if self.moved_to:
+                raise
+            self.moved_to = report_paths.fallback_dir()
+            wanted = self.paths[0]
+            self.paths = report_paths.fallback_paths(self.paths, self.moved_to)
+            write_all(list(zip(self.paths, texts, strict=True)))
+            print(f"python -m harness.run.external: could not write the report to {wanted} "
+                  f"({exc.strerror or exc}); it is written to {self.moved_to} instead",
+                  file=sys.stderr, flush=True)
+
+
+def write_started(files: ReportFiles, backend: str) -> None:
     """Replace the report files by an INCOMPLETE report of this run before it loads anything,
     so that no earlier report can be taken for its result if it stops early (a bad case file,
     an unusable state directory, a crash before the first round)."""
@@ -89,8 +115,7 @@ def write_started(report_json: str, report_md: str, backend: str) -> None:
                            "loading or running, or stopped before writing its report"}
     report = build_report([], {"torch": "", "hostname": socket.gethostname(),
                                "options": {"mode": "external", "backend": backend}}, session)
-    write_report(report_json, report)
-    write_atomic(report_md, markdown.render(report))
+    files.write(report)
 
 
 def skip_reasons(inst: Instance, caps: Capabilities, local_rank: int, world: int) -> str:
@@ -147,10 +172,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"python -m harness.run.external: {flag} {why}; give another path",
                   file=sys.stderr)
             return 2
+    report_files = ReportFiles(args.report_json, args.report_md)
     if env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK") == 0:
         # Before anything can fail (a case file, the state directory, the process group):
         # whatever report stood at these paths is no longer this run's result.
-        write_started(args.report_json, args.report_md, args.backend)
+        write_started(report_files, args.backend)
     plan = PerfPlan(warmup=max(0, args.perf_warmup), iters=max(1, args.perf_iters),
                     min_time_s=max(0.0, args.perf_min_time),
                     repeats=max(1, args.perf_repeats)) if args.perf else None
@@ -205,20 +231,16 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         try:
             resumed = state.load(any_run=args.resume)
-        except StateError as exc:
-            resumed = None
-            box[0] = f"python -m harness.run.external: {exc}"
-        if isinstance(box[0], str):
-            pass
-        elif resumed is None:
-            state.reset()
-        else:  # launch n+1 of the run: files are named by launch, restarts counted
-            box[1] = resumed.last_attempt + 1
-            box[2] = max_restarts - resumed.launches
-        if not isinstance(box[0], str):
+            if resumed is None:
+                state.reset()
+            else:  # launch n+1 of the run: files are named by launch, restarts counted
+                box[1] = resumed.last_attempt + 1
+                box[2] = max_restarts - resumed.launches
             state.attempt = box[1]
             state.started()
             box[0] = resumed
+        except StateError as exc:
+            box[0] = f"python -m harness.run.external: {exc}"
     dist.broadcast_object_list(box, src=0)
     if isinstance(box[0], str):  # the state directory is not usable: every rank stops
         if rank == 0:
@@ -256,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                    "ended_by": "finished" if done else
                    "in progress (or stopped by a hang or a crash: relaunch with --resume)"}
         report = build_report(records, meta, session)
-        write_report(args.report_json, report)
-        write_atomic(args.report_md, markdown.render(report))
+        report_files.write(report)
 
     # Rank 0's last words before a deadline ends it: the report of what finished so far.
     watchdog = Watchdog(rank, state, flush_report if rank == 0 else None)
@@ -401,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         flush_report(done=True)
         bad = [r for r in records if r["outcome"] in ("failed", "error", "hang", "crash")]
         print(f"collective-harness (external, {world} ranks): {len(records)} instances, "
-              f"{len(bad)} not conforming; report: {args.report_json}", flush=True)
+              f"{len(bad)} not conforming; report: {report_files.paths[0]}", flush=True)
     dist.destroy_process_group()
     # The run is complete: every rank ends well, or a launcher with restarts would start it
     # again. Whether the backend conformed is the report's to say (gate it).

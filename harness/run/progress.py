@@ -23,20 +23,28 @@ instance, and :mod:`harness.run.external` has it judged like any other.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import shutil
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+
 from ..model import Instance, PoolRun, RankResult, RankState
+from ..report.records import report_schema
 from .resultfile import Pending, ResultFileError, dump_result, load_result
 
 PROGRESS = "progress.jsonl"
 INFLIGHT = "inflight.json"
 KINDS = ("pending", "trace", "hang", "crash", "killed")
+# Every name this module writes; a reset removes these and nothing else, so a --state-dir
+# given by mistake (the project, a home directory) is refused, never emptied.
+OURS = re.compile(r"(progress\.jsonl|inflight\.json"
+                  r"|rank\d+\.a\d+\.(pending|trace|hang|crash|killed))(\.tmp)?")
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -48,6 +56,26 @@ def _write(path: Path, data: bytes) -> None:
 class StateError(Exception):
     """The state directory holds a file that is not what this harness wrote there; the message
     names the file (and line) and what to do."""
+
+
+@functools.cache
+def _record_validator() -> Any:
+    schema = report_schema()
+    return jsonschema.Draft202012Validator(
+        {**schema["properties"]["records"]["items"], "$defs": schema.get("$defs", {})})
+
+
+def _check_records(where: str, records: list[Any]) -> None:
+    """A round's records go into the report as they are: each must be a report record (a
+    field of the wrong type would otherwise stop the run at its last write)."""
+    validator = _record_validator()
+    for n, rec in enumerate(records):
+        err = jsonschema.exceptions.best_match(validator.iter_errors(rec))
+        if err is not None:
+            field_path = "/".join(map(str, err.absolute_path)) or "(the record)"
+            raise StateError(f"{where}: record {n}: {field_path}: {err.message[:200]!s}; "
+                             "not a record this harness wrote (remove the state directory "
+                             "to start over)")
 
 
 def _entry(path: Path, lineno: int, line: str) -> dict[str, Any]:
@@ -69,6 +97,8 @@ def _entry(path: Path, lineno: int, line: str) -> dict[str, Any]:
                     and isinstance(r.get("key"), str) for r in entry["records"])):
         raise StateError(f"{where}: not an entry of a progress file (attempt, complete, or a "
                          "round with its records)")
+    if "records" in entry:
+        _check_records(where, entry["records"])
     return entry
 
 
@@ -109,12 +139,28 @@ class State:
     # -- rank 0: the run's progress ----------------------------------------------------------
 
     def reset(self) -> None:
-        """Start a new run: forget every file of an earlier one (rank 0, before anything)."""
-        if self.root.exists():
-            shutil.rmtree(self.root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        header = {"fingerprint": self.fingerprint, "run_id": self.run_id}
-        _write(self.root / PROGRESS, (json.dumps(header) + "\n").encode())
+        """Start a new run: forget every file of an earlier one (rank 0, before anything).
+        Only files this module names are removed; a folder holding anything else is not a
+        state directory (a :class:`StateError`, nothing removed)."""
+        try:
+            if self.root.exists() and not self.root.is_dir():
+                raise StateError(f"--state-dir {self.root}: it is a file, not a folder; give "
+                                 "a folder (it is created if missing)")
+            found = sorted(self.root.iterdir()) if self.root.exists() else []
+            other = [f.name for f in found if not (f.is_file() and OURS.fullmatch(f.name))]
+            if other:
+                shown = ", ".join(ascii(n) for n in other[:3])
+                raise StateError(f"--state-dir {self.root}: holds files this harness did not "
+                                 f"write ({shown}{', ...' if len(other) > 3 else ''}); give "
+                                 "a new or empty folder")
+            for f in found:
+                f.unlink()
+            self.root.mkdir(parents=True, exist_ok=True)
+            header = {"fingerprint": self.fingerprint, "run_id": self.run_id}
+            _write(self.root / PROGRESS, (json.dumps(header) + "\n").encode())
+        except OSError as exc:
+            raise StateError(f"--state-dir {self.root}: cannot use it: "
+                             f"{exc.strerror or exc}; give a folder this run can write") from None
 
     def load(self, any_run: bool = False) -> Resume | None:
         """The progress of an earlier launch of this run, or None (none, another run, or a
@@ -149,8 +195,12 @@ class State:
             out.next_round = entry["round"] + 1
         try:
             inflight = json.loads((self.root / INFLIGHT).read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
+        except FileNotFoundError:
             inflight = None
+        except (OSError, ValueError, RecursionError) as exc:
+            raise StateError(f"{self.root / INFLIGHT}: not the round in flight this harness "
+                             f"wrote ({type(exc).__name__}); remove the state directory to "
+                             "start over") from None
         if inflight is not None and not _inflight_ok(inflight):
             raise StateError(f"{self.root / INFLIGHT}: not the round in flight this harness "
                              "wrote; remove the state directory to start over")
@@ -164,7 +214,12 @@ class State:
 
     def started(self) -> None:
         """Note that launch ``attempt`` started (a resume by hand counts on from it)."""
-        self._append({"attempt": self.attempt})
+        try:
+            self._append({"attempt": self.attempt})
+        except OSError as exc:
+            raise StateError(f"{self.root / PROGRESS}: cannot write it: "
+                             f"{exc.strerror or exc}; give a --state-dir this run can write"
+                             ) from None
 
     def _append(self, entry: dict[str, Any]) -> None:
         with open(self.root / PROGRESS, "a", encoding="utf-8") as f:
