@@ -296,6 +296,9 @@ def _previous_pass(where: Path, *extra: str) -> dict[str, Any]:
     assert run(where, "-q", *extra).returncode == 0
     before = report(where)
     assert before["summary"]["verdict"] == "PASS"
+    # The baseline CI keeps from that run, to gate later reports against.
+    assert gate.main([str(where / "reports" / "conformance.json"), str(where / "base.json"),
+                      "--update"]) == 0
     return before
 
 
@@ -325,9 +328,9 @@ def test_a_killed_run_never_leaves_the_previous_pass(tmp_path: Path) -> None:
     # pytest writes --junitxml only at the end: the earlier all-green file is gone too.
     junit = (where / "junit.xml").read_text()
     assert 'errors="1"' in junit and 'message="INCOMPLETE: started at ' in junit, junit
-    # ... and the gate refuses it.
-    code, _text = gate_against_itself(where)
-    assert code == 1
+    # ... and the gate, against the baseline of the earlier PASS, refuses it.
+    assert gate.main([str(where / "reports" / "conformance.json"),
+                      str(where / "base.json")]) == 1
 
 
 def test_a_collection_error_never_leaves_the_previous_pass(tmp_path: Path) -> None:

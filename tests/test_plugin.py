@@ -475,7 +475,7 @@ def test_the_missing_baseline_hint_works_when_pasted(tmp_path: Path) -> None:
     res = run_pytest(tmp_path, *args, "--baseline", "base.json")
     assert res.returncode == pytest.ExitCode.USAGE_ERROR
     hint = next(ln for ln in res.stderr.splitlines() if "create it with:" in ln)
-    run_cmd, gate_cmd = hint.split("create it with: ", 1)[1].split(" && ")
+    run_cmd, gate_cmd = hint.split("create it with: ", 1)[1].rstrip(")").split(" && ")
     run_argv, gate_argv = shlex.split(run_cmd), shlex.split(gate_cmd)
     assert run_argv[0] == "pytest" and gate_argv[0] == "collective-gate"
     first = run_pytest(tmp_path, *run_argv[1:])
