@@ -69,9 +69,9 @@ def _case_text(world_size: int, n: int) -> str:
       - name: bench
         op: all_reduce
         world_size: {world_size}
-        params: {{k: {list(range(n))}}}
+        params: {{seq: {list(range(n))}}}
         shape: [4]
-        input: "rank + i + k"
+        input: "rank + i + seq"
     """)
 
 
