@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -111,6 +112,25 @@ def json_path(parts: tuple[str | int, ...]) -> str:
 # machinery, not the user's call.
 HARNESS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _FRAME = re.compile(r'\s*File "([^"]+)", line \d+')
+_PACKAGE_SEP = os.sep + "harness" + os.sep
+
+
+@functools.cache
+def _modules() -> frozenset[str]:
+    """The package's module files, relative to its root (``program/interpreter.py``)."""
+    return frozenset(os.path.relpath(os.path.join(d, f), HARNESS_DIR)
+                     for d, _, files in os.walk(HARNESS_DIR) for f in files
+                     if f.endswith(".py"))
+
+
+def harness_frame(path: str) -> bool:
+    """Whether a traceback frame's file is the harness's own. A rank on another node
+    (external-ranks mode) may run the harness from another install path: its frames are
+    known by a path ending in ``harness/`` and a module this package has."""
+    if path.startswith(HARNESS_DIR):
+        return True
+    _, sep, rel = path.rpartition(_PACKAGE_SEP)
+    return bool(sep) and rel in _modules()
 
 
 def trim_traceback(text: str) -> str:
@@ -123,7 +143,7 @@ def trim_traceback(text: str) -> str:
     for ln in text.rstrip().splitlines():
         frame = _FRAME.match(ln)
         if frame:
-            skipping = frame.group(1).startswith(HARNESS_DIR)
+            skipping = harness_frame(frame.group(1))
             cut += skipping
             if skipping:
                 continue

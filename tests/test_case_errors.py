@@ -282,8 +282,10 @@ def test_premul_factor_expression_per_instance() -> None:
     assert dict(prog.steps[0].args)["premul_factor"] == 0.5
 
 
-@pytest.mark.parametrize("name", ["k", "j", "i", "rank", "world_size", "src", "dst", "rep",
-                                  "min", "where"])
+# Every kind of name the harness gives expressions: the base names, the fill indices, the
+# splits' peers, the repetition, the functions (a name left out of RESERVED_NAMES fails here).
+@pytest.mark.parametrize("name", ["rank", "world_size", "i", "j", "k", "src", "dst", "rep",
+                                  "where", "min", "max", "abs"])
 def test_a_parameter_named_like_a_builtin_name_is_refused_at_its_key(name: str) -> None:
     """Issue 22, point 10: a parameter ``k`` was silently shadowed by the fill index ``k``."""
     text = f"""
@@ -331,3 +333,39 @@ def test_every_typo_of_a_case_is_reported_in_one_pass() -> None:
                         ("9:5", "unknown key 'expcted'")]:
         assert f"cases/x.yaml:{where}: " in msg and says in msg, (where, msg)
     assert "did you mean 'world_size'?" in msg and "did you mean 'expected'?" in msg
+
+
+def test_a_builtin_name_under_defaults_is_refused_once_at_its_key() -> None:
+    msg = case_helpers.case_error("""
+    defaults:
+      params: {rep: [1, 2]}
+    cases:
+      - {name: a, op: all_reduce, world_size: 2, shape: [4], input: "i"}
+      - {name: b, op: all_reduce, world_size: 2, shape: [4], input: "i"}
+    """)
+    assert msg.startswith("1 problem(s)"), msg
+    assert "cases/x.yaml:3:12: at defaults.params.rep: params: 'rep' is a name" in msg, msg
+
+
+def test_every_name_the_harness_gives_expressions_is_reserved() -> None:
+    """The reserved list cannot drift from what the evaluator and the scopes provide: the
+    named constants, and every key a scope adds to an expression's environment in the
+    harness's sources (``{**env, "NAME": ...}``)."""
+    import re
+    from pathlib import Path
+
+    from harness.casefile.entries import ENTRY_NAMES
+    from harness.casefile.fields import BASE_NAMES, RESERVED_NAMES
+    from harness.casefile.opargs import SPLIT_NAMES
+    from harness.casefile.repeat import REP_NAME
+    from harness.casefile.validate import OVERRIDE_NAMES
+    from harness.expr import FUNCTIONS
+
+    given = {*BASE_NAMES, *ENTRY_NAMES, *SPLIT_NAMES, REP_NAME, *OVERRIDE_NAMES, *FUNCTIONS,
+             "i", "j", "k"}
+    root = Path(__file__).resolve().parent.parent / "harness"
+    for path in root.rglob("*.py"):
+        for scope in re.findall(r"\{\*\*env,([^{}]*)\}", path.read_text()):
+            given.update(re.findall(r'"([A-Za-z_]\w*)":', scope))
+    assert given >= {"rank", "world_size", "rep", "src", "dst", "j"}  # the scan finds scopes
+    assert given <= set(RESERVED_NAMES), given - set(RESERVED_NAMES)

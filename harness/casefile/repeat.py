@@ -6,7 +6,10 @@ the handle is waited (one wait for all, in issue order). ``slices: true`` gives 
 ``rep`` slice ``rep`` (along dim 0) of each of the step's buffers, so N ops in flight work on
 N separate tensors; a buffer given as a list of N tensor names instead (``tensor: [t0, t1,
 t2]``, for a buffer that takes one tensor) gives repetition ``rep`` the tensor ``t<rep>``, as
-upstream's coalesced stress tests write ``pg.allreduce(inputs[i])``.
+upstream's stress tests write ``pg.allreduce(inputs[i])``. A buffer that takes a list of
+tensors, given as separately named tensors (``tensors: [a, b]``), passes the list of their
+``rep``-th slices, as upstream's coalesced stress tests write
+``pg.allreduce_coalesced(inputs[i])`` with ``inputs[i]`` a list of tensors.
 """
 
 from __future__ import annotations
@@ -42,25 +45,44 @@ def check(case: Case, path: Path, step: dict[str, Any], action: str,
     for role in roles:
         name = step.get(role)
         if isinstance(name, list) and role in list_roles:
-            errs.append(case.error((*path, role), "'slices' needs one tensor per buffer, not "
-                                   "a list of tensors", f"{role} takes a list of tensors: "
-                                   "give one tensor of shape [repeat, ...] per list entry"))
+            errs.extend(_sliced_list(case, (*path, role), name, n, tensors))
             continue
         if isinstance(name, list):
             errs.extend(_per_repetition(case, (*path, role), name, n, tensors))
             continue
-        spec = tensors.get(name) if isinstance(name, str) else None
-        if spec is None:
-            continue
-        if spec.get("dtype") == "object" or "entries" in spec:
-            errs.append(case.error((*path, role), f"'slices' needs plain tensors; {name} is "
-                                   "an object buffer or a list of entries"))
-            continue
-        shape = spec.get("shape")
-        if shape and isinstance(shape[0], int) and shape[0] != n:
-            errs.append(case.error((*path, "slices"), f"tensor {name} has {shape[0]} slice(s) "
-                                   f"along dim 0 but the step repeats {n} time(s)",
-                                   f"give {name} shape [{n}, ...]"))
+        errs.extend(_sliceable(case, (*path, role), (*path, "slices"), name, n, tensors))
+    return errs
+
+
+def _sliceable(case: Case, where: Path, count_at: Path, name: Any, n: int,
+               tensors: dict[str, Any]) -> list[CaseFileError]:
+    """Problems of slicing tensor ``name`` into ``n`` repetitions (an unknown name is left to
+    the buffer checks, which suggest a declared one)."""
+    spec = tensors.get(name) if isinstance(name, str) else None
+    if spec is None:
+        return []
+    if spec.get("dtype") == "object" or "entries" in spec:
+        return [case.error(where, f"'slices' needs plain tensors; {name} is an object buffer "
+                           "or a list of entries")]
+    shape = spec.get("shape")
+    if shape and isinstance(shape[0], int) and shape[0] != n:
+        return [case.error(count_at, f"tensor {name} has {shape[0]} slice(s) along dim 0 but "
+                           f"the step repeats {n} time(s)", f"give {name} shape [{n}, ...]")]
+    return []
+
+
+def _sliced_list(case: Case, path: Path, names: list[Any], n: int,
+                 tensors: dict[str, Any]) -> list[CaseFileError]:
+    """A list buffer given as separately named tensors: each is sliced, so repetition ``rep``
+    passes the list of their ``rep``-th slices (``pg.allreduce_coalesced(inputs[rep])``)."""
+    errs: list[CaseFileError] = []
+    for i, item in enumerate(names):
+        inner = list(enumerate(item)) if isinstance(item, list) else [(None, item)]
+        for k, name in inner:
+            where = (*path, i) if k is None else (*path, i, k)
+            if isinstance(name, str) and tensors.get(name, {}).get("dtype") == "object":
+                continue  # the list checks say that list entries are tensors
+            errs.extend(_sliceable(case, where, where, name, n, tensors))
     return errs
 
 

@@ -80,7 +80,9 @@ def load_cases(doc: Document) -> list[Case]:
             errors.extend(exc.errors)
         cases.append(case)
     if errors:
-        raise CaseFileErrors(sorted(errors, key=lambda e: (e.pos.line, e.pos.col)))
+        # A mistake under defaults: is found once per case that inherits it: said once.
+        unique = list({e.render(): e for e in errors}.values())
+        raise CaseFileErrors(sorted(unique, key=lambda e: (e.pos.line, e.pos.col)))
     return cases
 
 

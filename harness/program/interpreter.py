@@ -469,7 +469,8 @@ def _repeated(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
               bufs: dict[str, Any], written: set[str], returned: dict[str, Any]) -> Any:
     """Issue the op ``step.repeat`` times; async Works stay in flight as one WorkList."""
     listed = dict(step.per_repetition)
-    names = {t for _, t in step.bufs} - set(listed)
+    # Every tensor the step names is sliced, those of a list buffer (``tensors: [a, b]``) too.
+    names = {n for _, t in step.bufs for n in tensor_names(t)} - set(listed)
     works: list[Any] = []
     for rep in range(step.repeat):
         view = {n: t[rep] for n, t in bufs.items() if n in names} if step.slices else bufs
