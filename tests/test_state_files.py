@@ -243,14 +243,7 @@ def test_a_folder_the_harness_did_not_write_is_never_emptied(tmp_path: Path) -> 
 @pytest.mark.parametrize("state_dir", ["afile", "afile/sub"])
 def test_a_state_dir_that_cannot_be_a_folder_stops_with_one_line(tmp_path: Path,
                                                                  state_dir: str) -> None:
-    write_case_file(tmp_path, """
-    cases:
-      - name: one
-        op: all_reduce
-        world_size: 1
-        shape: [2]
-        input: "i"
-    """)
+    write_case_file(tmp_path, ONE_CASE)
     (tmp_path / "afile").write_text("x")
     res = _external(tmp_path, "--state-dir", state_dir)
     assert res.returncode == 2, res.stdout + res.stderr
@@ -274,14 +267,7 @@ if out.is_dir():
 
 def test_an_external_report_path_that_breaks_during_the_run_loses_no_record(
         tmp_path: Path) -> None:
-    write_case_file(tmp_path, """
-    cases:
-      - name: one
-        op: all_reduce
-        world_size: 1
-        shape: [2]
-        input: "i"
-    """)
+    write_case_file(tmp_path, ONE_CASE)
     (tmp_path / "breakout.py").write_text(BREAK_REPORTS)
     res = _external(tmp_path, "--report-json", "out/r.json", "--report-md", "out/r.md",
                     "--backend-module", "breakout")
