@@ -18,12 +18,12 @@ not (the first N differences printed), 2 when a file cannot be read.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import re
 import sys
-from pathlib import Path
 from typing import Any
+
+from harness.report.jsonfile import UnreadableFile, read_json
 
 TIMING_KEYS = {"duration_s", "return_s", "completed_at_return", "at_return_ok",
                "at_return_wrong", "waited_in_thread", "stack", "stderr_tail", "traceback", "phases"}
@@ -37,11 +37,9 @@ ADDRESS_RE = re.compile(r"0x[0-9a-fA-F]+|\bpid \d+|line \d+|"
 def load(path: str) -> dict[str, Any]:
     """A report's JSON (plain or gzipped); exits 2 with a one-line error if unusable."""
     try:
-        raw = Path(path).read_bytes()
-        text = gzip.decompress(raw) if path.endswith(".gz") else raw
-        doc = json.loads(text)
-    except (OSError, ValueError, EOFError, RecursionError) as exc:
-        print(f"compare_records: {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        doc = read_json(path, "report")
+    except UnreadableFile as exc:
+        print(f"compare_records: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
         print(f"compare_records: {path}: not a report (no records list)", file=sys.stderr)

@@ -122,41 +122,39 @@ def expects_error(case: Case, raw: dict[str, Any]) -> bool:
                        for o in case.raw.get("overrides", [])))
 
 
-def check_membership(case: Case, raw: dict[str, Any], path: Path, env: dict[str, Any],
-                     ranks: tuple[int, ...] | None) -> None:
-    """Evaluate a group step's membership at this world size, at collection: an expression
-    that fails is an error at its line, and so are members outside the world (or the parent's
-    positions for ``split``) and duplicates, unless the case expects an error (see
-    :func:`expects_error`)."""
+def check_membership(case: Case, raw: dict[str, Any], step: Step, path: Path,
+                     env: dict[str, Any], ranks: tuple[int, ...] | None) -> None:
+    """Evaluate a group step's membership (as :func:`make_step` parsed it) at this world
+    size, at collection: an expression that fails is an error at its line, and so are members
+    outside the world (or the parent's positions for ``split``) and duplicates, unless the
+    case expects an error (see :func:`expects_error`)."""
     ws = int(env["world_size"])
     strict = not expects_error(case, raw)
-    if "members" in raw:
+    args = dict(step.args)
+    how = args["how"]
+    if how == "members":
         for r in ranks if ranks is not None else range(ws):
-            got: list[int] = []
-            for i, v in enumerate(raw["members"]):
-                got.append(_member(case, (*path, "members", i), v, {**env, "rank": r}))
+            got = [_member(case, (*path, "members", i), v, {**env, "rank": r})
+                   for i, v in enumerate(args["members"])]
             if strict:
                 _check_ranks(case, (*path, "members"), got, ws, f"on rank {r}, members")
-    elif isinstance(raw.get("subgroups"), list):
-        if strict:
-            flat = [x for lst in raw["subgroups"] for x in lst]
-            _check_ranks(case, (*path, "subgroups"), flat, ws, "subgroups")
-    elif "subgroups" in raw:
-        size = _member(case, (*path, "subgroups"), raw["subgroups"], {**env, "rank": 0})
+    elif how == "subgroups":  # new_subgroups(group_size)
+        size = _member(case, (*path, "subgroups"), args["size"], {**env, "rank": 0})
         if strict and not 1 <= size <= ws:
             raise case.error((*path, "subgroups"), f"group size {size} is outside 1..{ws} "
                              f"(world_size {ws})", "declare 'raises:' to test torch's check")
-    elif "split" in raw and strict and "parent" not in raw:
-        flat = [x for lst in raw["split"] for x in lst]
-        _check_ranks(case, (*path, "split"), flat, ws, "split")
+    elif strict and (how == "enumeration" or (how == "split" and "parent" not in raw)):
+        key = "subgroups" if how == "enumeration" else "split"
+        flat = [x for lst in args["lists"] for x in lst]
+        _check_ranks(case, (*path, key), flat, ws, key)
 
 
 def _member(case: Case, path: Path, value: Any, env: dict[str, Any]) -> int:
-    if isinstance(value, str):
+    if isinstance(value, Expr):
         try:
-            value = parse(value, tuple(env))(env)
+            value = value(env)
         except (ExprError, KeyError, ZeroDivisionError, ArithmeticError) as exc:
-            raise case.error(path, f"bad expression {value!r} at world_size "
+            raise case.error(path, f"bad expression {value.source!r} at world_size "
                              f"{env['world_size']}, rank {env['rank']}: {exc}") from None
     if isinstance(value, bool) or not isinstance(value, int):
         raise case.error(path, f"a group member must be a whole number, got {value!r}")

@@ -175,9 +175,10 @@ class ProgramBuilder(CaseEval):
                         value=float(s[kind]) if kind == "set_timeout" else None,
                         **lifecycle.step_fields(s))
         if "new_group" in s:
-            named_groups.check_membership(self.case, s, path, env,
+            step = named_groups.make_step(s, line, ranks, names)
+            named_groups.check_membership(self.case, s, step, path, env,
                                           ranks if isinstance(ranks, tuple) else None)
-            return named_groups.make_step(s, line, ranks, names)
+            return step
         if "work_state" in s:
             return work_state.make_step(s, line, ranks)
         if is_ordering_step(s):

@@ -164,6 +164,10 @@ def session_info(session: pytest.Session, hs: HarnessSession, exitstatus: int
                                                   pytest.ExitCode.INTERNAL_ERROR)
     bad_records = sum(r["outcome"] in BAD_OUTCOMES for r in hs.records)
     opt = session.config.option
+    chosen = {**selection(session.config, hs), "deselected": hs.deselected,
+              "deselected_full": hs.deselected_full,
+              "last_failed": bool(getattr(opt, "lf", False)),
+              "node_ids": any("::" in str(a) for a in session.config.args)}
     return {
         "complete": not missing and not stopped,
         "collected": len(hs.collected | have),
@@ -173,14 +177,18 @@ def session_info(session: pytest.Session, hs: HarnessSession, exitstatus: int
         "pytest_exit_status": exitstatus,
         "pytest_failures": int(session.testsfailed),
         "unexplained_failures": max(0, int(session.testsfailed) - bad_records),
-        "selection": {"keyword": getattr(opt, "keyword", "") or None,
-                      "markexpr": getattr(opt, "markexpr", "") or None,
-                      "world_sizes": sorted(hs.world_sizes) if hs.world_sizes else None,
-                      "full": hs.full, "deselected": hs.deselected,
-                      "deselected_full": hs.deselected_full,
-                      "last_failed": bool(getattr(opt, "lf", False)),
-                      "node_ids": any("::" in str(a) for a in session.config.args)},
+        "selection": chosen,
     }
+
+
+def selection(config: pytest.Config, hs: HarnessSession) -> dict[str, Any]:
+    """What the person selected (-k, -m, --world-size, --full): the start report and the
+    final one state it alike."""
+    opt = config.option
+    return {"keyword": getattr(opt, "keyword", "") or None,
+            "markexpr": getattr(opt, "markexpr", "") or None,
+            "world_sizes": sorted(hs.world_sizes) if hs.world_sizes else None,
+            "full": hs.full}
 
 
 def session_report(hs: HarnessSession, info: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -203,16 +211,12 @@ def mark_started(config: pytest.Config, hs: HarnessSession, ended_by: str = "") 
             or config.getoption("collective_no_report")):
         return
     hs.started_report = True
-    hs.started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    opt = config.option
+    started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     info = {"complete": False, "collected": 0, "without_result": 0, "missing": [],
             "ended_by": ended_by[:300] or (
-                f"started at {hs.started_at} (pid {os.getpid()}) and not finished: still "
+                f"started at {started_at} (pid {os.getpid()}) and not finished: still "
                 "running, or ended without writing its report (killed?)"),
-            "selection": {"keyword": getattr(opt, "keyword", "") or None,
-                          "markexpr": getattr(opt, "markexpr", "") or None,
-                          "world_sizes": sorted(hs.world_sizes) if hs.world_sizes else None,
-                          "full": hs.full, "args": list(config.args)}}
+            "selection": {**selection(config, hs), "args": list(config.args)}}
     # ``ended_by``: the options are the usage error's subject, not read back into the report.
     options = {"backend": hs.backend} if ended_by else hs.options()
     meta: dict[str, Any] = {"torch": "", "hostname": "", "options": options}
@@ -266,19 +270,12 @@ def write_report_set(config: pytest.Config, report: dict[str, Any]) -> list[str]
     the paths stopped working during the run, the set goes to a new private folder instead,
     and the returned paths (and a warning) say where: the records are never lost."""
     paths = report_paths(config)
-    texts = [json_text(report), markdown.render(report), html.render(report)]
-    try:
-        write_all(list(zip(paths, texts, strict=True)))
-        harness_session(config).fallback = ""
-        return paths
-    except OSError as exc:
-        folder = report_paths_mod.fallback_dir()
-        moved = report_paths_mod.fallback_paths(paths, folder)
-        write_all(list(zip(moved, texts, strict=True)))
-        harness_session(config).fallback = (
-            f"collective-harness: could not write the report to {os.path.relpath(paths[0])} "
-            f"({exc.strerror or exc}); it was written to {folder} instead")
-        return moved
+    moved = report_paths_mod.write_set(
+        paths, [json_text(report), markdown.render(report), html.render(report)])
+    harness_session(config).fallback = "" if moved is None else (
+        f"collective-harness: could not write the report to {os.path.relpath(paths[0])} "
+        f"({moved.why}); it was written to {moved.folder} instead")
+    return paths if moved is None else moved.paths
 
 
 def write_reports(config: pytest.Config, hs: HarnessSession,

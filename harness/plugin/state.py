@@ -67,7 +67,6 @@ class HarnessSession:
         self.fallback = ""  # where the report went when its own paths failed (the message)
         # YAML files under a directory named on the command line that are not case files.
         self.skipped_yaml: list[Path] = []
-        self.started_at = ""
 
     @property
     def manager(self) -> Any:

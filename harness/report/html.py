@@ -447,12 +447,15 @@ def _drilldown(backend: str, recs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def verdict_banner(recs: list[dict[str, Any]], session: dict[str, Any] | None = None) -> str:
-    """The backend's verdict line (report/headline.py): PASS only when nothing unexpected
-    happened and the session is complete."""
+def verdict_banner(recs: list[dict[str, Any]], session: dict[str, Any] | None = None,
+                   scope: str = "") -> str:
+    """The verdict line of ``recs`` (report/headline.py): PASS only when nothing unexpected
+    happened and the session is complete. ``scope``: an extra class (``run`` for the whole
+    report's line at the top, computed like each backend's)."""
     summary: dict[str, Any] = {**Counter(shown(r) for r in recs), "total": len(recs)}
     word = headline.verdict(summary, session)
-    return (f'<p class="banner verdict {"pass" if word == "PASS" else "fail"}">'
+    return (f'<p class="banner verdict {scope + " " if scope else ""}'
+            f'{"pass" if word == "PASS" else "fail"}">'
             f"{_e(headline.headline(summary, session))}</p>")
 
 
@@ -497,8 +500,7 @@ def render(report: dict[str, Any], title: str = "collective-harness conformance"
     session = report.get("session") if isinstance(report.get("session"), dict) else None
     # The run's own verdict, computed from its records like each backend's below.
     body: list[str] = [f"<h1>{_e(title)}</h1>",
-                       verdict_banner(report["records"], session).replace(
-                           'class="banner verdict ', 'class="banner verdict run ', 1)]
+                       verdict_banner(report["records"], session, scope="run")]
     body += _session_banners(report)
     body.append(f'<p class="meta">torch {_e(meta.get("torch", "?"))} · Python '
                 f'{_e(meta.get("python", "?"))} · host {_e(meta.get("hostname", "?"))} · '

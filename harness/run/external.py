@@ -91,18 +91,15 @@ class ReportFiles:
     def write(self, report: dict[str, Any]) -> None:
         """Replace both files together (JSON and Markdown never disagree)."""
         texts = (json_text(report), markdown.render(report))
-        try:
+        if self.moved_to:  # moved once: it stays there (a failure now is a real error)
             write_all(list(zip(self.paths, texts, strict=True)))
-        except OSError as exc:
-            if self.moved_to:
-                raise
-            self.moved_to = report_paths.fallback_dir()
-            wanted = self.paths[0]
-            self.paths = report_paths.fallback_paths(self.paths, self.moved_to)
-            write_all(list(zip(self.paths, texts, strict=True)))
-            print(f"python -m harness.run.external: could not write the report to {wanted} "
-                  f"({exc.strerror or exc}); it is written to {self.moved_to} instead",
+            return
+        moved = report_paths.write_set(self.paths, texts)
+        if moved is not None:
+            print(f"python -m harness.run.external: could not write the report to "
+                  f"{self.paths[0]} ({moved.why}); it is written to {moved.folder} instead",
                   file=sys.stderr, flush=True)
+            self.moved_to, self.paths = moved.folder, moved.paths
 
 
 def write_started(files: ReportFiles, backend: str) -> None:

@@ -352,15 +352,19 @@ class RankPool:
         self.kill()
         return run
 
+    def rank_step(self, inst: Instance, r: int) -> tuple[int, str]:
+        """The step rank ``r`` is in (from its shared progress slot) and what it is doing."""
+        step = int(self.progress[r][1])
+        return step, (inst.steps[step].describe() if 0 <= step < len(inst.steps) else
+                      "building buffers" if step == -1 else "checking results")
+
     def waiting_note(self, inst: Instance, pending: set[int], waited: float,
                      left: float) -> str:
         """One line for a person: how long the instance has waited, which ranks have not
         answered and the step each is in, the time left before a hang is declared."""
         where = []
         for r in sorted(pending):
-            step = self.progress[r][1]
-            desc = inst.steps[step].describe() if 0 <= step < len(inst.steps) else (
-                "building buffers" if step == -1 else "checking results")
+            step, desc = self.rank_step(inst, r)
             where.append(f"rank {r} in step {step} ({desc})" if step >= 0 else
                          f"rank {r} {desc}")
         done = self.key.world_size - len(pending)
@@ -386,9 +390,7 @@ class RankPool:
                 states.append(RankState(r, "raised" if res.status == "raised" else "finished",
                                         step=res.step))
                 continue
-            step = self.progress[r][1]
-            desc = inst.steps[step].describe() if 0 <= step < len(inst.steps) else (
-                "building buffers" if step == -1 else "checking results")
+            step, desc = self.rank_step(inst, r)
             if r in died:
                 proc = self.procs[r]
                 proc.join(1.0)

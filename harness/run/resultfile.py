@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from ..model import RankResult, StepEvent, TensorCheck
+from ..report.jsonfile import UnreadableFile, read_json
 
 MAX_BYTES = 64 * 1024 * 1024  # a result holds digests and the first wrong values, not tensors
 MAX_DEPTH = 40  # ordering/perf/timing dicts are shallow; deep nesting is not a result
@@ -54,15 +55,13 @@ def load_result(path: Path) -> Pending:
     Never runs code from the file and never trusts a field's type: a tampered or truncated
     file cannot turn into a result it does not hold."""
     try:
-        raw = path.read_bytes()[:MAX_BYTES + 1]
-        if len(raw) > MAX_BYTES:
+        # Checked before reading: the shared reader's bound is a whole report's, not a rank's.
+        if path.is_file() and path.stat().st_size > MAX_BYTES:
             raise ResultFileError(f"{path}: larger than {MAX_BYTES} bytes")
-        doc = json.loads(raw.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        if isinstance(exc, ResultFileError):
-            raise
-        raise ResultFileError(f"{path}: not a readable result file ({type(exc).__name__}: "
-                              f"{str(exc)[:120]})") from None
+        doc = read_json(str(path), "rank result")
+    except (UnreadableFile, OSError) as exc:
+        why = str(exc).removeprefix(f"{path}: ")
+        raise ResultFileError(f"{path}: not a readable result file ({why[:160]})") from None
     if not isinstance(doc, dict) or doc.get("format") != "collective-harness rank result":
         raise ResultFileError(f"{path}: not a collective-harness rank result")
     for key, kind in (("rank", int), ("round", int), ("index", int), ("elapsed", float)):
