@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -69,6 +70,13 @@ def wait_for(predicate: Any, timeout: float, what: str) -> None:
 
 
 PYTHON = sys.executable
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (for a launcher's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def write_case_file(where: Path, text: str, name: str = "c.yaml", conftest: str = "") -> Path:

@@ -7,7 +7,6 @@ with a c10d rendezvous on 127.0.0.1) and SLURM's environment variables.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,7 +19,16 @@ from harness.casefile import load as yamlload
 from harness.model import Instance
 from harness.run import schedule
 
-from .helpers import PYTHON, finish, load_report, outcomes, start, subprocess_env, write_case_file
+from .helpers import (
+    PYTHON,
+    finish,
+    free_port,
+    load_report,
+    outcomes,
+    start,
+    subprocess_env,
+    write_case_file,
+)
 
 BASIC = """
 cases:
@@ -117,12 +125,6 @@ cases:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _write(tmp_path: Path, text: str) -> Path:
     return write_case_file(tmp_path, text) / "c.yaml"
 
@@ -215,7 +217,7 @@ def test_two_agents_pack_resume_after_hang_and_crash_and_match_the_pools(
     """Two torchrun agents (a 2-node launch on one machine): every instance gets a record,
     the verdicts are the pools' verdicts, and the hang and the crash did not end the run."""
     _write(tmp_path, MIXED)
-    port = _free_port()
+    port = free_port()
     common = ("--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t", "--max-restarts", "4")
     second = torchrun(tmp_path, *common)  # rank 0 writes r.json, whichever agent has it
@@ -247,7 +249,7 @@ def test_slurm_environment_and_resume_by_hand(tmp_path: Path) -> None:
     """srun sets SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID and restarts nothing: an unexpected
     hang ends the job, and the same command with --resume finishes the run."""
     _write(tmp_path, MIXED.replace("world_size: [1, 2, 3, launched]", "world_size: [1, 2]"))
-    port = _free_port()
+    port = free_port()
 
     def srun(*extra: str) -> list[subprocess.CompletedProcess[str]]:
         procs = []
@@ -338,7 +340,7 @@ def test_the_sbatch_script_runs_under_slurms_commands(tmp_path: Path) -> None:
         f.chmod(0o755)
     env = subprocess_env(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="n1",
                          SLURM_NNODES="1", SLURM_JOB_ID="42", RANKS_PER_NODE="2",
-                         RDZV_PORT=str(_free_port()))
+                         RDZV_PORT=str(free_port()))
     script = Path(__file__).resolve().parents[1] / "ci" / "slurm" / "external.sbatch"
     res = finish(start(tmp_path, ["bash", str(script), "c.yaml", "--report-json", "r.json",
                                      "--report-md", "r.md"], env=env), 240)

@@ -13,7 +13,6 @@ import json
 import os
 import pickle
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,17 @@ from harness.model import RankResult, StepEvent, TensorCheck
 from harness.run.progress import State, StateError, recovered_run
 from harness.run.resultfile import Pending, ResultFileError, dump_result, load_result
 
-from .helpers import PYTHON, case_instances, load_report, subprocess_env, write_case_file
+from .helpers import PYTHON, case_instances, free_port, load_report, subprocess_env, write_case_file
+
+ONE_CASE = """
+cases:
+  - name: one
+    op: all_reduce
+    world_size: 1
+    shape: [2]
+    input: "i"
+"""
+
 
 RESULT = RankResult(
     rank=1, status="ok",
@@ -90,14 +99,7 @@ def test_a_pickle_in_the_state_directory_runs_nothing(tmp_path: Path) -> None:
     [info] = state.previous(3)
     assert not marker.exists()
     assert "pending" not in info and "not a readable result file" in info["unreadable"]
-    (inst,) = case_instances("""
-    cases:
-      - name: one
-        op: all_reduce
-        world_size: 1
-        shape: [2]
-        input: "i"
-    """)
+    (inst,) = case_instances(ONE_CASE)
     run = recovered_run(inst, (0,), {0: info})
     assert run is not None and run.kind == "crash"  # judged without it: it cannot pass
     assert "could not be used" in run.states[0].stderr_tail
@@ -124,27 +126,11 @@ def test_a_progress_file_that_is_not_ours_is_a_state_error(tmp_path: Path, line:
         state.load()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-ONE_CASE = """
-cases:
-  - name: one
-    op: all_reduce
-    world_size: 1
-    shape: [2]
-    input: "i"
-"""
-
-
 def _external(where: Path, *extra: str, report: str = "r.json"
               ) -> subprocess.CompletedProcess[str]:
     """One rank, no launcher: the environment torchrun would give a world of one."""
     env = subprocess_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                         MASTER_PORT=str(_free_port()))
+                         MASTER_PORT=str(free_port()))
     return subprocess.run([PYTHON, "-m", "harness.run.external", "c.yaml", "--report-json",
                            report, "--report-md", "r.md", "--deadline", "60", *extra],
                           cwd=where, env=env, capture_output=True, text=True, timeout=240)
