@@ -351,6 +351,9 @@ class Instance:
     # Per buffer, the YAML line a value failure points at: its ``expected:`` entry, else the
     # ``input:`` it is derived from (``expected: auto``), else its declaration.
     value_lines: tuple[tuple[str, int], ...] = ()
+    # (op, family) of every distinct op a program issues, in first-issue order, when there are
+    # several: the reports file the instance under each of them, not its first op only.
+    issued: tuple[tuple[str, str], ...] = ()
 
     @property
     def case_id(self) -> str:

@@ -6,6 +6,7 @@ import pytest
 
 from harness.casefile import overrides
 from harness.errors import CaseFileError
+from tests.helpers import case_error
 from tests.helpers import case_instances as instances
 
 
@@ -186,3 +187,74 @@ def test_future_on_a_sync_op_is_an_error_not_a_silent_skip() -> None:
         raise AssertionError("a future on a sync op was accepted")
     assert "cases/x.yaml:10:18:" in msg and "future step on handle 'h'" in msg
     assert "synchronous here" in msg
+
+
+def test_program_ids_say_sync_or_async_and_name_only_a_reduce_op_a_call_uses() -> None:
+    # issue 26 point 7: a p2p-only program had no sync/async word; a case-level reduce op that
+    # every reducing step overrides named instances after a reduction no call made.
+    got = instances("""
+    cases:
+      - name: ring
+        world_size: 2
+        tensors:
+          out: {shape: [2], init: "rank"}
+          inp: {shape: [2], init: zeros}
+        steps:
+          - {op: isend, tensor: out, dst: "(rank + 1) % world_size", handle: s}
+          - {op: irecv, tensor: inp, src: "(rank - 1) % world_size", handle: r}
+          - {wait: [s, r]}
+        expected: {inp: "(rank - 1) % world_size"}
+      - name: own_ops
+        world_size: 2
+        tensors:
+          x: {shape: [2], init: "rank + 1"}
+          y: {shape: [2], init: "rank + 1"}
+        steps:
+          - {op: all_reduce, tensor: x, reduce_op: max}
+          - {op: all_reduce, tensor: y, reduce_op: sum}
+        expected: {x: 2, y: 3}
+      - name: fsdp
+        world_size: 2
+        tensors:
+          shard: {shape: [2], init: "rank"}
+          full: {shape: ["2 * world_size"], init: poison}
+        steps:
+          - {op: all_gather_into_tensor, input: shard, output: full}
+          - {op: reduce_scatter_tensor, input: full, output: shard}
+        expected: {}
+    """)
+    by_case = {i.case: i for i in got}
+    assert by_case["ring"].id == "gloo-ws2-float32-async"
+    assert by_case["own_ops"].id == "gloo-ws2-float32-sync"
+    assert by_case["own_ops"].reduce_op is None
+    assert by_case["fsdp"].id == "gloo-ws2-float32-sum-sync"
+    assert by_case["fsdp"].issued == (("all_gather_into_tensor", "all_gather"),
+                                      ("reduce_scatter_tensor", "reduce_scatter"))
+    assert by_case["ring"].issued == (("isend", "p2p"), ("irecv", "p2p"))
+    assert by_case["own_ops"].issued == ()  # one distinct op: its op field says it all
+
+
+def test_a_case_reduce_op_no_call_uses_is_an_error_at_its_line() -> None:
+    text = case_error("""
+    cases:
+      - name: own_ops
+        world_size: 2
+        reduce_op: max
+        tensors:
+          x: {shape: [2], init: "rank + 1"}
+        steps:
+          - {op: all_reduce, tensor: x, reduce_op: sum}
+        expected: {x: 3}
+      - name: none_reduce
+        world_size: 2
+        reduce_op: [max, min]
+        tensors:
+          x: {shape: [2], init: "rank + 1"}
+        steps:
+          - {op: broadcast, tensor: x, src: 0}
+        expected: {x: 1}
+    """)
+    assert ("cases/x.yaml:5:16: at cases[0].reduce_op: the case's reduce_op is used by no "
+            "call: every reducing step names its own reduce_op") in text
+    assert "cases/x.yaml:13:16: at cases[1].reduce_op: the case's reduce_op is used by no " \
+           "call: no step of this program reduces" in text

@@ -197,7 +197,7 @@ def test_standalone_run_skips_what_the_launch_cannot_do(tmp_path: Path) -> None:
     report = load_report(tmp_path / "r.json")
     got = {r["key"]: r for r in report["records"]}
     assert got["c.yaml::ar[gloo-ws2-float32-sum-sync]"]["outcome"] == "passed"
-    assert got["c.yaml::ring[gloo-ws2-float32]"]["outcome"] == "passed"
+    assert got["c.yaml::ring[gloo-ws2-float32-async]"]["outcome"] == "passed"
     ws4 = got["c.yaml::ar[gloo-ws4-float32-max-sync]"]
     assert ws4["outcome"] == "skipped" and "launched with 2" in ws4["reason"]
     # No restarts allowed: an instance that must hang is skipped, and says how to run it.
@@ -206,7 +206,7 @@ def test_standalone_run_skips_what_the_launch_cannot_do(tmp_path: Path) -> None:
     # A CUDA instance on a machine without GPUs: skipped, not a crash at start.
     gpu = got["c.yaml::on_gpu[gloo-ws2-float32-sum-sync-cuda]"]
     assert gpu["outcome"] == "skipped" and "CUDA" in gpu["reason"]
-    ring = got["c.yaml::ring[gloo-ws2-float32]"]
+    ring = got["c.yaml::ring[gloo-ws2-float32-async]"]
     assert [len(r["checks"]) for r in ring["ranks"]] == [2, 2]  # every rank's checks gathered
     assert [p["global_rank"] for p in ring["placement"]["ranks"]] == [0, 1]
     assert report["metadata"]["options"]["mode"] == "external"
@@ -273,7 +273,7 @@ def test_slurm_environment_and_resume_by_hand(tmp_path: Path) -> None:
     assert partial_report["session"]["complete"] is False
     partial = outcomes(partial_report)
     assert "c.yaml::stuck[gloo-ws2-float32-sync]" not in partial
-    assert partial["c.yaml::ring[gloo-ws2-float32]"] == "passed"
+    assert partial["c.yaml::ring[gloo-ws2-float32-async]"] == "passed"
     second = srun("--resume")
     assert all(p.returncode == 0 for p in second), second[0].stderr[-3000:]
     final = load_report(tmp_path / "r.json")
@@ -346,6 +346,6 @@ def test_the_sbatch_script_runs_under_slurms_commands(tmp_path: Path) -> None:
                                      "--report-md", "r.md"], env=env), 240)
     assert res.returncode == 0, res.stderr[-3000:]
     got = outcomes(load_report(tmp_path / "r.json"))
-    assert got["c.yaml::ring[gloo-ws2-float32]"] == "passed"
+    assert got["c.yaml::ring[gloo-ws2-float32-async]"] == "passed"
     # torchrun gave restarts: the declared hang ran (alone, then a relaunch) instead of a skip
     assert got["c.yaml::declared_hang[gloo-ws2-float32-sync]"] == "passed"

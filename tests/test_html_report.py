@@ -460,3 +460,27 @@ def test_the_verdict_comes_first_then_the_grid_then_the_legend() -> None:
     assert first.group(2).startswith(("PASS", "FAIL", "INCOMPLETE"))
     assert body.index(first.group(0)) < body.index('<table class="grid') < body.index(
         'class="legend"')
+
+
+def test_a_multi_op_program_is_shown_under_every_op_it_issues() -> None:
+    # issue 26 point 7: an FSDP round trip used to appear under its first op only
+    fsdp = rec("fsdp", "all_gather_into_tensor", "float32", 2, False, "failed")
+    fsdp["family"] = "all_gather"
+    fsdp["issued"] = [{"op": "all_gather_into_tensor", "family": "all_gather"},
+                      {"op": "reduce_scatter_tensor", "family": "reduce_scatter"}]
+    report = build_report([fsdp, rec("ar", "all_reduce", "float32", 2, False, "passed")],
+                          {"torch": "2.13.0+cpu", "hostname": "h", "options": {}})
+    validate_report(report)
+    dom = Dom(html.render(report))
+    cells = {(c["attrs"]["data-op"], c["attrs"]["data-dtype"]): c
+             for c in dom.select("td", "cell")}
+    assert set(cells) == {("all_gather_into_tensor", "float32"), ("all_reduce", "float32"),
+                          ("reduce_scatter_tensor", "float32")}
+    for op in ("all_gather_into_tensor", "reduce_scatter_tensor"):
+        assert cells[(op, "float32")]["attrs"]["data-outcome"] == "failed"
+        assert cells[(op, "float32")]["attrs"]["data-count"] == "1"
+    fams = [e["attrs"]["data-family"] for e in dom.elements if "data-family" in e["attrs"]]
+    assert fams == ["all_gather", "all_reduce", "reduce_scatter"]
+    # counted once where the run is summed up: one failure entry, two instances in all
+    assert len(dom.select("details", "failure")) == 1
+    assert report["summary"]["total"] == 2

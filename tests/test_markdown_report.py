@@ -41,3 +41,15 @@ def test_heading_names_devices_that_ran() -> None:
     text = markdown.render(failing_report())
     assert text.splitlines()[0].startswith(
         "# Conformance: gloo on cpu (cuda: 1 skipped, none ran)")
+
+
+def test_a_multi_op_program_is_counted_in_every_row_it_issues() -> None:
+    fsdp = rec("fsdp", "all_gather_into_tensor", "float32", 2, False, "passed")
+    fsdp["issued"] = [{"op": "all_gather_into_tensor", "family": "all_gather"},
+                      {"op": "reduce_scatter_tensor", "family": "reduce_scatter"}]
+    text = markdown.render(build_report([fsdp], {"torch": "2.13.0+cpu", "hostname": "h",
+                                                 "options": {}}))
+    rows = [ln for ln in text.splitlines() if ln.startswith("| ") and "✅" in ln]
+    assert rows == ["| all_gather_into_tensor | ✅\u00a01 |",
+                    "| reduce_scatter_tensor | ✅\u00a01 |"]
+    assert "1 program instance(s) issue several ops and are counted in the row of each" in text

@@ -116,7 +116,7 @@ def test_gloo_ordering_cases_pass_and_document_the_gotcha(pytester: pytest.Pytes
     assert outcomes.get("failed", 0) == 0 and outcomes.get("error", 0) == 0
     assert outcomes["passed"] >= 14
     records = {r["key"].split("::", 1)[1]: r for r in report["records"]}
-    gotcha = records["irecv_read_before_wait_is_stale[gloo-ws2-float32]"]
+    gotcha = records["irecv_read_before_wait_is_stale[gloo-ws2-float32-async]"]
     reads = {rd["name"]: rd for rd in gotcha["ranks"][1]["ordering"]["reads"]}
     assert reads["before_wait"]["expect"] == "stale" and reads["before_wait"]["ok"]
     assert reads["after_wait"]["ok"]

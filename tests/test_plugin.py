@@ -563,7 +563,7 @@ cases:
 """)
     res = run_pytest(tmp_path, "c.yaml", "-q", "--no-report")
     assert res.returncode == 1
-    want = ("[FAILED] c.yaml:11: read_after_wait[gloo-ws2-float32]: a read expectation was not "
-            "met: either the backend made the data visible at another time than the async "
+    want = ("[FAILED] c.yaml:11: read_after_wait[gloo-ws2-float32-async]: a read expectation "
+            "was not met: either the backend made the data visible at another time than the async "
             "contract allows, or the read's expect: is not what the contract implies")
     assert want in res.stdout, res.stdout

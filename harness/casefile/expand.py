@@ -91,10 +91,14 @@ class _Expander:
             ("world_size", "ws", self.world_sizes()),
             ("dtype", "", dtype_values),
         ]
-        if any(o.reduces for o in self.all_ops):
+        if self._case_reduce_op_applies():
             out.append(("reduce_op", "", as_list(raw.get("reduce_op", "sum"))))
         if any(o.supports_async and o.name not in ops.ALWAYS_ASYNC for o in self.all_ops):
             out.append(("async", "", as_list(raw.get("async", False))))
+        elif self.op is None and self.all_ops:
+            # A program of point-to-point (always async) or sync-only ops still says which it
+            # is in its id; the case's ``async:`` cannot change it, so the axis has one value.
+            out.append(("async", "", [False]))
         out.append(("device", "", as_list(raw.get("device", "default"))))
         out.append(("layout", "", as_list(raw.get("layout", "contiguous"))))
         shape = raw.get("shape")
@@ -112,6 +116,15 @@ class _Expander:
         for key, value in raw.get("env", {}).items():
             out.append((f"env.{key}", f"{key}=", caseenv.axis_values(value)))
         return out
+
+    def _case_reduce_op_applies(self) -> bool:
+        """Whether the case-level reduce op reaches any call: not when every reducing step of a
+        program names its own (the id would then name an op no call uses)."""
+        if self.op is not None:
+            return self.op.reduces
+        reducing = [s for _, s in cudasteps.walk(self.raw.get("steps", []))
+                    if "op" in s and ops.get(s["op"]).reduces]
+        return any("reduce_op" not in s for s in reducing)
 
     def program_async(self, point: dict[str, Any]) -> str | None:
         """A program's async axis, derived from its op steps at this point: ``async`` (every
@@ -161,6 +174,7 @@ class _Expander:
         # A program without any collective (a deliberate crash, say) is filed under "steps".
         main_name, main_family = ((self.all_ops[0].name, self.all_ops[0].family)
                                   if self.all_ops else ("steps", "steps"))
+        issued = tuple(dict.fromkeys((o.name, o.family) for o in self.all_ops))
         expectation = Expectation()
         if raw.get("raises"):
             r = raw["raises"]
@@ -205,6 +219,7 @@ class _Expander:
             pg_timeout=float(raw["pg_timeout"]) if "pg_timeout" in raw else None,
             torch_modes=tuple(raw.get("torch_modes", ())),
             bind_device=device == "cuda" and named_groups.splits(steps),
+            issued=issued if len(issued) > 1 else (),
         )
 
 

@@ -173,6 +173,7 @@ def check_steps(case: Case) -> None:
                 errs.append(case.error(path, f"{op.name} needs '{req}:'"))
         if "handle" in step:
             handles.add(step["handle"])
+    errs.extend(_check_case_reduce_op(case))
     sources: list[tuple[Path, Any]] = [(("expected",), raw.get("expected", {}))]
     sources += [(("overrides", i, "expected"), o["expected"])
                 for i, o in enumerate(raw.get("overrides", []))
@@ -223,3 +224,19 @@ def _check_tensor_list(case: Case, path: Path, op: ops.Op, role: ops.Role, names
             errs.append(case.error(where, f"{name!r} is an object buffer; list entries "
                                    "are tensors"))
     return errs
+
+
+def _check_case_reduce_op(case: Case) -> list[CaseFileError]:
+    """A case-level ``reduce_op:`` that no call of the program uses would still name the
+    instances (``-max-``) and so claim a reduction that was never checked."""
+    if "reduce_op" not in case.raw:
+        return []
+    reducing = [s for _, s in cudasteps.walk(case.raw["steps"]) if isinstance(s, dict)
+                and s.get("op") in ops.ALL_OPS and ops.get(s["op"]).reduces]
+    if any("reduce_op" not in s for s in reducing):
+        return []
+    why = ("every reducing step names its own reduce_op" if reducing
+           else "no step of this program reduces")
+    return [case.error(("reduce_op",), f"the case's reduce_op is used by no call: {why}",
+                       "remove it, or drop reduce_op from the steps that should take the "
+                       "case's value")]

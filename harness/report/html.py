@@ -32,7 +32,7 @@ from typing import Any
 
 from .. import dtypes
 from . import headline, ordering_table
-from .markdown import BAD, devices_label, first_wrong
+from .markdown import BAD, devices_label, filed_under, first_wrong
 from .oneline import one_line
 from .perf_html import render as perf_section
 
@@ -250,14 +250,15 @@ def dtype_groups(names: Sequence[str]) -> list[tuple[str, list[str]]]:
 def _families(backend: str, recs: list[dict[str, Any]]) -> list[str]:
     fams: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in recs:
-        fams[r.get("family") or r["op"]].append(r)
+        for fam in dict.fromkeys(f for _, f in filed_under(r)):
+            fams[fam].append(r)
     out = ['<table class="families"><thead><tr><th>family</th><th>ops</th><th>instances</th>'
            "<th>outcomes</th><th>counts</th></tr></thead><tbody>"]
     for fam in sorted(fams):
         group = fams[fam]
         counts = Counter(shown(r) for r in group)
         w = worst(counts)
-        ops = sorted({r["op"] for r in group})
+        ops = sorted({op for r in group for op, f in filed_under(r) if f == fam})
         out.append(f'<tr data-family="{_e(fam)}" data-outcome="{w}"><td>'
                    f'<a href="#{anchor("fam", backend, fam)}"><code>{_e(fam)}</code></a></td>'
                    f"<td>{len(ops)}</td><td>{len(group)}</td><td>{_bar(counts)}</td>"
@@ -277,8 +278,9 @@ def _grid(backend: str, recs: list[dict[str, Any]]) -> list[str]:
     cells: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     fam_of: dict[str, str] = {}
     for r in recs:
-        cells[(r["op"], r["dtype"])][shown(r)] += 1
-        fam_of[r["op"]] = r.get("family") or r["op"]
+        for op, fam in filed_under(r):
+            cells[(op, r["dtype"])][shown(r)] += 1
+            fam_of[op] = fam
     out = ['<div class="gridwrap"><table class="grid matrix" '
            f'data-backend="{_e(backend)}"><thead><tr class="groups">'
            '<th class="corner" rowspan="2">op</th>']
@@ -388,8 +390,9 @@ def _failures(recs: list[dict[str, Any]]) -> list[str]:
     out = [f"<h3>Failures ({len(bad)})</h3>"]
     for r in sorted(bad, key=lambda r: natural_key(r["key"])):
         first = one_line(r, limit=240) or r["outcome"]
+        issued = " ".join(o for o, _ in filed_under(r))
         out.append(f'<details class="failure o-{r["outcome"]}" id="{anchor("f", r["key"])}" '
-                   f'data-key="{_e(r["key"])}" data-filter-op="{_e(r["op"])}" data-bad="1">'
+                   f'data-key="{_e(r["key"])}" data-filter-op="{_e(issued)}" data-bad="1">'
                    f'<summary>{_badge(r["outcome"])} '
                    f'<code>{_e(r["case"])}[{_e(r["id"])}]</code> <span class="meta">'
                    f'{_e(r["file"])}:{r["line"]}</span> — {_e(first)}</summary>')
@@ -418,12 +421,13 @@ def _order_chip(key: str, value: Any) -> str:
 def _drilldown(backend: str, recs: list[dict[str, Any]]) -> list[str]:
     cells: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in recs:
-        cells[(r["op"], r["dtype"])].append(r)
+        for op, _ in filed_under(r):
+            cells[(op, r["dtype"])].append(r)
     out = ["<h3>Instances by cell</h3>"]
     for (op, d), group in sorted(cells.items()):
         counts = Counter(shown(r) for r in group)
         out.append(f'<details class="drill" id="{anchor("d", backend, op, d)}" '
-                   f'data-filter-op="{_e(op)} {_e(group[0].get("family") or op)}" '
+                   f'data-filter-op="{_e(op)} {_e(dict(filed_under(group[0]))[op])}" '
                    f'data-bad="{int(_is_bad(counts))}"><summary>'
                    f"<code>{_e(op)}</code> &times; <code>{_e(d)}</code>: "
                    f"{_e(counts_text(counts))}</summary><table><thead><tr><th>outcome</th>"

@@ -109,18 +109,33 @@ def not_applied_notice(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def filed_under(record: dict[str, Any]) -> list[tuple[str, str]]:
+    """(op, family) of every grid row a record belongs to: each op a multi-op program issues
+    (an FSDP round trip is an all_gather and a reduce_scatter), else its one op."""
+    issued = record.get("issued")
+    if isinstance(issued, list) and issued:
+        return [(e["op"], e["family"]) for e in issued]
+    return [(record["op"], record.get("family") or record["op"])]
+
+
 def matrix(records: list[dict[str, Any]]) -> list[str]:
-    """Markdown table lines: rows are ops, columns dtypes."""
+    """Markdown table lines: rows are ops, columns dtypes. A multi-op program is counted in
+    the row of every op it issues; the headline counts it once."""
     dtypes = sorted({r["dtype"] for r in records})
     by_cell: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     for r in records:
-        by_cell[(r["op"], r["dtype"])][cell_outcome(r)] += 1
-    ops = sorted({r["op"] for r in records})
+        for op, _ in filed_under(r):
+            by_cell[(op, r["dtype"])][cell_outcome(r)] += 1
+    ops = sorted({op for r in records for op, _ in filed_under(r)})
     # op and dtype names come from the harness's own tables (validated at collection)
     lines = ["| op | " + " | ".join(dtypes) + " |", "|---|" + "---|" * len(dtypes)]
     for op in ops:
         lines.append(f"| {op} | " + " | ".join(cell(by_cell.get((op, d), Counter()))
                                                for d in dtypes) + " |")
+    multi = sum(1 for r in records if r.get("issued"))
+    if multi:
+        lines += ["", f"{multi} program instance(s) issue several ops and are counted in the "
+                  "row of each; the headline counts every instance once."]
     return lines
 
 

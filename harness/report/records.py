@@ -100,6 +100,7 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
         "dtype": inst.dtype,
         "op": inst.op,
         "family": inst.family,
+        **({"issued": [{"op": o, "family": f} for o, f in inst.issued]} if inst.issued else {}),
         "reduce_op": inst.reduce_op,
         "async": inst.async_op,
         "axes": {k: v for k, v in inst.axes},
