@@ -487,3 +487,6 @@ class PoolRun:
     results: dict[int, RankResult] = field(default_factory=dict)
     states: list[RankState] = field(default_factory=list)
     elapsed: float = 0.0
+    # failfast: the wait ended before the grace because every rank still running was proven
+    # stranded (harness.run.stranded), not because the grace ran out.
+    stranded: bool = False

@@ -34,6 +34,7 @@ from typing import Any
 
 from .. import ops
 from ..model import Instance, PoolRun, RankState, flat_steps
+from . import stranded
 from .rank import STACK_SIGNAL, RankConfig, decode, encode, rank_main
 
 FAIL_FAST_GRACE_S = 2.0
@@ -151,6 +152,7 @@ class RankPool:
         ctx = forkserver_context()
         if key.pg_timeout_s is not None:
             pg_timeout_s = key.pg_timeout_s
+        self.pg_timeout_s = pg_timeout_s
         # The case's variables win over the harness's defaults for the backend.
         env = tuple(sorted({**dict(_backend_env(key.backend, pg_timeout_s)),
                             **dict(key.env)}.items()))
@@ -304,10 +306,21 @@ class RankPool:
         run = PoolRun(kind="done")
         end = t0 + deadline_s
         died: list[int] = []
+        # After a raise, ranks provably stranded in a collective end the grace early.
+        watch = (stranded.StrandWatch(inst) if stranded.eligible(inst, self.pg_timeout_s)
+                 else None)
         while pending:
             timeout = end - time.monotonic()
             if timeout <= 0:
                 break
+            if watch is not None and run.kind == "failfast" and not died:
+                if watch.settled(time.monotonic(), {
+                        r: res for r, res in run.results.items() if res.status == "raised"},
+                        {r: int(self.progress[r][1]) for r in pending},
+                        {r: self.procs[r].pid for r in pending}):
+                    run.stranded = True
+                    break
+                timeout = min(timeout, stranded.SETTLE_S / 4)
             if on_wait is not None:
                 now = time.monotonic()
                 if now >= next_note:

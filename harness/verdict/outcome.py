@@ -233,7 +233,9 @@ def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
                          f"    in step {step}: {_step_desc(inst, step)}\n{_indent(_tb(tb))}")
         others = [s for s in run.states if s.state != "raised"]
         if others:
-            parts.append("  other ranks (stopped after the fail-fast grace period):")
+            parts.append("  other ranks (stopped once each was blocked, idle, in a collective "
+                         "that a rank which raised can no longer join):" if run.stranded else
+                         "  other ranks (stopped after the fail-fast grace period):")
             parts.extend(describe_state(s, run.results) for s in others)
         else:
             parts.extend(f"  rank {r.rank}: finished" for r in ranks if r.status == "ok")
