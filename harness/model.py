@@ -465,6 +465,8 @@ class InstanceResult:
     states: list[RankState] = field(default_factory=list)
     duration: float = 0.0
     pool_replaced: bool = False
+    # Run on its own pool ahead of its turn (isolated instances: harness.plugin.ahead).
+    ran_ahead: bool = False
     expected_kind: str = "pass"
     reason: str = ""
     ordering: dict[str, Any] = field(default_factory=dict)  # async-contract verdicts

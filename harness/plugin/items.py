@@ -80,13 +80,8 @@ class CaseItem(pytest.Item):
 
     def _setup(self) -> None:
         hs = harness_session(self.config)
-        caps = probe(hs.backend_modules)
-        self.not_applied = overrides.not_applied(self.instance, caps.torch_version,
-                                                  caps.nccl_version)
-        resolved = overrides.resolve(self.instance, caps.torch_version, caps.nccl_version)
-        self.instance = perfplan.configure(ordering.configure(resolved, self.config),
-                                           self.config)
-        reason = self.instance.expectation.skip or caps.skip_reason(self.instance)
+        start_ahead(self.session, hs)
+        self.instance, self.not_applied, reason = resolve(self.config, hs, self.instance)
         if reason:
             self.record = skipped_record(self.instance, reason, self.nodeid)
             # Point -rs at the YAML case rather than at this line.
@@ -125,9 +120,7 @@ class CaseItem(pytest.Item):
         hs = harness_session(self.config)
         inst = self.instance
         deadline = inst.deadline or hs.deadline
-        # A case's environment and process-group timeout are part of what a pool is.
-        key = PoolKey(inst.backend, inst.device, inst.world_size, hs.backend_modules,
-                      env=inst.env, pg_timeout_s=inst.pg_timeout, bind_device=inst.bind_device)
+        key = pool_key(hs, inst)
         where = f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]"
         try:
             check_deadline(deadline)
@@ -147,12 +140,22 @@ class CaseItem(pytest.Item):
         """
         inst = self.instance
         foreign = ""
+        ran = hs.ahead.take(self.nodeid, inst, self._tell_waiting) if hs.ahead else None
         for _attempt in range(2):
             t0 = time.monotonic()
             try:
-                pool = hs.manager.isolated(key) if inst.isolate else hs.manager.get(key)
-                t_pool = time.monotonic()
-                run = pool.run(inst, deadline, on_wait=self._tell_waiting)
+                if ran is not None:  # run ahead on its own pool (harness.plugin.ahead)
+                    if ran.start_error:
+                        raise PoolStartError(ran.start_error)
+                    assert ran.pool is not None and ran.run is not None
+                    pool, run = ran.pool, ran.run
+                    t0, t_pool = t0 - ran.pool_s - ran.run_s, t0 - ran.run_s
+                    ran, ahead_run = None, True
+                else:
+                    ahead_run = False
+                    pool = hs.manager.isolated(key) if inst.isolate else hs.manager.get(key)
+                    t_pool = time.monotonic()
+                    run = pool.run(inst, deadline, on_wait=self._tell_waiting)
             except PoolStartError as exc:
                 return InstanceResult("error", f"{where}: {exc}",
                                       expected_kind=inst.expectation.kind)
@@ -167,6 +170,7 @@ class CaseItem(pytest.Item):
                 continue
             t_run = time.monotonic()
             result = judge(inst, run, deadline)
+            result.ran_ahead = ahead_run
             if result.outcome == "passed" and perfplan.enabled(self.config):
                 # Only a passed instance gets numbers: a bandwidth never hides a failure.
                 result.perf = (perfstats.aggregate(inst, run.results) if inst.perf
@@ -207,6 +211,50 @@ class CaseItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Path, int, str]:
         return self.path, self.instance.line - 1, f"{self.instance.case}[{self.instance.id}]"
+
+
+def resolve(config: pytest.Config, hs: HarnessSession, instance: Instance
+            ) -> tuple[Instance, list[dict[str, Any]], str]:
+    """The instance as it will run here (overrides for this torch/NCCL applied, ordering and
+    perf plans configured), the overrides that did not apply, and why it is skipped ("")."""
+    caps = probe(hs.backend_modules)
+    not_applied = overrides.not_applied(instance, caps.torch_version, caps.nccl_version)
+    resolved = overrides.resolve(instance, caps.torch_version, caps.nccl_version)
+    inst = perfplan.configure(ordering.configure(resolved, config), config)
+    return inst, not_applied, inst.expectation.skip or caps.skip_reason(inst)
+
+
+def pool_key(hs: HarnessSession, inst: Instance) -> PoolKey:
+    """The pool an instance runs on: a case's environment and process-group timeout are part
+    of what a pool is."""
+    return PoolKey(inst.backend, inst.device, inst.world_size, hs.backend_modules,
+                   env=inst.env, pg_timeout_s=inst.pg_timeout, bind_device=inst.bind_device)
+
+
+def start_ahead(session: pytest.Session, hs: HarnessSession) -> None:
+    """Once per session, at the first case's setup: start the isolated instances of the run
+    on background threads (harness.plugin.ahead). Not on xdist workers (a worker runs only
+    the items it is sent), with --perf (timings need a quiet machine) or with --ahead 0."""
+    if hs.ahead_started:
+        return
+    hs.ahead_started = True
+    if hs.is_worker or hs.ahead_workers == 0 or perfplan.enabled(hs.config):
+        return
+    todo: list[tuple[str, Instance]] = []
+    for item in session.items:
+        if not isinstance(item, CaseItem) or not item.instance.isolate:
+            continue
+        try:
+            inst, _, reason = resolve(hs.config, hs, item.instance)
+            check_deadline(inst.deadline or hs.deadline)
+        except Exception:  # the item's own setup or run reports it
+            continue
+        if not reason:
+            todo.append((item.nodeid, inst))
+    if todo:
+        ahead = hs.start_ahead()
+        for nodeid, inst in todo:
+            ahead.submit(nodeid, inst, pool_key(hs, inst), inst.deadline or hs.deadline)
 
 
 def internal_error(inst: Instance, exc: BaseException, stage: str) -> InstanceResult:

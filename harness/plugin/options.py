@@ -60,6 +60,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "launched world size")
     group.addoption("--max-pools", dest="collective_max_pools", type=int, default=None,
                     metavar="N", help="rank pools kept alive at once (default 2)")
+    group.addoption("--ahead", dest="collective_ahead", type=int, default=None, metavar="N",
+                    help="isolated instances (declared hangs and crashes, programs that make "
+                         "groups, isolate: true) run ahead of their turn, each on its own "
+                         "pool, N at a time while the main pool works (default 2; 0: in "
+                         "turn; off on xdist workers and with --perf)")
     ordering.add_options(group, parser)
     perfplan.add_options(group, parser)
     for _field, flag, ini, text in LIMIT_OPTIONS:
@@ -82,6 +87,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("collective_baseline", "baseline to gate the run against (optional)",
                   default="")
     parser.addini("collective_max_pools", "rank pools kept alive at once", default="2")
+    parser.addini("collective_ahead", "isolated instances run ahead of their turn at once "
+                  "(0: in turn)", default="2")
     parser.addini("collective_launched_world_size", "what 'world_size: launched' means here",
                   default=str(expand.DEFAULT_LAUNCHED))
 

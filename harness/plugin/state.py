@@ -14,6 +14,7 @@ import pytest
 from ..ordering import plan as ordering
 from ..perf import plan as perfplan
 from ..run.pool import PoolManager
+from .ahead import Ahead
 from .options import operator_limits, parse_seconds, whole_number
 
 BAD_OUTCOMES = ("failed", "error", "hang", "crash")
@@ -54,6 +55,11 @@ class HarnessSession:
             if launched is None else launched, 1, 1_000_000)  # --max-world-size bounds its use
         self.records: list[dict[str, Any]] = []
         self._manager: Any = None
+        ahead = opt("collective_ahead")
+        self.ahead_workers = whole_number(
+            "--ahead", config.getini("collective_ahead") if ahead is None else ahead, 0, 64)
+        self.ahead: Ahead | None = None
+        self.ahead_started = False
         self.is_worker = hasattr(config, "workerinput")
         # Node ids of the case instances selected to run (after -k/-m/--world-size/--full):
         # every one must end with a record, or the report says the session is incomplete.
@@ -67,6 +73,12 @@ class HarnessSession:
         self.fallback = ""  # where the report went when its own paths failed (the message)
         # YAML files under a directory named on the command line that are not case files.
         self.skipped_yaml: list[Path] = []
+
+    def start_ahead(self) -> Ahead:
+        """The runner of isolated instances ahead of their turn (harness.plugin.ahead)."""
+        if self.ahead is None:
+            self.ahead = Ahead(self.manager, self.ahead_workers)
+        return self.ahead
 
     @property
     def manager(self) -> Any:
@@ -83,6 +95,9 @@ class HarnessSession:
                 **ordering.options(self.config), **perfplan.options(self.config)}
 
     def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
+            self.ahead = None
         if self._manager is not None:
             self._manager.close()
             self._manager = None

@@ -110,6 +110,7 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
         "message": result.message,
         "duration_s": round(result.duration, 6),
         "pool_replaced": result.pool_replaced,
+        **({"ran_ahead": True} if result.ran_ahead else {}),
         **({"phases": result.phases} if result.phases else {}),
         "ranks": ranks,
     }

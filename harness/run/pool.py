@@ -599,6 +599,7 @@ class PoolManager:
         self.started = 0
         self.replaced = 0  # pools replaced after an instance (see settle)
         self._isolated = 0
+        self._count_lock = threading.Lock()
 
     def get(self, key: PoolKey) -> RankPool:
         pool = self.pools.get(key)
@@ -616,11 +617,14 @@ class PoolManager:
         return pool
 
     def isolated(self, key: PoolKey) -> RankPool:
-        """A private pool for one instance; the caller closes it."""
-        self._isolated += 1
-        self.started += 1
+        """A private pool for one instance; the caller closes it. Safe to call from several
+        threads at once (isolated instances run ahead: harness.plugin.ahead)."""
+        with self._count_lock:
+            self._isolated += 1
+            self.started += 1
+            number = self._isolated
         return RankPool(PoolKey(key.backend, key.device, key.world_size, key.backend_modules,
-                                self._isolated, key.env, key.pg_timeout_s, key.bind_device),
+                                number, key.env, key.pg_timeout_s, key.bind_device),
                         self.pg_timeout_s)
 
     def settle(self, pool: RankPool, inst: Instance, run: PoolRun) -> str:

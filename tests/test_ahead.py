@@ -1,0 +1,153 @@
+"""Isolated instances run ahead of their turn on their own pools (issue 25 point 3): the same
+records as run in turn, one record each, and nothing left running however the session ends."""
+
+from __future__ import annotations
+
+import json
+import signal
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .helpers import finish, load_report, pytest_argv, rank_pids, run_pytest, start, wait_for
+
+CASES = """
+cases:
+  - name: plain
+    op: all_reduce
+    world_size: [2, 3]
+    shape: [4]
+    input: "rank + i"
+  - name: declared_hang
+    world_size: 2
+    hangs: true
+    deadline: 2
+    tensors: {t: {shape: [2], init: zeros}}
+    steps:
+      - {op: recv, tensor: t, src: 0, ranks: [1]}
+    expected: {}
+  - name: declared_crash
+    world_size: 2
+    crashes: true
+    tensors: {t: {shape: [2], init: zeros}}
+    steps:
+      - {segfault: true, ranks: [1]}
+    expected: {}
+  - name: unexpected_hang
+    world_size: 2
+    isolate: true
+    deadline: 2
+    tensors: {t: {shape: [2], init: zeros}}
+    steps:
+      - {op: recv, tensor: t, src: 0, ranks: [1]}
+    expected: {}
+  - name: groups
+    world_size: 3
+    tensors: {t: {shape: [2], init: "rank"}}
+    steps:
+      - {new_group: g, members: [0, 1]}
+      - {op: all_reduce, tensor: t, group: g, ranks: [0, 1]}
+    expected: {t: {0: 1, 1: 1, 2: 2}}
+"""
+
+
+def records(tmp_path: Path, ahead: str) -> dict[str, dict[str, Any]]:
+    where = tmp_path / f"ahead{ahead}"
+    where.mkdir()
+    (where / "c.yaml").write_text(textwrap.dedent(CASES))
+    res = run_pytest(where, "c.yaml", "-q", "-p", "no:randomly", "--ahead", ahead,
+                     "--report-json", "r.json")
+    assert res.returncode == 1, res.stdout  # the unexpected hang
+    return {r["key"]: r for r in load_report(where / "r.json")["records"]}
+
+
+def test_run_ahead_gives_the_records_of_a_run_in_turn(tmp_path: Path) -> None:
+    ahead, in_turn = records(tmp_path, "2"), records(tmp_path, "0")
+    assert sorted(ahead) == sorted(in_turn) and len(ahead) == 6
+    isolated = {k for k, r in in_turn.items() if r["case"] != "plain"}
+    assert len(isolated) == 4
+    for key, rec in in_turn.items():
+        other = ahead[key]
+        assert (other["outcome"], other["expected"]) == (rec["outcome"], rec["expected"]), key
+        # the messages are the same, diagnosis included (stacks name the same frames)
+        assert other["message"].splitlines()[0] == rec["message"].splitlines()[0], key
+        assert [r.get("state") for r in other["ranks"]] == [
+            r.get("state") for r in rec["ranks"]], key
+        assert "ran_ahead" not in rec
+        assert other.get("ran_ahead", False) is (key in isolated), key
+    assert {r["outcome"] for r in ahead.values()} == {"passed", "hang"}
+
+
+HANG_AHEAD = """
+cases:
+  - name: first
+    op: all_reduce
+    world_size: 2
+    shape: [2]
+    input: "rank"
+    expected: 99
+  - name: long_declared_hang
+    world_size: 2
+    hangs: true
+    deadline: 300
+    tensors: {t: {shape: [2], init: zeros}}
+    steps:
+      - {op: recv, tensor: t, src: 0, ranks: [1]}
+    expected: {}
+"""
+
+
+def test_a_stopped_session_leaves_no_run_ahead_behind(tmp_path: Path) -> None:
+    """-x stops the session at the first case; the declared hang started ahead at once (its
+    deadline is 300 s) must die with the session, and it gets no record of a run."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    (tmp_path / "c.yaml").write_text(textwrap.dedent(HANG_AHEAD))
+    proc = start(tmp_path, pytest_argv("c.yaml", "-q", "-x", "-p", "no:randomly",
+                                       "--report-json", "r.json"),
+                 COLLECTIVE_TEST_MARKER=marker)
+    res = finish(proc, 120)
+    assert res.returncode == 1, res.stdout
+    wait_for(lambda: not rank_pids(marker), 10, "the ranks run ahead to exit")
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [r["case"] for r in report["records"]] == ["first"]
+    assert report["session"]["complete"] is False
+
+
+STUCK_FIRST = """
+cases:
+  - name: stuck
+    world_size: 2
+    deadline: 300
+    tensors: {t: {shape: [2], init: zeros}}
+    steps:
+      - {op: recv, tensor: t, src: 0, ranks: [1]}
+      - {op: recv, tensor: t, src: 1, ranks: [0]}
+    expected: {}
+  - name: long_declared_hang
+    world_size: 2
+    hangs: true
+    deadline: 300
+    tensors: {t: {shape: [2], init: zeros}}
+    steps:
+      - {op: recv, tensor: t, src: 0, ranks: [1]}
+    expected: {}
+"""
+
+
+def test_ctrl_c_while_a_run_ahead_waits_kills_every_rank(tmp_path: Path) -> None:
+    """The first case blocks in the main pool while the declared hang waits ahead on its own
+    pool: Ctrl-C ends both."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    (tmp_path / "c.yaml").write_text(textwrap.dedent(STUCK_FIRST))
+    proc = start(tmp_path, pytest_argv("c.yaml", "-q", "-p", "no:randomly", "--no-report"),
+                 merge_stderr=True, COLLECTIVE_TEST_MARKER=marker)
+    try:
+        wait_for(lambda: len(rank_pids(marker)) == 4, 60, "both pools' ranks to start")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        wait_for(lambda: not rank_pids(marker), 10, "every rank to exit after Ctrl-C")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
