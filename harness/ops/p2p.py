@@ -30,8 +30,11 @@ class Send(_P2P):
     required_args = ("dst",)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        return self.issue(ctx, bufs, ctx.async_op)
+
+    def issue(self, ctx: CallContext, bufs: dict[str, Any], async_op: bool) -> Any:
         tag = int(ctx.args.get("tag", 0))
-        if ctx.async_op:
+        if async_op:
             return ctx.dist.isend(bufs["tensor"], **root_kw(ctx, "dst"), group=ctx.group,
                                   tag=tag)
         ctx.dist.send(bufs["tensor"], **root_kw(ctx, "dst"), group=ctx.group, tag=tag)
@@ -47,9 +50,12 @@ class Recv(_P2P):
                "_source_rank() after wait()")
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
+        return self.issue(ctx, bufs, ctx.async_op)
+
+    def issue(self, ctx: CallContext, bufs: dict[str, Any], async_op: bool) -> Any:
         tag = int(ctx.args.get("tag", 0))
         src = root_kw(ctx, "src")
-        if ctx.async_op:
+        if async_op:
             work = ctx.dist.irecv(bufs["tensor"], **src, group=ctx.group, tag=tag)
             # The sender is known once the Work is waited; asked only if a case checks it.
             ctx.returned["source_of"] = work
@@ -64,20 +70,14 @@ class ISend(Send):
     supports_async = True
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return super().call(_force_async(ctx), bufs)
+        return self.issue(ctx, bufs, True)
 
 
 class IRecv(Recv):
     name = "irecv"
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
-        return super().call(_force_async(ctx), bufs)
-
-
-def _force_async(ctx: CallContext) -> CallContext:
-    from dataclasses import replace
-
-    return replace(ctx, async_op=True)
+        return self.issue(ctx, bufs, True)
 
 
 

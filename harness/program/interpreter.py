@@ -408,6 +408,17 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
     decided from it). ``returned`` receives the op's checkable return value (``returns:``).
     ``timing``: a --perf loop after the checks (see ``CallContext.timing``).
     """
+    return bind_op(inst, step, renv, env, bufs, written, returned, timing)()
+
+
+def bind_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
+            bufs: dict[str, torch.Tensor], written: set[str],
+            returned: dict[str, Any] | None = None, timing: bool = False
+            ) -> Callable[[], Any]:
+    """:func:`call_op` with everything but the call itself done once: arguments evaluated,
+    group resolved, buffers handed over. The --perf loop issues the bound call many times;
+    evaluating the step's expressions on every iteration was harness time inside the timed
+    loop (and, between an isend and its irecv, it delayed posting the receive)."""
     assert step.op is not None
     op = ops.get(step.op)
     args = step_args(step, renv.rank, renv.world_size, env)
@@ -456,7 +467,8 @@ def call_op(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
                           if op.reduces else None,
                           async_op=step.async_op, args=_torch_args(args, renv), timing=timing,
                           returned=returned if returned is not None else {})
-    return op.call(ctx, passed)
+    call = op.call
+    return lambda: call(ctx, passed)
 
 
 def _root_of(args: dict[str, Any], group_ranks: tuple[int, ...]) -> int | None:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..model import Instance, PerfPlan, Step
-from .interpreter import RankEnv, call_op, in_ranks, step_args
+from .interpreter import RankEnv, bind_op, in_ranks, step_args
 
 Iteration = Callable[[], None]
 
@@ -66,15 +66,18 @@ def _message_bytes(inst: Instance, renv: RankEnv, env: dict[str, Any],
 
 def harness_iteration(inst: Instance, renv: RankEnv, env: dict[str, Any],
                       bufs: dict[str, Any]) -> Iteration:
-    """One run of the program's op and wait steps through the interpreter's ``call_op``."""
+    """One run of the program's op and wait steps through the op table's calls, bound once
+    (:func:`bind_op`: the arguments are the same on every iteration)."""
     steps = _op_steps(inst, renv, env)
     written: set[str] = set()
+    bound = {i: bind_op(inst, step, renv, env, bufs, written, timing=True)
+             for i, step in enumerate(steps) if step.kind == "op"}
 
     def run() -> None:
         handles: dict[str, Any] = {}
-        for step in steps:
+        for i, step in enumerate(steps):
             if step.kind == "op":
-                work = call_op(inst, step, renv, env, bufs, written, timing=True)
+                work = bound[i]()
                 if work is not None:
                     if step.handle:
                         handles[step.handle] = work
