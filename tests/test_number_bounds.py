@@ -29,6 +29,7 @@ cases:
     (["--perf", "--perf-iters", "0"], "--perf-iters 0: must be a finite number from 1"),
     (["--launched-world-size", "0"], "--launched-world-size: 0 is outside 1..1000000"),
     (["--max-pools", "0"], "--max-pools: 0 is outside 1..64"),
+    (["--ahead", "-1"], "--ahead: -1 is outside 0..64"),
 ])
 def test_a_pytest_option_out_of_bounds_is_a_usage_error(tmp_path: Path, args: list[str],
                                                         says: str) -> None:
