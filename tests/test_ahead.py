@@ -79,14 +79,8 @@ def test_run_ahead_gives_the_records_of_a_run_in_turn(tmp_path: Path) -> None:
     assert {r["outcome"] for r in ahead.values()} == {"passed", "hang"}
 
 
-HANG_AHEAD = """
-cases:
-  - name: first
-    op: all_reduce
-    world_size: 2
-    shape: [2]
-    input: "rank"
-    expected: 99
+# Declared, with a deadline far past any test: it ends only when the session kills it.
+LONG_HANG = """
   - name: long_declared_hang
     world_size: 2
     hangs: true
@@ -96,6 +90,16 @@ cases:
       - {op: recv, tensor: t, src: 0, ranks: [1]}
     expected: {}
 """
+
+HANG_AHEAD = """
+cases:
+  - name: first
+    op: all_reduce
+    world_size: 2
+    shape: [2]
+    input: "rank"
+    expected: 99
+""" + LONG_HANG
 
 
 def test_a_stopped_session_leaves_no_run_ahead_behind(tmp_path: Path) -> None:
@@ -124,15 +128,7 @@ cases:
       - {op: recv, tensor: t, src: 0, ranks: [1]}
       - {op: recv, tensor: t, src: 1, ranks: [0]}
     expected: {}
-  - name: long_declared_hang
-    world_size: 2
-    hangs: true
-    deadline: 300
-    tensors: {t: {shape: [2], init: zeros}}
-    steps:
-      - {op: recv, tensor: t, src: 0, ranks: [1]}
-    expected: {}
-"""
+""" + LONG_HANG
 
 
 def test_ctrl_c_while_a_run_ahead_waits_kills_every_rank(tmp_path: Path) -> None:
