@@ -110,6 +110,8 @@ class CaseItem(pytest.Item):
             pytest.xfail(result.message)
         if result.outcome in BAD_OUTCOMES:
             raise CaseFailure(result)
+        if result.outcome == "uncheckable":  # not a pass: JUnit shows it skipped, with why
+            pytest.skip(result.message)
 
     def _drop_pool(self) -> None:
         """After an internal error the pool's state is unknown: never reuse it."""
@@ -269,6 +271,8 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config
     if (report.when == "call" and report.passed
             and getattr(report, OUTCOME_ATTR, None) == "limitation"):
         return "limitation", "L", ("LIMITATION", {"blue": True})
+    if report.when == "call" and getattr(report, OUTCOME_ATTR, None) == "uncheckable":
+        return "uncheckable", "U", ("UNCHECKABLE", {"yellow": True})
     return None
 
 

@@ -43,8 +43,8 @@ from ..model import (
     tensor_list,
     tensor_names,
 )
+from . import fp64, lifecycle, objects, stepchecks, tensors
 from . import groups as group_steps
-from . import lifecycle, objects, stepchecks, tensors
 from .graphs import Graphs
 from .timeline import STEP_KINDS, ProgramState
 
@@ -203,8 +203,8 @@ def build_buffers(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> dict[st
             bufs[spec.name] = tensors.to_sparse(t.to(dev), spec.sparse.sparse_dim,
                                                 spec.sparse.uncoalesced)
             continue
-        bufs[spec.name] = (t if spec.dtype == "object" else
-                           tensors.with_layout(t.to(dev), spec.layout))
+        bufs[spec.name] = (t if spec.dtype == "object" else tensors.at_offset(
+            tensors.with_layout(t.to(dev), spec.layout), spec.offset))
     return bufs
 
 
@@ -569,9 +569,10 @@ def _magnitude(t: torch.Tensor) -> torch.Tensor:
 
 
 def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any],
-               magnitude: bool = False) -> Any:
+               magnitude: bool = False, wide: bool = False) -> Any:
     """The reference model's result for this rank; ``magnitude``: over every input's
-    absolute values (for sums, the sum of |x| that bounds the rounding error)."""
+    absolute values (for sums, the sum of |x| that bounds the rounding error); ``wide``:
+    over the inputs in float64 (integers too), unrounded (harness.program.fp64)."""
     assert inst.shorthand is not None
     op = ops.get(inst.op)
     in_spec = _spec(inst, inst.shorthand[0])
@@ -579,6 +580,8 @@ def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any],
     inputs: list[Any] = []
     for r in range(renv.world_size):
         t = _materialize(inst, in_spec, r, renv.world_size, env)
+        if wide:
+            t = fp64.widened(t, integers=True)
         entries = in_spec.entries_for(r)
         inputs.append(t if entries is None else tensors.entry_views(t, entries))
     if magnitude:
@@ -645,6 +648,9 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
                 tol = Tolerance(*slack) if slack else None
             checks.append(tensors.compare(spec.name, got, exp.to(got.dtype), how, tol, bound,
                                           tol_text))
+            if how == "auto" and inst.shorthand is not None and spec.dtype != "object":
+                fp64.annotate(checks[-1], got, exp.to(got.dtype), inst,
+                              lambda w, m: _reference(inst, renv, env, magnitude=m, wide=w))
             if spec.sparse is not None and got.layout != torch.sparse_coo:
                 checks[-1].ok = False  # the op must keep the buffer a sparse tensor
                 checks[-1].note = (f"declared sparse_coo, came back {got.layout}; "

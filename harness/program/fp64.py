@@ -1,0 +1,146 @@
+"""Rank-side numerics: error against the FP64 reference, and expected values that are inexact.
+
+The reference model (:mod:`harness.ops`) reduces in float64 and rounds once to the buffer's
+dtype; for the error measurement the inputs are widened first, so the same model gives the
+unrounded float64 (complex128) result, and the error of what the backend returned is measured
+against it. Runs in rank processes (imports torch).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..model import Instance, TensorCheck
+from . import tensors
+
+# The reference model's result for this rank: (widen the inputs first, over |inputs|).
+Reference = Callable[[bool, bool], Any]
+
+# Reductions whose result depends on the order of the operations (rounding, overflow).
+ORDER_SENSITIVE = ("sum", "avg", "premul_sum", "product")
+INT64_LIMIT = 2.0**63
+
+
+def widened(t: torch.Tensor, integers: bool = False) -> torch.Tensor:
+    """``t`` in float64 (complex128 for complex); integers too when ``integers`` (to see the
+    magnitude of an integer product that int64 cannot hold)."""
+    if t.is_complex():
+        return t.to(torch.complex128)
+    if t.is_floating_point() or (integers and t.dtype != torch.bool):
+        return t.to(torch.float64)
+    return t
+
+
+def error_metrics(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    """Error of ``got`` against the FP64 reference ``ref`` over the elements where both are
+    finite: ``max_abs``, ``max_rel`` (over non-zero reference elements), ``rel_l2``
+    (``||got - ref|| / ||ref||``; left out where the reference is all zeros and the error
+    is not) and ``max_ulps`` (in units of ``got``'s dtype at the reference value). Empty for
+    non-float buffers or where no element is finite on both sides."""
+    got = tensors.dense_form(got.detach().cpu())
+    if not (got.is_floating_point() or got.is_complex()) or got.numel() == 0:
+        return {}
+    wide = torch.complex128 if got.is_complex() else torch.float64
+    g = got.reshape(-1).to(wide)
+    e = tensors.dense_form(ref.detach().cpu()).reshape(-1).to(wide)
+    if g.shape != e.shape:
+        return {}
+    fin = torch.isfinite(g) & torch.isfinite(e)
+    if not bool(fin.any()):
+        return {}
+    g, e = g[fin], e[fin]
+    err = (g - e).abs()
+    nz = e != 0
+    out = {"max_abs": float(err.max()),
+           "max_rel": float((err[nz] / e[nz].abs()).max()) if bool(nz.any()) else 0.0}
+    norm_e, norm_err = float(torch.linalg.vector_norm(e)), float(torch.linalg.vector_norm(err))
+    if norm_e > 0:
+        out["rel_l2"] = norm_err / norm_e
+    elif norm_err == 0:
+        out["rel_l2"] = 0.0
+    real = torch.empty(0, dtype=got.dtype).real.dtype
+    out["max_ulps"] = float((err / tensors.ulp_of(e.abs(), real)).max())
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+def inexact_reason(dtype: torch.dtype, reduce_op: str | None, ref: torch.Tensor,
+                   magnitude: torch.Tensor | None) -> str:
+    """Why the expected value of a reduction is itself inexact at ``dtype`` ("" if it is not).
+
+    ``ref``: the reference over widened inputs (integers too); ``magnitude``: the same
+    reduction over every input's absolute values. Float sums whose sum of |x| exceeds the
+    dtype's largest finite value may overflow in some summation orders and not in others;
+    an integer product beyond 64 bits has no int64 reference (and signed overflow is
+    undefined behaviour in the C++ a backend is written in).
+    """
+    if reduce_op not in ORDER_SENSITIVE:
+        return ""
+    name = str(dtype).removeprefix("torch.")
+    if (dtype.is_floating_point or dtype.is_complex) and magnitude is not None:
+        real = torch.empty(0, dtype=dtype).real.dtype
+        top = torch.finfo(real).max
+        mag = magnitude.detach().cpu().reshape(-1)
+        mag = (mag.real.abs().maximum(mag.imag.abs()) if mag.is_complex() else mag.abs())
+        mag = mag.to(torch.float64)
+        over = torch.isfinite(mag) & (mag > top)
+        if bool(over.any()):
+            i = int(over.nonzero()[0])
+            return (f"{int(over.sum())} element(s) can overflow {name} in some orders of the "
+                    f"{reduce_op} (element {i}: sum of |x| {float(mag[i]):.4g} > max "
+                    f"{top:.4g}), so no single expected value exists")
+        return ""
+    if reduce_op == "product" and not dtype.is_floating_point and dtype != torch.bool:
+        wide = ref.detach().cpu().reshape(-1).to(torch.float64).abs()
+        over = torch.isfinite(wide) & (wide >= INT64_LIMIT)
+        if bool(over.any()):
+            i = int(over.nonzero()[0])
+            return (f"{int(over.sum())} element(s) of the {name} product exceed 64 bits "
+                    f"(element {i}: |product| {float(wide[i]):.4g} >= 2**63), beyond what "
+                    "the int64 reference can hold")
+    return ""
+
+
+def nonfinite_mismatch(got: torch.Tensor, exp: torch.Tensor) -> torch.Tensor:
+    """Per element: got and exp are not both finite and not the same inf or both NaN."""
+    g = tensors.dense_form(got.detach().cpu()).reshape(-1)
+    e = tensors.dense_form(exp.detach().cpu()).reshape(-1).to(g.dtype)
+    wide = torch.complex128 if g.is_complex() else torch.float64
+    gw, ew = g.to(wide), e.to(wide)
+    both_finite = torch.isfinite(gw) & torch.isfinite(ew)
+    same = (gw == ew) | (gw.isnan() & ew.isnan())
+    return ~(both_finite | same)
+
+
+def annotate(check: TensorCheck, got: torch.Tensor, exp: torch.Tensor, inst: Instance,
+             reference: Reference) -> None:
+    """Add the FP64-reference error and the inexactness of the expected value to the check of
+    an ``expected: auto`` buffer; with error bounds (``error:``), judge its values by them:
+    here only the non-finite pattern must match, the parent compares the metrics."""
+    floats = got.is_floating_point() or got.is_complex()
+    if not floats and inst.reduce_op != "product":
+        return
+    ref = reference(True, False)
+    if not isinstance(ref, torch.Tensor):
+        return
+    sums = inst.reduce_op in ORDER_SENSITIVE and inst.reduce_op != "product"
+    mag = reference(True, True) if floats and sums else None
+    if floats and inst.reduce_op == "product":
+        mag = ref
+    check.inexact = inexact_reason(got.dtype, inst.reduce_op, ref, mag)
+    if not floats:
+        return
+    check.error = error_metrics(got, ref)
+    if inst.numerics is not None and inst.numerics.error:
+        bad = nonfinite_mismatch(got, exp)
+        check.wrong = int(bad.sum())
+        check.ok = check.wrong == 0
+        check.first_wrong = [(i, *pair) for i, pair in
+                             ((int(i), (repr(float(exp.reshape(-1)[i].real)),
+                                        repr(float(got.reshape(-1)[i].real))))
+                              for i in bad.nonzero().flatten()[:tensors.FIRST_WRONG].tolist())]
+        check.note = ("values judged by the error bound against the FP64 reference"
+                      + ("" if check.ok else "; the non-finite elements differ"))
