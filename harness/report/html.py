@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import dtypes
-from . import headline, ordering_table
+from . import errors_table, headline, ordering_table
 from .markdown import BAD, devices_label, first_wrong
 from .oneline import one_line
 from .perf_html import render as perf_section
@@ -527,6 +527,7 @@ def render(report: dict[str, Any], title: str = "collective-harness conformance"
             body += legend_block
         body += _families(backend, recs)
         body += _ordering(recs)
+        body += errors_table.html(recs)
         for section in sections:
             body += section(backend, recs)
         body += _failures(recs)

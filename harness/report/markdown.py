@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from . import headline, ordering_table, perf_md
+from . import errors_table, headline, ordering_table, perf_md
 from .mdtext import code, escape
 
 SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "hang": "⏳", "crash": "☠️",
@@ -153,6 +153,7 @@ def render(report: dict[str, Any]) -> str:
         out.extend(matrix(recs))
         out.append("")
         out.extend(ordering_table.render(recs))
+        out.extend(errors_table.markdown(recs))
         bad = [r for r in recs if r["outcome"] in BAD or r["outcome"] == "xpass"]
         if bad:
             out.append(f"## Failures ({len(bad)})")
