@@ -39,8 +39,9 @@ def error_metrics(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     """Error of ``got`` against the FP64 reference ``ref`` over the elements where both are
     finite: ``max_abs``, ``max_rel`` (over non-zero reference elements), ``rel_l2``
     (``||got - ref|| / ||ref||``; left out where the reference is all zeros and the error
-    is not) and ``max_ulps`` (in units of ``got``'s dtype at the reference value). Empty for
-    non-float buffers or where no element is finite on both sides."""
+    is not) and ``max_ulps`` (in units of ``got``'s dtype at the reference value, over the
+    non-zero reference elements too). Empty for non-float buffers or where no element is
+    finite on both sides."""
     got = tensors.dense_form(got.detach().cpu())
     if not (got.is_floating_point() or got.is_complex()) or got.numel() == 0:
         return {}
@@ -63,7 +64,10 @@ def error_metrics(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     elif norm_err == 0:
         out["rel_l2"] = 0.0
     real = torch.empty(0, dtype=got.dtype).real.dtype
-    out["max_ulps"] = float((err / tensors.ulp_of(e.abs(), real)).max())
+    # Where the exact value is 0 (cancellation) any error is "infinitely many" ulps of the
+    # smallest subnormal; max_abs covers those elements, as max_rel leaves them out too.
+    out["max_ulps"] = (float((err[nz] / tensors.ulp_of(e[nz].abs(), real)).max())
+                       if bool(nz.any()) else 0.0)
     return {k: v for k, v in out.items() if math.isfinite(v)}
 
 
