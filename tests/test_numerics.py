@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from harness.gate import bitdiff
 from harness.gate import compare as gate
 from harness.gate.baseline import Baseline
 from harness.program import fp64
@@ -224,3 +225,35 @@ def test_uncheckable_reaches_the_junit_file_as_not_passed(tmp_path: Path) -> Non
     xml = (project / "j.xml").read_text()
     assert "<skipped" in xml and "uncheckable" in xml
     assert json.loads(json.dumps(report))["records"][0]["outcome"] == "uncheckable"
+
+
+# -- bit-level A/B between reports -------------------------------------------------------------
+def _passing(key: str, digest: str, outcome: str = "passed") -> dict[str, Any]:
+    return {"key": f"c.yaml::s[{key}]", "file": "c.yaml", "case": "s", "backend": "gloo",
+            "axes": {"k": key}, "op": "all_reduce", "dtype": "bfloat16", "outcome": outcome,
+            "ranks": [{"rank": 0, "checks": [{"tensor": "t", "digest": "same"}]},
+                      {"rank": 1, "checks": [{"tensor": "t", "digest": digest}]}]}
+
+
+def test_bitdiff_lists_passing_instances_whose_bits_changed() -> None:
+    a = {"records": [_passing("x", "aa"), _passing("y", "bb"), _passing("z", "cc", "failed")]}
+    b = {"records": [_passing("x", "aa"), _passing("y", "b2"), _passing("z", "c2")]}
+    found, both, compared = bitdiff.changes(a, b)
+    assert (both, compared) == (2, 2)  # z failed in A: not a pass on both sides
+    assert [(c.key, c.buffers) for c in found] == [("c.yaml::s[y]", ["'t' on rank(s) 1"])]
+    assert "all_reduce bfloat16: 1 instance(s)" in bitdiff.render(found, both, compared, "A", "B")
+
+
+def test_bitdiff_between_the_torch_2_4_and_2_13_gloo_references(tmp_path: Path) -> None:
+    """The issue's acceptance run: the committed quick references of torch 2.4.1 and 2.13.0."""
+    ref = Path(__file__).resolve().parents[1] / "reports" / "reference"
+    out = tmp_path / "d.json"
+    assert bitdiff.main([str(ref / "gloo-cpu-quick-torch2.4.1.json.gz"),
+                         str(ref / "gloo-cpu-quick-torch2.13.0.json.gz"),
+                         "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["compared"] > 1000
+    # What changed: float16 NaN bits of the nan_inf case (the value check takes any NaN).
+    assert doc["changed"] and all("nan_inf" in c["key"] and c["dtype"] == "float16"
+                                  for c in doc["changed"])
+    assert bitdiff.main([str(tmp_path / "missing.json"), str(out)]) == 2
