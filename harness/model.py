@@ -316,6 +316,7 @@ class NumericsPlan:
 
     error: tuple[tuple[str, float], ...] = ()
     deterministic: int = 1
+    iterations: int = 1  # runs in all, each on fresh inputs and fully checked (nccl-tests -c)
     offset_invariant: bool = False
     fusion_invariant: bool = False
     unfused: tuple[Step, ...] = ()  # fusion_invariant: the op's entries issued one by one

@@ -72,6 +72,7 @@ def test_random_sum_is_uncheckable_only_without_a_bound() -> None:
     ("error: {max_ulps: .nan}", "cases/x.yaml:8:23", "must be a finite number"),
     ("error: {rel_l2: -1.0}", "cases/x.yaml:8:21", "minimum"),
     ("deterministic: 0", "cases/x.yaml:8:20", "minimum"),
+    ("iterations: 0", "cases/x.yaml:8:17", "minimum"),
     ("offset: 64", "cases/x.yaml:8:13", "beyond buffer 'tensor' of 8 element(s)"),
     ("offset_invariant: true", "cases/x.yaml:8:23", "has no non-zero offset"),
     ("fusion_invariant: true", "cases/x.yaml:8:23", "applies to the all_reduce_coalesced"),
@@ -153,6 +154,14 @@ cases:
     fusion_invariant: true
     input: {generator: random, seed: 5}
     error: {max_ulps: 4}
+  - name: iters
+    op: all_reduce
+    world_size: 2
+    dtype: float32
+    shape: [16]
+    input: {generator: exact, seed: 6}
+    iterations: 3
+    isolate: true
 """
 
 
@@ -176,7 +185,8 @@ def test_properties_hold_on_gloo_and_reach_every_report(tmp_path: Path) -> None:
     report = _run(tmp_path, "gloo")
     recs = _by_case(report)
     assert {c: r["outcome"] for c, r in recs.items()} == {
-        "det": "passed", "offs": "passed", "fused": "passed"}
+        "det": "passed", "offs": "passed", "fused": "passed", "iters": "passed"}
+    assert recs["iters"]["numerics"]["properties"]["iterations"] == "held"
     assert recs["det"]["numerics"]["properties"] == {"deterministic": "held",
                                                      "ranks_agree": "held"}
     assert recs["offs"]["numerics"]["properties"]["offset_invariant"] == "held"
@@ -193,6 +203,10 @@ def test_properties_hold_on_gloo_and_reach_every_report(tmp_path: Path) -> None:
     ("last_rank_ulp", "det", "ranks_agree", "ranks disagree on 'tensor'"),
     ("misaligned_wrong", "offs", "offset_invariant", "differ at offset 0 from the offset 1 run"),
     ("coalesced_ulp", "fused", "fusion_invariant", "issued one by one"),
+    # Intermittent corruption: the first run (call 1 of its private pool) is right, the
+    # second iteration's fresh inputs come back one bit off.
+    ("run_dependent_sum", "iters", "iterations", "iteration 2 (fresh inputs) failed: buffer "
+                                                 "'tensor': 1 of 16 element(s) wrong"),
 ])
 def test_each_property_catches_its_fault(tmp_path: Path, fault: str, case: str, prop: str,
                                          words: str) -> None:

@@ -18,7 +18,7 @@ from ..errors import CaseFileError
 from ..model import Case, NumericsPlan, Step, TensorSpec
 
 BOUNDS = ("max_abs", "max_rel", "rel_l2", "max_ulps")
-PROPERTIES = ("error", "deterministic", "offset_invariant", "fusion_invariant")
+PROPERTIES = ("error", "deterministic", "iterations", "offset_invariant", "fusion_invariant")
 # Coalesced ops and the plain op their entries are issued with one by one (fusion_invariant).
 UNFUSED = {"all_reduce_coalesced": "all_reduce", "coalescing_manager_all_reduce": "all_reduce"}
 
@@ -26,8 +26,7 @@ UNFUSED = {"all_reduce_coalesced": "all_reduce", "coalescing_manager_all_reduce"
 def _asked(raw: dict[str, Any]) -> list[str]:
     """The properties the case requires (``deterministic: 1`` and false flags ask nothing)."""
     out = [k for k in ("error", "offset_invariant", "fusion_invariant") if raw.get(k)]
-    if raw.get("deterministic", 1) != 1:
-        out.append("deterministic")
+    out += [k for k in ("deterministic", "iterations") if raw.get(k, 1) != 1]
     return out
 
 
@@ -62,6 +61,11 @@ def check(case: Case) -> list[CaseFileError]:
     if asked and "steps" in raw and not raw.get("tensors"):
         errs.append(case.error((asked[0],), f"{asked[0]} needs an output to compare, and the "
                                "program declares no tensors", "remove the key from this case"))
+    if raw.get("iterations", 1) != 1 and (op is None or raw.get("expected", "auto") != "auto"):
+        errs.append(case.error(("iterations",), "iterations reseeds the inputs, so it needs "
+                               "the op: form with expected: auto (the reference model "
+                               "computes each iteration's expected values)",
+                               "remove the key, or let the harness compute expected"))
     if raw.get("fusion_invariant") and (op is None or op.name not in UNFUSED
                                         or "entry_shape" in raw):
         errs.append(case.error(("fusion_invariant",), "fusion_invariant compares a coalesced "
@@ -114,6 +118,7 @@ def plan(case: Case, steps: tuple[Step, ...], tensors: tuple[TensorSpec, ...]
         unfused = (replace(first, op=UNFUSED[str(first.op)], bufs=(("tensor", name),),
                            repeat=count, slices=True, returns=None),)
     return NumericsPlan(error=bounds, deterministic=int(raw.get("deterministic", 1)),
+                        iterations=int(raw.get("iterations", 1)),
                         offset_invariant=bool(raw.get("offset_invariant")),
                         fusion_invariant=bool(raw.get("fusion_invariant")),
                         unfused=unfused)

@@ -569,10 +569,17 @@ def _magnitude(t: torch.Tensor) -> torch.Tensor:
 
 
 def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any],
-               magnitude: bool = False, wide: bool = False) -> Any:
+               magnitude: bool = False) -> Any:
     """The reference model's result for this rank; ``magnitude``: over every input's
-    absolute values (for sums, the sum of |x| that bounds the rounding error); ``wide``:
-    over the inputs in float64 (integers too), unrounded (harness.program.fp64)."""
+    absolute values (for sums, the sum of |x| that bounds the rounding error)."""
+    return _references(inst, renv, env, False, (magnitude,))[0]
+
+
+def _references(inst: Instance, renv: RankEnv, env: dict[str, Any], wide: bool,
+                kinds: tuple[bool, ...]) -> list[Any]:
+    """The reference model's results for this rank, one per entry of ``kinds`` (True: over
+    every input's absolute values), the inputs built once; ``wide``: the inputs in float64
+    (integers too), so the results are unrounded (harness.program.fp64)."""
     assert inst.shorthand is not None
     op = ops.get(inst.op)
     in_spec = _spec(inst, inst.shorthand[0])
@@ -584,9 +591,6 @@ def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any],
             t = fp64.widened(t, integers=True)
         entries = in_spec.entries_for(r)
         inputs.append(t if entries is None else tensors.entry_views(t, entries))
-    if magnitude:
-        inputs = [_magnitude(t) if isinstance(t, torch.Tensor) else [_magnitude(x) for x in t]
-                  for t in inputs]
     step = inst.steps[0]
     args = step_args(step, renv.rank, renv.world_size, env)
     group = args.pop("group", None)
@@ -596,10 +600,15 @@ def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any],
                          reduce_op=inst.reduce_op,
                          args={**args, "premul_factor": inst.premul_factor},
                          out_shape=_shape(out_spec.shape_for(renv.rank)) or ())
-    result = op.reference(inputs, ctx)[renv.rank]
-    if out_spec.entries_for(renv.rank) is not None and result is not None:
-        return tensors.flatten_entries(result)
-    return result
+    out: list[Any] = []
+    for magnitude in kinds:
+        given = [_magnitude(t) if isinstance(t, torch.Tensor) else [_magnitude(x) for x in t]
+                 for t in inputs] if magnitude else inputs
+        result = op.reference(given, ctx)[renv.rank]
+        if out_spec.entries_for(renv.rank) is not None and result is not None:
+            result = tensors.flatten_entries(result)
+        out.append(result)
+    return out
 
 
 def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, Any],
@@ -612,8 +621,14 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
         fill: Fill = declared.get(spec.name, Fill("unspecified")).for_rank(renv.rank)
         how: str = fill.kind
         exp: Any
+        wide: list[Any] = []
         if fill.kind == "auto":
-            exp = _reference(inst, renv, env)
+            # Float data: the FP64 reference, computed once, gives the expected value too
+            # (the model reduces in float64 and rounds once either way).
+            wide = (_references(inst, renv, env, True, fp64.kinds(inst, got))
+                    if spec.dtype != "object" and isinstance(got, torch.Tensor) else [])
+            exp = (wide[0].to(got.dtype) if wide and fp64.floating(got)
+                   and isinstance(wide[0], torch.Tensor) else _reference(inst, renv, env))
             how = "auto"
         elif fill.kind == "unchanged":
             exp = before[spec.name]
@@ -648,9 +663,8 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
                 tol = Tolerance(*slack) if slack else None
             checks.append(tensors.compare(spec.name, got, exp.to(got.dtype), how, tol, bound,
                                           tol_text))
-            if how == "auto" and inst.shorthand is not None and spec.dtype != "object":
-                fp64.annotate(checks[-1], got, exp.to(got.dtype), inst,
-                              lambda w, m: _reference(inst, renv, env, magnitude=m, wide=w))
+            if wide:
+                fp64.annotate(checks[-1], got, exp.to(got.dtype), inst, *wide)
             if spec.sparse is not None and got.layout != torch.sparse_coo:
                 checks[-1].ok = False  # the op must keep the buffer a sparse tensor
                 checks[-1].note = (f"declared sparse_coo, came back {got.layout}; "

@@ -14,8 +14,20 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from ..model import Instance, RankResult
+from ..model import Fill, Instance, NumericsPlan, RankResult
 from .interpreter import Probes, RankEnv, Timer, run_instance
+
+
+def reseeded(fill: Fill, k: int) -> Fill:
+    """``fill`` with its generator seed moved for iteration ``k`` (fresh inputs); other fills
+    (lists, expressions) stay as they are."""
+    if fill.kind == "per_rank":
+        return Fill("per_rank", {r: reseeded(f, k) for r, f in fill.data.items()})
+    if fill.kind != "generator":
+        return fill
+    name, params = fill.data
+    moved = {**dict(params), "seed": int(dict(params).get("seed", 0)) + 1_000 * k}
+    return Fill("generator", (name, tuple(sorted(moved.items()))))
 
 
 def variants(inst: Instance) -> list[tuple[str, Instance]]:
@@ -23,8 +35,14 @@ def variants(inst: Instance) -> list[tuple[str, Instance]]:
     plan = inst.numerics
     if plan is None:
         return []
-    bare = replace(inst, numerics=None, perf=None)
+    # The extra runs keep the error bounds (their values are judged the same way), not the
+    # properties (no runs of their own).
+    bare = replace(inst, perf=None,
+                   numerics=NumericsPlan(error=plan.error) if plan.error else None)
     out = [(f"run {k}", bare) for k in range(2, plan.deterministic + 1)]
+    out += [(f"iteration {k}", replace(bare, tensors=tuple(
+        replace(t, init=reseeded(t.init, k)) for t in inst.tensors)))
+        for k in range(2, plan.iterations + 1)]
     if plan.offset_invariant:
         out.append(("offset 0", replace(bare, tensors=tuple(replace(t, offset=0)
                                                             for t in inst.tensors))))
@@ -39,6 +57,12 @@ def summary(label: str, res: RankResult) -> dict[str, Any]:
                              "digests": {c.tensor: c.digest for c in res.checks if c.digest}}
     if res.status == "raised":
         entry["error"] = f"{res.exc_type}: {res.exc_message[:200]}"
+    wrong = [c for c in res.checks if not c.ok]
+    if wrong:  # an iteration's own value check (iterations: N)
+        c = wrong[0]
+        first = ", ".join(f"[{i}] expected {e} got {g}" for i, e, g in c.first_wrong[:3])
+        entry["wrong"] = (f"buffer {c.tensor!r}: {c.wrong} of {c.total} element(s) wrong"
+                          + (f"; first: {first}" if first else ""))
     return entry
 
 

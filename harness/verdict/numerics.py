@@ -15,7 +15,7 @@ from ..model import Instance, InstanceResult, RankResult
 
 ORDER_SENSITIVE = ("sum", "avg", "premul_sum", "product")
 FLOATS = ("float", "bfloat", "complex")
-LABELS = {"run": "deterministic", "offset 0": "offset_invariant",
+LABELS = {"run": "deterministic", "iteration": "iterations", "offset 0": "offset_invariant",
           "one by one": "fusion_invariant"}
 
 
@@ -93,6 +93,8 @@ def property_lines(inst: Instance, results: dict[int, RankResult]
     if plan is not None:
         if plan.deterministic > 1:
             asked["deterministic"] = "held"
+        if plan.iterations > 1:
+            asked["iterations"] = "held"
         if plan.offset_invariant:
             asked["offset_invariant"] = "held"
         if plan.fusion_invariant:
@@ -102,11 +104,16 @@ def property_lines(inst: Instance, results: dict[int, RankResult]
         first = {c.tensor: c.digest for c in rr.checks if c.digest}
         for run in rr.reruns:
             label = str(run.get("label", ""))
-            prop = LABELS.get(label.split(" ")[0] if label.startswith("run ") else label, "")
+            prop = LABELS.get(label.split(" ")[0] if label.startswith(("run ", "iteration "))
+                              else label, "")
             if not prop:
                 continue
             if run.get("status") != "ok":
                 text = f"rank {r}: the {label} run raised {run.get('error', '')}"
+            elif prop == "iterations":
+                if not run.get("wrong"):
+                    continue
+                text = f"rank {r}: {label} (fresh inputs) failed: {run['wrong']}"
             else:
                 digests: dict[str, Any] = run.get("digests", {})
                 diff = sorted(n for n in first if digests.get(n) != first[n])
