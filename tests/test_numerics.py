@@ -14,7 +14,7 @@ import torch
 from harness.gate import bitdiff
 from harness.gate import compare as gate
 from harness.gate.baseline import Baseline
-from harness.program import fp64
+from harness.program import fp64, reruns
 from harness.report import errors_table, headline, html, markdown
 from harness.verdict import numerics as vnum
 
@@ -271,3 +271,46 @@ def test_bitdiff_between_the_torch_2_4_and_2_13_gloo_references(tmp_path: Path) 
     assert doc["changed"] and all("nan_inf" in c["key"] and c["dtype"] == "float16"
                                   for c in doc["changed"])
     assert bitdiff.main([str(tmp_path / "missing.json"), str(out)]) == 2
+
+
+def test_check_iters_option_checks_every_iteration(tmp_path: Path) -> None:
+    """--check-iters N: N iterations on fresh inputs for reference-checked instances; an
+    instance with explicit expectations is left alone; a bad N is a usage error."""
+    project = write_case_file(tmp_path, """
+        cases:
+          - name: auto
+            op: all_reduce
+            world_size: 2
+            shape: [8]
+            input: {generator: exact}
+          - name: explicit
+            op: all_reduce
+            world_size: 2
+            shape: [2]
+            input: "rank + i"
+            expected: "1 + 2 * i"
+        """)
+    done = run_pytest(project, "c.yaml", "-q", "--check-iters", "3", "--report-json", "r.json")
+    assert done.returncode == 0, done.stdout[-2000:]
+    recs = {r["case"]: r for r in load_report(project / "r.json")["records"]}
+    assert recs["auto"]["numerics"]["properties"]["iterations"] == "held"
+    assert "iterations held" in recs["auto"]["message"]
+    assert "numerics" not in recs["explicit"]
+    bad = run_pytest(project, "c.yaml", "-q", "--check-iters", "0", "--no-report")
+    assert bad.returncode != 0 and "--check-iters: 0 is outside 1..100" in bad.stderr, bad.stderr
+
+
+def test_fresh_inputs_per_iteration() -> None:
+    (inst,) = case_instances("""
+    cases:
+      - name: s
+        op: all_reduce
+        world_size: 2
+        shape: [8]
+        input: {generator: random, seed: 4}
+        iterations: 3
+    """)
+    labels = [label for label, _ in reruns.variants(inst)]
+    assert labels == ["iteration 2", "iteration 3"]
+    seeds = [dict(v.tensors[0].init.data[1])["seed"] for _, v in reruns.variants(inst)]
+    assert seeds == [2004, 3004]  # each iteration its own inputs, the same on every run

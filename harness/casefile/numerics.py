@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import ops
 from ..errors import CaseFileError
-from ..model import Case, NumericsPlan, Step, TensorSpec
+from ..model import Case, Instance, NumericsPlan, Step, TensorSpec
 
 BOUNDS = ("max_abs", "max_rel", "rel_l2", "max_ulps")
 PROPERTIES = ("error", "deterministic", "iterations", "offset_invariant", "fusion_invariant")
@@ -122,3 +122,16 @@ def plan(case: Case, steps: tuple[Step, ...], tensors: tuple[TensorSpec, ...]
                         offset_invariant=bool(raw.get("offset_invariant")),
                         fusion_invariant=bool(raw.get("fusion_invariant")),
                         unfused=unfused)
+
+
+def check_iters(inst: Instance, n: int) -> Instance:
+    """``--check-iters N``: every instance of the ``op:`` form whose output the reference
+    model computes (``expected: auto``) and that must pass runs at least N iterations on
+    fresh inputs, each checked; other instances are left as they are."""
+    if n <= 1 or inst.shorthand is None or inst.expectation.kind != "pass":
+        return inst
+    out = dict(inst.expected).get(inst.shorthand[1])
+    if out is None or out.kind != "auto":
+        return inst
+    plan = inst.numerics or NumericsPlan()
+    return replace(inst, numerics=replace(plan, iterations=max(plan.iterations, n)))

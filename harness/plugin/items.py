@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ..casefile import overrides
+from ..casefile import numerics, overrides
 from ..model import Instance, InstanceResult
 from ..ordering import plan as ordering
 from ..perf import plan as perfplan
@@ -84,8 +84,8 @@ class CaseItem(pytest.Item):
         self.not_applied = overrides.not_applied(self.instance, caps.torch_version,
                                                   caps.nccl_version)
         resolved = overrides.resolve(self.instance, caps.torch_version, caps.nccl_version)
-        self.instance = perfplan.configure(ordering.configure(resolved, self.config),
-                                           self.config)
+        self.instance = numerics.check_iters(perfplan.configure(
+            ordering.configure(resolved, self.config), self.config), hs.check_iters)
         reason = self.instance.expectation.skip or caps.skip_reason(self.instance)
         if reason:
             self.record = skipped_record(self.instance, reason, self.nodeid)
