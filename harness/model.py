@@ -428,6 +428,7 @@ class TensorCheck:
     note: str = ""
     error: dict[str, float] = field(default_factory=dict)  # vs FP64 (harness.program.fp64)
     inexact: str = ""  # why the expected value itself is inexact
+    beyond_order: int = 0  # elements outside what any summation order gives (program.fp64)
 
 
 @dataclass

@@ -314,3 +314,27 @@ def test_fresh_inputs_per_iteration() -> None:
     assert labels == ["iteration 2", "iteration 3"]
     seeds = [dict(v.tensors[0].init.data[1])["seed"] for _, v in reruns.variants(inst)]
     assert seeds == [2004, 3004]  # each iteration its own inputs, the same on every run
+
+
+def test_a_result_no_summation_order_gives_fails_even_without_a_bound(tmp_path: Path) -> None:
+    """Random data over 4 ranks and no bound: uncheckable on Gloo; with a dropped contribution
+    (collective-mutate's dropped_contribution) no order explains the result: failed."""
+    text = """
+        cases:
+          - name: rs
+            op: reduce_scatter_tensor
+            world_size: 4
+            shape: [64]
+            input: {generator: random, seed: 9}
+        """
+    faithful = write_case_file(tmp_path / "gloo", text)
+    run_pytest(faithful, "c.yaml", "-q", "--report-json", "r.json")
+    (rec,) = load_report(faithful / "r.json")["records"]
+    assert rec["outcome"] == "uncheckable", rec["message"]
+    faulty = write_case_file(tmp_path / "mutant", text)
+    run_pytest(faulty, "c.yaml", "-q", "--report-json", "r.json", "--backend", "mutant",
+               "--backend-module", "harness.mutate.backend",
+               extra_env={"COLLECTIVE_MUTANT": "dropped_contribution"})
+    (rec,) = load_report(faulty / "r.json")["records"]
+    assert rec["outcome"] == "failed", rec["message"]
+    assert "outside what any order of the operations gives" in rec["message"]

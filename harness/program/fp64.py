@@ -132,6 +132,32 @@ def kinds(inst: Instance, got: torch.Tensor) -> tuple[bool, ...]:
     return (False,) if inst.reduce_op == "product" and got.dtype != torch.bool else ()
 
 
+def beyond_any_order(got: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor,
+                     inst: Instance) -> int:
+    """How many elements of a float sum lie outside what every order of the operations gives:
+    ``|got - ref| > gamma_k * sum|x| + 2 ulp`` (Higham's bound; k = n - 1 roundings over n
+    ranks, n with the scaling of avg and premul_sum; as ``tolerance: auto``). Such a result is
+    wrong whatever the order, so it can fail an instance whose exact value is not unique."""
+    g = tensors.dense_form(got.detach().cpu()).reshape(-1)
+    wide = torch.complex128 if g.is_complex() else torch.float64
+    e = tensors.dense_form(ref.detach().cpu()).reshape(-1).to(wide)
+    m = tensors.dense_form(mag.detach().cpu()).reshape(-1).to(wide).abs()
+    if g.shape != e.shape or g.shape != m.shape:
+        return 0
+    gw = g.to(wide)
+    if torch.equal(gw, e):
+        return 0
+    real = torch.empty(0, dtype=g.dtype).real.dtype
+    u = torch.finfo(real).eps / 2
+    group = dict(inst.steps[0].args).get("group") if inst.steps else None
+    n = len(group) if group else inst.world_size
+    k = n if inst.reduce_op in ("avg", "premul_sum") else n - 1
+    gamma = k * u / (1 - k * u)
+    bound = gamma * m + 2 * tensors.ulp_of(e.abs(), real)
+    fin = torch.isfinite(gw) & torch.isfinite(e) & torch.isfinite(m)
+    return int(((gw - e).abs() > bound)[fin].sum())
+
+
 def annotate(check: TensorCheck, got: torch.Tensor, exp: torch.Tensor, inst: Instance,
              ref: Any, mag: Any = None) -> None:
     """Add the FP64-reference error and the inexactness of the expected value to the check of
@@ -148,6 +174,8 @@ def annotate(check: TensorCheck, got: torch.Tensor, exp: torch.Tensor, inst: Ins
     if not floats:
         return
     check.error = error_metrics(got, ref)
+    if isinstance(mag, torch.Tensor) and inst.reduce_op != "product":
+        check.beyond_order = beyond_any_order(got, ref, mag, inst)
     if inst.numerics is not None and inst.numerics.error:
         bad = nonfinite_mismatch(got, exp)
         check.wrong = int(bad.sum())

@@ -142,6 +142,8 @@ def _check_entry(c: Any) -> dict[str, Any]:
         entry["error"] = {k: float(f"{v:.4g}") for k, v in c.error.items()}
     if c.inexact:
         entry["inexact"] = c.inexact
+    if c.beyond_order:
+        entry["beyond_order"] = c.beyond_order
     if c.first_wrong:
         entry["first_wrong"] = [{"index": i, "expected": e, "got": g}
                                 for i, e, g in c.first_wrong]
