@@ -4,6 +4,9 @@ Parent side: :class:`Case` (validated YAML) -> :class:`Instance` (one concrete t
 Rank side: :class:`Instance` in, :class:`RankResult` out. Parent again:
 :class:`InstanceResult` (the verdict), then the report record (a plain dict, see
 ``harness.report``). Everything here pickles cleanly and imports no torch.
+
+Kept whole: these are the records that cross stage boundaries; one module that imports nothing
+above it lets every stage use them without importing another stage.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class TensorSpec:
     # views of its consecutive pieces, reshaped.
     entry_shapes: tuple[tuple[tuple[int, ...], ...] | None, ...] | None = None
     sparse: SparseSpec | None = None  # set exactly when layout is "sparse_coo"
+    offset: int = 0  # elements before its start in a larger allocation (nccl-tests -u)
 
     def shape_for(self, rank: int) -> tuple[int | Expr, ...] | None:
         """This rank's shape."""
@@ -307,6 +311,18 @@ class PerfPlan:
 
 
 @dataclass(frozen=True)
+class NumericsPlan:
+    """FP64 error bounds, runs and invariances a case requires (docs/numerics.md)."""
+
+    error: tuple[tuple[str, float], ...] = ()
+    deterministic: int = 1
+    iterations: int = 1  # runs in all, each on fresh inputs and fully checked (nccl-tests -c)
+    offset_invariant: bool = False
+    fusion_invariant: bool = False
+    unfused: tuple[Step, ...] = ()  # fusion_invariant: the op's entries issued one by one
+
+
+@dataclass(frozen=True)
 class Instance:
     """One concrete test: a case at one point of its matrix."""
 
@@ -348,6 +364,7 @@ class Instance:
     bind_device: bool = False
     ordering: OrderingPlan | None = None  # async-contract checks (harness.ordering.plan)
     perf: PerfPlan | None = None  # time it after the checks (--perf; harness.perf.plan)
+    numerics: NumericsPlan | None = None  # properties and error bounds (harness.verdict.numerics)
     # Per buffer, the YAML line a value failure points at: its ``expected:`` entry, else the
     # ``input:`` it is derived from (``expected: auto``), else its declaration.
     value_lines: tuple[tuple[str, int], ...] = ()
@@ -369,7 +386,7 @@ class Instance:
 # declares for this backend. It is not ``passed``: "passed" means the backend did what the
 # contract says.
 Outcome = Literal["passed", "failed", "error", "hang", "crash", "skipped", "xfail", "xpass",
-                  "limitation"]
+                  "limitation", "uncheckable"]  # uncheckable: verdict.numerics
 
 
 @dataclass
@@ -412,6 +429,9 @@ class TensorCheck:
     first_wrong: list[tuple[int, str, str]] = field(default_factory=list)  # (index, exp, got)
     digest: str = ""  # sha256 of the bytes, for cross-rank agreement
     note: str = ""
+    error: dict[str, float] = field(default_factory=dict)  # vs FP64 (harness.program.fp64)
+    inexact: str = ""  # why the expected value itself is inexact
+    beyond_order: int = 0  # elements outside what any summation order gives (program.fp64)
 
 
 @dataclass
@@ -435,6 +455,7 @@ class RankResult:
     timing: dict[str, Any] = field(default_factory=dict)
     # Steps that declare ``raises:``: what each raised (or that it did not), for the parent.
     step_errors: list[dict[str, Any]] = field(default_factory=list)
+    reruns: list[dict[str, Any]] = field(default_factory=list)  # program.reruns
     # Where this rank's time went besides the program itself (seconds): ``probes`` (ordering
     # probes), ``perf`` (the timing loop), ``sleep`` (the case's own sleep steps).
     phases: dict[str, float] = field(default_factory=dict)
@@ -479,6 +500,7 @@ class InstanceResult:
     overrides_not_applied: list[dict[str, Any]] = field(default_factory=list)
     # Where the parent's time for this instance went (seconds; see harness.report.costs).
     phases: dict[str, float] = field(default_factory=dict)
+    numerics: dict[str, Any] = field(default_factory=dict)  # harness.verdict.numerics
 
 
 @dataclass

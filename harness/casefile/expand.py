@@ -22,7 +22,7 @@ from ..model import (
     Tolerance,
 )
 from ..ordering.plan import plan_instances
-from . import caseenv, cudasteps, lifecycle, opargs
+from . import caseenv, cudasteps, lifecycle, numerics, opargs
 from . import groups as named_groups
 from . import overrides as case_overrides
 from .bounds import check_instance
@@ -101,6 +101,8 @@ class _Expander:
             out.append(("async", "", [False]))
         out.append(("device", "", as_list(raw.get("device", "default"))))
         out.append(("layout", "", as_list(raw.get("layout", "contiguous"))))
+        if "offset" in raw:  # misaligned buffers (harness.casefile.numerics)
+            out.append(("offset", "off", as_list(raw["offset"])))
         shape = raw.get("shape")
         if shape is not None and _is_shape_axis(shape):
             out.append(("shape", "shape", list(shape)))
@@ -171,6 +173,7 @@ class _Expander:
         else:
             tensors, steps, expected = ProgramBuilder(case).build(point, env)
             shorthand = None
+        tensors = numerics.with_offset(case, tensors, int(point.get("offset", 0)))
         # A program without any collective (a deliberate crash, say) is filed under "steps".
         main_name, main_family = ((self.all_ops[0].name, self.all_ops[0].family)
                                   if self.all_ops else ("steps", "steps"))
@@ -220,6 +223,7 @@ class _Expander:
             torch_modes=tuple(raw.get("torch_modes", ())),
             bind_device=device == "cuda" and named_groups.splits(steps),
             issued=issued if len(issued) > 1 else (),
+            numerics=numerics.plan(case, steps, tensors),
         )
 
 

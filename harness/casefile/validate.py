@@ -16,6 +16,7 @@ from . import (
     addressing,
     caseenv,
     entries,
+    numerics,
     opargs,
     patterns,
     pgargs,
@@ -166,6 +167,7 @@ def check_case(case: Case) -> None:
     if has_steps:
         guard(programcheck.check_steps, case)
     errs.extend(check_safety(case))
+    errs.extend(numerics.check(case))
     for i, dim in enumerate(raw.get("shape", [])):
         if isinstance(dim, str):
             guard(check_expr, case, ("shape", i), dim)

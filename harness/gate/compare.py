@@ -132,6 +132,9 @@ def _classify_pair(b: Entry, r: Entry) -> str:
         return "new_failure" if was == "skipped" else "regression"
     if now in PASSING:
         return "fixed" if (was in BAD or was in ("xfail", "limitation")) else "changed"
+    if now == "uncheckable":
+        # Not a pass: the check could not be made, so it never counts as one.
+        return "regression" if was in PASSING else "changed"
     if now == "limitation":
         # The backend now rejects (crashes, hangs) where it did what the contract says.
         return "regression" if was in PASSING else "changed"

@@ -117,7 +117,8 @@ def behaviour(record: dict[str, Any]) -> str:
         return "wrong result or unexpected error (xfail, documented)"
     return str({"failed": "fails", "error": "harness error", "hang": "hangs (undocumented)",
             "crash": "crashes (undocumented)", "skipped": "skipped",
-            "xpass": "passes where an xfail is declared"}.get(outcome, outcome))
+            "xpass": "passes where an xfail is declared",
+            "uncheckable": "uncheckable (expected value inexact)"}.get(outcome, outcome))
 
 
 @dataclass

@@ -83,6 +83,7 @@ class MutantGloo(WrappingProcessGroup):
         # A group smaller than the default one (the default group does not exist yet while
         # it is being created).
         self.subgroup = dist.is_initialized() and size < dist.get_world_size()
+        self.float_all_reduces = 0  # run_dependent_sum: calls so far on this group
 
     # -- input side ----------------------------------------------------------------------------
     def prepare(self, call: Call) -> None:
@@ -156,7 +157,7 @@ class MutantGloo(WrappingProcessGroup):
         """The output-side corruptions of this fault for one op call (run after the op)."""
         f, rank, size = self.fault, self.rank(), self.size()
         outs = [t for t in outputs if t.numel()]
-        hooks: list[Hook] = []
+        hooks: list[Hook] = self._numerics_hooks(op, outs)
         if f in FLIPPED_DTYPES:
             hooks += [lambda t=t: flip(t) for t in outs if t.dtype == FLIPPED_DTYPES[f]]
         elif f == "large_all_reduce_wrong" and op == "all_reduce" and nbytes > LARGE_BYTES:
@@ -176,6 +177,24 @@ class MutantGloo(WrappingProcessGroup):
               and len(chunks) >= 3 and chunks[1].numel()):
             hooks.append(lambda: _swap(chunks[1], chunks[2]))
         return hooks
+
+    def _numerics_hooks(self, op: str, outs: list[torch.Tensor]) -> list[Hook]:
+        """The numerics faults: one ulp off where only a property can tell (issue 29)."""
+        f = self.fault
+        floats = [t for t in outs if t.is_floating_point()]
+        if op == "all_reduce_coalesced" and f == "coalesced_ulp":
+            return [lambda t=t: flip(t) for t in floats[:1]]
+        if op != "all_reduce" or not floats:
+            return []
+        if f == "run_dependent_sum":
+            self.float_all_reduces += 1
+            if self.float_all_reduces % 2 == 0:
+                return [lambda t=t: flip(t) for t in floats[:1]]
+        if f == "last_rank_ulp" and self.rank() == self.size() - 1:
+            return [lambda t=t: flip(t) for t in floats[:1]]
+        if f == "misaligned_wrong":
+            return [lambda t=t: flip(t) for t in floats[:1] if t.data_ptr() % 16]
+        return []
 
     def _in_group_corner(self, op: str) -> bool:
         """The group-shape faults: a world of 3 ranks (all_reduce), or any subgroup."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ..casefile import overrides
+from ..casefile import numerics, overrides
 from ..model import Instance, InstanceResult
 from ..ordering import plan as ordering
 from ..perf import plan as perfplan
@@ -105,6 +105,8 @@ class CaseItem(pytest.Item):
             pytest.xfail(result.message)
         if result.outcome in BAD_OUTCOMES:
             raise CaseFailure(result)
+        if result.outcome == "uncheckable":  # not a pass: JUnit shows it skipped, with why
+            pytest.skip(result.message)
 
     def _drop_pool(self) -> None:
         """After an internal error the pool's state is unknown: never reuse it."""
@@ -221,11 +223,13 @@ class CaseItem(pytest.Item):
 def resolve(config: pytest.Config, hs: HarnessSession, instance: Instance
             ) -> tuple[Instance, list[dict[str, Any]], str]:
     """The instance as it will run here (overrides for this torch/NCCL applied, ordering and
-    perf plans configured), the overrides that did not apply, and why it is skipped ("")."""
+    perf plans configured, --check-iters applied), the overrides that did not apply, and why
+    it is skipped ("")."""
     caps = probe(hs.backend_modules)
     not_applied = overrides.not_applied(instance, caps.torch_version, caps.nccl_version)
     resolved = overrides.resolve(instance, caps.torch_version, caps.nccl_version)
-    inst = perfplan.configure(ordering.configure(resolved, config), config)
+    inst = numerics.check_iters(
+        perfplan.configure(ordering.configure(resolved, config), config), hs.check_iters)
     return inst, not_applied, inst.expectation.skip or caps.skip_reason(inst)
 
 
@@ -322,6 +326,8 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config
     if (report.when == "call" and report.passed
             and getattr(report, OUTCOME_ATTR, None) == "limitation"):
         return "limitation", "L", ("LIMITATION", {"blue": True})
+    if report.when == "call" and getattr(report, OUTCOME_ATTR, None) == "uncheckable":
+        return "uncheckable", "U", ("UNCHECKABLE", {"yellow": True})
     return None
 
 

@@ -39,6 +39,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     metavar="N[,N...]", help="only run instances with these world sizes")
     group.addoption("--full", dest="collective_full", action="store_true", default=False,
                     help="also run cases marked 'full' (the long matrix)")
+    group.addoption("--check-iters", dest="collective_check_iters", default="1",
+                    metavar="N", help="run each instance whose expected values the reference "
+                    "model computes N times on fresh inputs, checking every iteration "
+                    "(docs/numerics.md)")
     group.addoption("--report-json", dest="collective_report_json", default=None,
                     metavar="PATH", help="JSON report path (default reports/conformance.json)")
     group.addoption("--report-md", dest="collective_report_md", default=None, metavar="PATH",

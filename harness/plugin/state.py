@@ -53,6 +53,7 @@ class HarnessSession:
         self.launched = whole_number(
             "--launched-world-size", config.getini("collective_launched_world_size")
             if launched is None else launched, 1, 1_000_000)  # --max-world-size bounds its use
+        self.check_iters = whole_number("--check-iters", opt("collective_check_iters"), 1, 100)
         self.records: list[dict[str, Any]] = []
         self._manager: Any = None
         ahead = opt("collective_ahead")

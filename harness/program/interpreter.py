@@ -43,8 +43,8 @@ from ..model import (
     tensor_list,
     tensor_names,
 )
+from . import fp64, lifecycle, objects, stepchecks, tensors
 from . import groups as group_steps
-from . import lifecycle, objects, stepchecks, tensors
 from .graphs import Graphs
 from .timeline import STEP_KINDS, ProgramState
 
@@ -203,8 +203,8 @@ def build_buffers(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> dict[st
             bufs[spec.name] = tensors.to_sparse(t.to(dev), spec.sparse.sparse_dim,
                                                 spec.sparse.uncoalesced)
             continue
-        bufs[spec.name] = (t if spec.dtype == "object" else
-                           tensors.with_layout(t.to(dev), spec.layout))
+        bufs[spec.name] = (t if spec.dtype == "object" else tensors.at_offset(
+            tensors.with_layout(t.to(dev), spec.layout), spec.offset))
     return bufs
 
 
@@ -584,6 +584,14 @@ def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any],
                magnitude: bool = False) -> Any:
     """The reference model's result for this rank; ``magnitude``: over every input's
     absolute values (for sums, the sum of |x| that bounds the rounding error)."""
+    return _references(inst, renv, env, False, (magnitude,))[0]
+
+
+def _references(inst: Instance, renv: RankEnv, env: dict[str, Any], wide: bool,
+                kinds: tuple[bool, ...]) -> list[Any]:
+    """The reference model's results for this rank, one per entry of ``kinds`` (True: over
+    every input's absolute values), the inputs built once; ``wide``: the inputs in float64
+    (integers too), so the results are unrounded (harness.program.fp64)."""
     assert inst.shorthand is not None
     op = ops.get(inst.op)
     in_spec = _spec(inst, inst.shorthand[0])
@@ -591,11 +599,10 @@ def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any],
     inputs: list[Any] = []
     for r in range(renv.world_size):
         t = _materialize(inst, in_spec, r, renv.world_size, env)
+        if wide:
+            t = fp64.widened(t, integers=True)
         entries = in_spec.entries_for(r)
         inputs.append(t if entries is None else tensors.entry_views(t, entries))
-    if magnitude:
-        inputs = [_magnitude(t) if isinstance(t, torch.Tensor) else [_magnitude(x) for x in t]
-                  for t in inputs]
     step = inst.steps[0]
     args = step_args(step, renv.rank, renv.world_size, env)
     group = args.pop("group", None)
@@ -605,10 +612,15 @@ def _reference(inst: Instance, renv: RankEnv, env: dict[str, Any],
                          reduce_op=inst.reduce_op,
                          args={**args, "premul_factor": inst.premul_factor},
                          out_shape=_shape(out_spec.shape_for(renv.rank)) or ())
-    result = op.reference(inputs, ctx)[renv.rank]
-    if out_spec.entries_for(renv.rank) is not None and result is not None:
-        return tensors.flatten_entries(result)
-    return result
+    out: list[Any] = []
+    for magnitude in kinds:
+        given = [_magnitude(t) if isinstance(t, torch.Tensor) else [_magnitude(x) for x in t]
+                 for t in inputs] if magnitude else inputs
+        result = op.reference(given, ctx)[renv.rank]
+        if out_spec.entries_for(renv.rank) is not None and result is not None:
+            result = tensors.flatten_entries(result)
+        out.append(result)
+    return out
 
 
 def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict[str, Any],
@@ -621,8 +633,14 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
         fill: Fill = declared.get(spec.name, Fill("unspecified")).for_rank(renv.rank)
         how: str = fill.kind
         exp: Any
+        wide: list[Any] = []
         if fill.kind == "auto":
-            exp = _reference(inst, renv, env)
+            # Float data: the FP64 reference, computed once, gives the expected value too
+            # (the model reduces in float64 and rounds once either way).
+            wide = (_references(inst, renv, env, True, fp64.kinds(inst, got))
+                    if spec.dtype != "object" and isinstance(got, torch.Tensor) else [])
+            exp = (wide[0].to(got.dtype) if wide and fp64.floating(got)
+                   and isinstance(wide[0], torch.Tensor) else _reference(inst, renv, env))
             how = "auto"
         elif fill.kind == "unchanged":
             exp = before[spec.name]
@@ -657,6 +675,8 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
                 tol = Tolerance(*slack) if slack else None
             checks.append(tensors.compare(spec.name, got, exp.to(got.dtype), how, tol, bound,
                                           tol_text))
+            if wide:
+                fp64.annotate(checks[-1], got, exp.to(got.dtype), inst, *wide)
             if spec.sparse is not None and got.layout != torch.sparse_coo:
                 checks[-1].ok = False  # the op must keep the buffer a sparse tensor
                 checks[-1].note = (f"declared sparse_coo, came back {got.layout}; "

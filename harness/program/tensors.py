@@ -324,6 +324,20 @@ def with_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
     raise ValueError(f"unknown layout {layout!r}")
 
 
+def at_offset(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """A contiguous view holding ``t``'s bytes that starts ``offset`` elements into a larger
+    allocation (nccl-tests ``-u``); ``t`` itself for offset 0 or a sparse tensor."""
+    if not offset or t.layout != torch.strided:
+        return t
+    flat = torch.empty(t.numel() + offset, dtype=t.dtype, device=t.device)
+    view = flat.narrow(0, offset, t.numel()).view(t.shape)
+    if t.dtype == torch.bool:  # copy the bytes: bool copies canonicalise them
+        view.view(torch.uint8).copy_(t.view(torch.uint8))
+    else:
+        view.copy_(t)
+    return view
+
+
 def digest(t: torch.Tensor) -> str:
     """A short hash of the tensor's bytes (cross-rank agreement checks)."""
     flat = _dense(dense_form(t.detach().cpu())).reshape(-1)

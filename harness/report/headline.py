@@ -40,6 +40,8 @@ def counts_text(summary: dict[str, Any]) -> str:
     parts = [f"{summary.get('passed', 0):,} conformant",
              _n(summary.get("xfail", 0), "known divergence") + " (xfail)",
              _n(summary.get("limitation", 0), "limitation"), fails]
+    if summary.get("uncheckable", 0):  # neither a pass nor a failure (harness.verdict.numerics)
+        parts.insert(3, f"{summary['uncheckable']:,} uncheckable")
     if summary.get("xpass", 0):
         parts.append(_n(summary["xpass"], "unexpected pass", "unexpected passes") + " (xpass)")
     if summary.get("skipped", 0):

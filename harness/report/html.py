@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import dtypes
-from . import headline, ordering_table
+from . import errors_table, headline, ordering_table
 from .markdown import BAD, devices_label, filed_under, first_wrong
 from .oneline import one_line
 from .perf_html import render as perf_section
@@ -56,6 +56,7 @@ OUTCOMES: tuple[Shade, ...] = (
     Shade("failed", "#cf222e", "wrong values or the wrong failure mode"),
     Shade("xpass", "#e85aad", "passed, but a known failure was declared"),
     Shade("xfail", "#d4a72c", "failed as a documented divergence declares"),
+    Shade("uncheckable", "#bf8700", "the expected value is inexact here: not a pass"),
     Shade("limitation", "#0969da", "rejected, crashed or hung as the case declares"),
     Shade("passed", "#2da44e", "met the contract"),
     Shade("skipped", "#8c959f", "not run"),
@@ -530,6 +531,7 @@ def render(report: dict[str, Any], title: str = "collective-harness conformance"
             body += legend_block
         body += _families(backend, recs)
         body += _ordering(recs)
+        body += errors_table.html(recs)
         for section in sections:
             body += section(backend, recs)
         body += _failures(recs)

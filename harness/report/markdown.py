@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from . import headline, ordering_table, perf_md
+from . import errors_table, headline, ordering_table, perf_md
 from .mdtext import code, escape
 
 SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "hang": "⏳", "crash": "☠️",
-           "xfail": "⚠️", "xpass": "❗", "skipped": "⏭️", "limitation": "🚫"}
+           "xfail": "⚠️", "xpass": "❗", "skipped": "⏭️", "limitation": "🚫",
+           "uncheckable": "❔"}
 # A documented limitation (the backend rejected, crashed or hung as declared) is its own
 # outcome, so the matrix shows what a backend cannot do apart from what it does right.
 CELL_SYMBOLS = SYMBOLS
@@ -49,8 +50,8 @@ def first_wrong(record: dict[str, Any]) -> str:
 
 def cell(outcomes: Counter[str]) -> str:
     """``✅ 12 ❌ 1``: one symbol and count per outcome present, worst first."""
-    order = ("failed", "error", "hang", "crash", "xpass", "xfail", "limitation", "passed",
-             "skipped")
+    order = ("failed", "error", "hang", "crash", "xpass", "xfail", "uncheckable", "limitation",
+             "passed", "skipped")
     return " ".join(f"{CELL_SYMBOLS[o]}{NBSP}{outcomes[o]}" for o in order if outcomes.get(o))
 
 
@@ -160,13 +161,14 @@ def render(report: dict[str, Any]) -> str:
                    f"{escape(meta.get('created', ''))}")
         out.append("")
         out.append("Legend: " + " ".join(f"{s}{NBSP}{o}" for o, s in SYMBOLS.items()
-                                         if o != "limitation")
+                                         if o not in ("limitation", "uncheckable"))
                    + f" 🚫{NBSP}limitation (rejected, crashed or hung as the case declares; not "
-                     "a pass)")
+                     f"a pass) ❔{NBSP}uncheckable (the expected value is inexact; not a pass)")
         out.append("")
         out.extend(matrix(recs))
         out.append("")
         out.extend(ordering_table.render(recs))
+        out.extend(errors_table.markdown(recs))
         bad = [r for r in recs if r["outcome"] in BAD or r["outcome"] == "xpass"]
         if bad:
             out.append(f"## Failures ({len(bad)})")

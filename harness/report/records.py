@@ -23,7 +23,7 @@ from .jsonfile import UnreadableFile, printable, read_json
 
 SCHEMA_VERSION = 1
 OUTCOMES = ("passed", "failed", "error", "hang", "crash", "skipped", "xfail", "xpass",
-            "limitation")
+            "limitation", "uncheckable")
 
 
 def clean(value: Any) -> Any:
@@ -118,6 +118,8 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
         record["ordering"] = result.ordering
     if result.perf:
         record["perf"] = result.perf
+    if result.numerics:
+        record["numerics"] = result.numerics
     if result.harness_error:
         record["harness_error"] = result.harness_error
     if result.overrides_not_applied:
@@ -137,6 +139,13 @@ def _check_entry(c: Any) -> dict[str, Any]:
                              "wrong": c.wrong, "total": c.total, "digest": c.digest}
     if c.note:
         entry["note"] = c.note
+    # Error against FP64 (harness.program.fp64); an all-zero one only in the record's numerics
+    if any(c.error.values()):
+        entry["error"] = {k: float(f"{v:.4g}") for k, v in c.error.items()}
+    if c.inexact:
+        entry["inexact"] = c.inexact
+    if c.beyond_order:
+        entry["beyond_order"] = c.beyond_order
     if c.first_wrong:
         entry["first_wrong"] = [{"index": i, "expected": e, "got": g}
                                 for i, e, g in c.first_wrong]

@@ -182,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from ..ordering.probes import run_probes
-    from ..program.interpreter import RankEnv, prepare_groups, run_instance
+    from ..program.interpreter import RankEnv, prepare_groups
     from ..program.perf import time_instance
+    from ..program.reruns import run as run_instance
 
     rank = env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
     world = env_int("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")

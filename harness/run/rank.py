@@ -183,8 +183,9 @@ def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None
         import torch.distributed as dist
 
         from ..ordering.probes import run_probes
-        from ..program.interpreter import RankEnv, run_instance
+        from ..program.interpreter import RankEnv
         from ..program.perf import time_instance
+        from ..program.reruns import run as run_instance
 
         if any(k == "TORCH_DISTRIBUTED_DEBUG" for k, _ in cfg.env):
             # torch reads the debug level when torch.distributed is first imported, which may

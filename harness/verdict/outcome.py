@@ -7,6 +7,7 @@ from ..casefile import patterns
 from ..errors import trim_traceback
 from ..model import Instance, InstanceResult, Outcome, PoolRun, RankResult, RankState
 from ..ordering import verdicts as ordering
+from . import numerics
 from . import steps as stepverdicts
 
 MAX_TB_LINES = 25
@@ -137,6 +138,8 @@ def judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
     exp = inst.expectation
     res = _judge(inst, run, deadline_s)
     stepverdicts.apply(inst, run.results, res)
+    if run.kind == "done":
+        numerics.apply(inst, run.results, res, disagreements(inst, run.results))
     ordering.apply(inst, run.results, res,
                    completed=run.kind == "done" and not _raised(run.results))
     res.expected_kind = exp.kind

@@ -1,0 +1,137 @@
+"""The numerics keys of a case: ``error``, ``deterministic``, ``offset``, ``offset_invariant``,
+``fusion_invariant`` (docs/numerics.md).
+
+:func:`check` finds what the schema cannot (non-finite bounds, properties with nothing to
+compare, an offset on a layout it cannot apply to); :func:`plan` turns the keys into the
+instance's :class:`~harness.model.NumericsPlan` once its buffers are known, and
+:func:`with_offset` places its buffers at the point's offset.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from .. import ops
+from ..errors import CaseFileError
+from ..model import Case, Instance, NumericsPlan, Step, TensorSpec
+
+BOUNDS = ("max_abs", "max_rel", "rel_l2", "max_ulps")
+PROPERTIES = ("error", "deterministic", "iterations", "offset_invariant", "fusion_invariant")
+# Coalesced ops and the plain op their entries are issued with one by one (fusion_invariant).
+UNFUSED = {"all_reduce_coalesced": "all_reduce", "coalescing_manager_all_reduce": "all_reduce"}
+
+
+def _asked(raw: dict[str, Any]) -> list[str]:
+    """The properties the case requires (``deterministic: 1`` and false flags ask nothing)."""
+    out = [k for k in ("error", "offset_invariant", "fusion_invariant") if raw.get(k)]
+    out += [k for k in ("deterministic", "iterations") if raw.get(k, 1) != 1]
+    return out
+
+
+def check(case: Case) -> list[CaseFileError]:
+    """Errors in the case's numerics keys, each at its own ``file:line:col``."""
+    raw = case.raw
+    errs: list[CaseFileError] = []
+    for key, value in (raw.get("error") or {}).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            errs.append(case.error(("error", key), f"error bound {key} must be a finite number "
+                                   f">= 0, got {value!r}",
+                                   "an infinite bound accepts any value; leave the key out "
+                                   "to set no bound"))
+    offsets = raw.get("offset", 0)
+    nonzero = any(offsets) if isinstance(offsets, list) else bool(offsets)
+    if nonzero:
+        layouts = raw.get("layout", "contiguous")
+        if any(lay != "contiguous" for lay in (layouts if isinstance(layouts, list)
+                                              else [layouts])):
+            errs.append(case.error(("offset",), "offset applies to contiguous buffers; this "
+                                   f"case's layout is {layouts!r}",
+                                   "drop layout, or test the offset in a case of its own"))
+    if raw.get("offset_invariant") and not nonzero:
+        errs.append(case.error(("offset_invariant",), "offset_invariant compares the outputs at "
+                               "the buffer offset with those at offset 0, but the case has no "
+                               "non-zero offset", "add offset: [1, 3] (elements)"))
+    asked = _asked(raw)
+    op = ops.get(raw["op"]) if isinstance(raw.get("op"), str) and raw["op"] in ops.ALL_OPS else None
+    if asked and op is not None and not op.roles:
+        errs.append(case.error((asked[0],), f"{asked[0]} needs an output to compare, and "
+                               f"{op.name} produces none", "remove the key from this case"))
+    if asked and "steps" in raw and not raw.get("tensors"):
+        errs.append(case.error((asked[0],), f"{asked[0]} needs an output to compare, and the "
+                               "program declares no tensors", "remove the key from this case"))
+    if raw.get("iterations", 1) != 1 and (op is None or raw.get("expected", "auto") != "auto"):
+        errs.append(case.error(("iterations",), "iterations reseeds the inputs, so it needs "
+                               "the op: form with expected: auto (the reference model "
+                               "computes each iteration's expected values)",
+                               "remove the key, or let the harness compute expected"))
+    if raw.get("fusion_invariant") and (op is None or op.name not in UNFUSED
+                                        or "entry_shape" in raw):
+        errs.append(case.error(("fusion_invariant",), "fusion_invariant compares a coalesced "
+                               "op with its entries issued one by one; it applies to the "
+                               f"{' and '.join(UNFUSED)} ops with one shape for every entry",
+                               "remove the key, or use one of those ops"))
+    return errs
+
+
+def with_offset(case: Case, tensors: tuple[TensorSpec, ...], offset: int
+                ) -> tuple[TensorSpec, ...]:
+    """The buffers placed ``offset`` elements into larger allocations; an offset not smaller
+    than a buffer's element count is an error (it would no longer be a misalignment)."""
+    if not offset:
+        return tensors
+    out: list[TensorSpec] = []
+    for spec in tensors:
+        if spec.dtype == "object":
+            out.append(spec)
+            continue
+        for shape in (spec.rank_shapes or (spec.shape,)):
+            if shape is not None and all(isinstance(d, int) for d in shape):
+                n = math.prod(d for d in shape if isinstance(d, int))
+                if offset >= max(n, 1):
+                    raise case.error(("offset",), f"offset {offset} is beyond buffer "
+                                     f"{spec.name!r} of {n} element(s)",
+                                     "an offset misaligns the start inside a larger "
+                                     "allocation: use one smaller than the element count")
+        out.append(replace(spec, offset=offset))
+    return tuple(out)
+
+
+def plan(case: Case, steps: tuple[Step, ...], tensors: tuple[TensorSpec, ...]
+         ) -> NumericsPlan | None:
+    """The instance's numerics plan, or None when the case asks for none."""
+    raw = case.raw
+    if not _asked(raw):
+        return None
+    bounds = tuple((k, float(raw["error"][k])) for k in BOUNDS if k in (raw.get("error") or {}))
+    unfused: tuple[Step, ...] = ()
+    if raw.get("fusion_invariant"):
+        first = steps[0]
+        name = dict(first.bufs)["tensors"]
+        spec = next(t for t in tensors if t.name == name)
+        count = spec.shape[0] if spec.shape else None
+        if not isinstance(count, int):
+            raise case.error(("fusion_invariant",), "fusion_invariant needs the list length as "
+                             "a fixed first dimension of the shape",
+                             "give shape: [entries, ...] with integers")
+        unfused = (replace(first, op=UNFUSED[str(first.op)], bufs=(("tensor", name),),
+                           repeat=count, slices=True, returns=None),)
+    return NumericsPlan(error=bounds, deterministic=int(raw.get("deterministic", 1)),
+                        iterations=int(raw.get("iterations", 1)),
+                        offset_invariant=bool(raw.get("offset_invariant")),
+                        fusion_invariant=bool(raw.get("fusion_invariant")),
+                        unfused=unfused)
+
+
+def check_iters(inst: Instance, n: int) -> Instance:
+    """``--check-iters N``: every instance of the ``op:`` form whose output the reference
+    model computes (``expected: auto``) and that must pass runs at least N iterations on
+    fresh inputs, each checked; other instances are left as they are."""
+    if n <= 1 or inst.shorthand is None or inst.expectation.kind != "pass":
+        return inst
+    out = dict(inst.expected).get(inst.shorthand[1])
+    if out is None or out.kind != "auto":
+        return inst
+    plan = inst.numerics or NumericsPlan()
+    return replace(inst, numerics=replace(plan, iterations=max(plan.iterations, n)))

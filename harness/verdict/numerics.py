@@ -1,0 +1,188 @@
+"""Numerics verdicts: uncheckable expectations, error bounds against the FP64 reference, and
+the properties a case requires (deterministic, offset_invariant, fusion_invariant), each with
+its own line; rank agreement (the op table's ``agree``) is recorded as a property too.
+
+Runs in the parent on what the ranks reported (:class:`~harness.model.TensorCheck` error and
+inexactness, the extra runs' digests); never says more than they observed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import ops
+from ..model import Instance, InstanceResult, RankResult
+
+ORDER_SENSITIVE = ("sum", "avg", "premul_sum", "product")
+FLOATS = ("float", "bfloat", "complex")
+LABELS = {"run": "deterministic", "iteration": "iterations", "offset 0": "offset_invariant",
+          "one by one": "fusion_invariant"}
+
+
+def _where(inst: Instance) -> str:
+    return f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]"
+
+
+def _random_input(inst: Instance) -> bool:
+    """Whether the shorthand's input comes from the ``random`` generator on some rank."""
+    if inst.shorthand is None:
+        return False
+    spec = next((t for t in inst.tensors if t.name == inst.shorthand[0]), None)
+    if spec is None:
+        return False
+    fills = [spec.init.for_rank(r) for r in range(inst.world_size)]
+    return any(f.kind == "generator" and f.data[0] == "random" for f in fills)
+
+
+def _group_size(inst: Instance) -> int:
+    group = dict(inst.steps[0].args).get("group") if inst.steps else None
+    return len(group) if group else inst.world_size
+
+
+def static_reason(inst: Instance) -> str:
+    """Why the expected value of the instance is not unique, known before it runs ("" if it
+    is): a reduction of random float data whose result depends on the order of the
+    operations, with neither a tolerance nor an error bound to judge it by."""
+    if (inst.reduce_op not in ORDER_SENSITIVE or inst.shorthand is None
+            or not ops.get(inst.op).reduces or not inst.dtype.startswith(FLOATS)
+            or inst.tolerance is not None or not _random_input(inst)
+            or (inst.numerics is not None and inst.numerics.error)):
+        return ""
+    n = _group_size(inst)
+    # Two operands: a + b is one correctly rounded addition, whatever the order.
+    order_free = (n <= 2 and inst.reduce_op in ("sum", "avg", "product")) or n <= 1
+    if order_free:
+        return ""
+    return (f"{inst.reduce_op} of random {inst.dtype} data over {n} ranks: the result depends "
+            "on the order of the operations and the case gives no tolerance or error bound "
+            "(add error: {rel_l2: ...} or tolerance: auto)")
+
+
+def worst_errors(results: dict[int, RankResult]) -> dict[str, dict[str, float]]:
+    """Per buffer, the largest of each error metric over the ranks."""
+    out: dict[str, dict[str, float]] = {}
+    for rr in results.values():
+        for c in rr.checks:
+            for k, v in c.error.items():
+                cur = out.setdefault(c.tensor, {})
+                cur[k] = max(cur.get(k, 0.0), float(f"{v:.4g}"))
+    return out
+
+
+def _fmt(errors: dict[str, dict[str, float]]) -> str:
+    return "; ".join(f"{name!r}: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(m.items()))
+                     for name, m in sorted(errors.items()))
+
+
+def bound_violations(inst: Instance, results: dict[int, RankResult]) -> list[str]:
+    """One line per (rank, buffer, metric) above the case's ``error:`` bound."""
+    bounds = dict(inst.numerics.error) if inst.numerics is not None else {}
+    lines: list[str] = []
+    for r, rr in sorted(results.items()):
+        for c in rr.checks:
+            lines += [f"  rank {r}, buffer {c.tensor!r}: {k} {c.error[k]:.3g} exceeds the bound "
+                      f"{b:g}" for k, b in bounds.items() if c.error.get(k, 0.0) > b]
+    return lines
+
+
+def property_lines(inst: Instance, results: dict[int, RankResult]
+                   ) -> tuple[dict[str, str], list[str]]:
+    """Per property: ``held`` or what broke it; and the failure lines."""
+    plan = inst.numerics
+    asked: dict[str, str] = {}
+    if plan is not None:
+        if plan.deterministic > 1:
+            asked["deterministic"] = "held"
+        if plan.iterations > 1:
+            asked["iterations"] = "held"
+        if plan.offset_invariant:
+            asked["offset_invariant"] = "held"
+        if plan.fusion_invariant:
+            asked["fusion_invariant"] = "held"
+    lines: list[str] = []
+    for r, rr in sorted(results.items()):
+        first = {c.tensor: c.digest for c in rr.checks if c.digest}
+        for run in rr.reruns:
+            label = str(run.get("label", ""))
+            prop = LABELS.get(label.split(" ")[0] if label.startswith(("run ", "iteration "))
+                              else label, "")
+            if not prop:
+                continue
+            if run.get("status") != "ok":
+                text = f"rank {r}: the {label} run raised {run.get('error', '')}"
+            elif prop == "iterations":
+                if not run.get("wrong"):
+                    continue
+                text = f"rank {r}: {label} (fresh inputs) failed: {run['wrong']}"
+            else:
+                digests: dict[str, Any] = run.get("digests", {})
+                diff = sorted(n for n in first if digests.get(n) != first[n])
+                if not diff:
+                    continue
+                what = {"deterministic": f"differ in {label} from run 1",
+                        "offset_invariant": "differ at offset 0 from the "
+                                            f"offset {_offset(inst)} run",
+                        "fusion_invariant": "differ when the entries are issued one by one "
+                                            "from the coalesced call"}[prop]
+                text = (f"rank {r}: bits of {', '.join(map(repr, diff))} {what} ("
+                        + ", ".join(f"{first[n]} vs {digests.get(n)}" for n in diff) + ")")
+            if asked.get(prop) == "held":
+                asked[prop] = text
+            lines.append(f"  {prop}: {text}")
+    return asked, lines
+
+
+def _offset(inst: Instance) -> int:
+    return max((t.offset for t in inst.tensors), default=0)
+
+
+def apply(inst: Instance, results: dict[int, RankResult], res: InstanceResult,
+          disagree: list[str]) -> None:
+    """Fold the numerics into a verdict the value checks reached (``disagree``: the rank
+    agreement lines of :func:`~harness.verdict.outcome.disagreements`)."""
+    if inst.expectation.kind != "pass" or res.outcome not in ("passed", "failed"):
+        return
+    if not all(rr.status == "ok" for rr in results.values()) or not results:
+        return
+    errors = worst_errors(results)
+    props, lines = property_lines(inst, results)
+    if ops.get(inst.op).agree and inst.shorthand is not None and (props or disagree):
+        props["ranks_agree"] = disagree[0].strip() if disagree else "held"
+    numerics: dict[str, Any] = {}
+    if errors:
+        numerics["error"] = errors
+    if props:
+        numerics["properties"] = props
+    reason = static_reason(inst) or next(
+        (c.inexact for _, rr in sorted(results.items()) for c in rr.checks if c.inexact), "")
+    if reason:
+        numerics["uncheckable"] = reason
+    res.numerics = numerics
+    where = _where(inst)
+    beyond = [f"  rank {r}, buffer {c.tensor!r}: {c.beyond_order} element(s) outside what any "
+              "order of the operations gives (|error| > gamma_k x sum|x| + 2 ulp)"
+              for r, rr in sorted(results.items()) for c in rr.checks if c.beyond_order]
+    if reason and beyond:
+        # The exact value is not unique, but no order explains this result: a failure.
+        res.outcome = "failed"
+        res.message = (f"{where}: wrong values although {reason.split(':')[0]} has no single "
+                       "expected value\n" + "\n".join(beyond))
+        return
+    if reason:
+        seen = f"; observed error against FP64: {_fmt(errors)}" if errors else ""
+        res.message = (f"{where}: uncheckable: {reason}{seen}\n  (not a pass: the expected "
+                       f"value is inexact; the value check alone said {res.outcome})")
+        res.outcome = "uncheckable"
+        return
+    bad = bound_violations(inst, results) + lines
+    if res.outcome == "passed" and bad:
+        res.outcome = "failed"
+        res.message = f"{where}: numerics properties do not hold\n" + "\n".join(bad)
+    elif res.outcome == "passed":
+        held = [k for k, v in props.items() if v == "held"]
+        extra = (["error within " + ", ".join(f"{k} {v:g}" for k, v in inst.numerics.error)]
+                 if inst.numerics is not None and inst.numerics.error else [])
+        if held or extra:
+            res.message += " (" + "; ".join(extra + [f"{k} held" for k in held]) + ")"
+    elif bad:
+        res.message += "\n" + "\n".join(bad)
