@@ -33,6 +33,8 @@ from harness.record.trace import FORMAT, VERSION
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 _HERE = str(Path(__file__).resolve().parent)
+_DIST_DIR = os.path.join(_TORCH_DIR, "distributed")
+_API_FILES = {dist.distributed_c10d.__file__, fc.__file__}
 _REDUCE = {0: "sum", 1: "avg", 2: "product", 3: "min", 4: "max", 5: "band", 6: "bor",
            7: "bxor", 8: "premul_sum"}
 _MAX_PENDING = 4096  # Works kept to match a later wait(); oldest forgotten past this
@@ -97,16 +99,19 @@ def _site() -> str:
 
 
 def _api() -> str | None:
-    """The torch.distributed Python function the user called (outermost such frame), if any:
-    calls issued from C++ (DDP's Reducer) have none."""
+    """The torch.distributed function the user called: the outermost frame of the public
+    API files, else the outermost torch.distributed frame; none for calls issued from C++
+    (DDP's Reducer)."""
     f = sys._getframe(2)
-    found = None
-    dist_dir = os.path.join(_TORCH_DIR, "distributed")
+    api = outer = None
     while f is not None:
-        if f.f_code.co_filename.startswith(dist_dir):
-            found = f.f_code.co_name
+        name, code = f.f_code.co_filename, f.f_code.co_name
+        if code != "wrapper" and name.startswith(_DIST_DIR):
+            outer = code
+            if name in _API_FILES:
+                api = code
         f = f.f_back  # type: ignore[assignment]
-    return found
+    return api or outer
 
 
 def _tensor(t: Any) -> dict[str, Any]:
@@ -248,9 +253,11 @@ def install(folder: str) -> None:
         lib = torch.library.Library(ns, "IMPL")  # type: ignore[no-untyped-call]
         _LIBS.append(lib)
         for full in torch._C._dispatch_get_all_op_names():
-            if not full.startswith(ns + "::") or full == "c10d::check_for_nan":
-                continue
             name = full.split("::", 1)[1]
+            # check_for_nan and _c10d_functional's _helpers move no data between ranks
+            if not full.startswith(ns + "::") or full == "c10d::check_for_nan" or (
+                    ns == "_c10d_functional" and name.startswith("_")):
+                continue
             op = getattr(getattr(torch.ops, ns), name).default
             for key in ("AutogradCPU", "AutogradCUDA", "AutogradPrivateUse1"):
                 lib.impl(name, _kernel(full, op), key,  # type: ignore[no-untyped-call]

@@ -64,6 +64,12 @@ def _local(group: tuple[int, ...], pos: Any) -> int | None:
     return group[pos] if pos < len(group) else pos
 
 
+def _listed(rec: dict[str, Any], t: dict[str, Any]) -> dict[str, Any]:
+    """An op whose input is a list of one entry per member: the case's shape is
+    [members, *entry]."""
+    return {**t, "shape": [len(rec.get("group") or ()), *t["shape"]]}
+
+
 def _base(rec: dict[str, Any], rank: int, t: dict[str, Any], op: str, **kw: Any) -> Call:
     group = tuple(rec.get("group") or ())
     api = rec.get("api")
@@ -115,7 +121,8 @@ def translate(rec: dict[str, Any], rank: int) -> list[Call]:
             return [_base(rec, rank, t, "all_gather_into_tensor", form="concat")
                     for t in args["inputs"]]
         if name == "reduce_scatter_":
-            return [_base(rec, rank, _t(args, "output_tensors"), "reduce_scatter")]
+            return [_base(rec, rank, _listed(rec, _t(args, "output_tensors")),
+                          "reduce_scatter")]
         if name == "_reduce_scatter_base_":
             inp, out = _t(args, "input_tensor"), _t(args, "output_tensor")
             return [_base(rec, rank, inp, "reduce_scatter_tensor", form=_form(out, inp))]
@@ -132,12 +139,12 @@ def translate(rec: dict[str, Any], rank: int) -> list[Call]:
             splits = tuple(args.get("input_split_sizes") or ()) or None
             return [_base(rec, rank, _t(args, "input"), "all_to_all_single", splits=splits)]
         if name == "alltoall_":
-            return [_base(rec, rank, _t(args, "input_tensors"), "all_to_all")]
+            return [_base(rec, rank, _listed(rec, _t(args, "input_tensors")), "all_to_all")]
         if name == "gather_":
             return [_base(rec, rank, _t(args, "input_tensors"), "gather",
                           root=_local(group, args["root_rank"]))]
         if name == "scatter_":
-            return [_base(rec, rank, _t(args, "output_tensors"), "scatter",
+            return [_base(rec, rank, _listed(rec, _t(args, "output_tensors")), "scatter",
                           root=_local(group, args["root_rank"]))]
         if name in {"barrier", "monitored_barrier_"}:
             return [_base(rec, rank, {"shape": [], "dtype": "none", "device": "cpu"},
