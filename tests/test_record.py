@@ -146,8 +146,9 @@ def run(rank, port):
         os._exit(3)   # a dead rank: no clean shutdown
     dist.barrier()    # never completes: rank 1 is gone
 if __name__ == "__main__":
-    import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
-    mp.spawn(run, args=(s.getsockname()[1],), nprocs=2)
+    import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    s.close()
+    mp.spawn(run, args=(port,), nprocs=2)
 '''
 
 
