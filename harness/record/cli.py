@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-dir", type=Path,
                    help="keep the per-rank traces here (default: a temporary folder)")
     p.add_argument("--from-trace", nargs="+", type=Path, metavar="PATH",
-                   help="read Flight Recorder JSON dumps instead of running a command")
+                   help="(not implemented yet: exits 2) read Flight Recorder JSON dumps")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the launch command")
     return p
 
