@@ -1,0 +1,157 @@
+"""``collective-record``: run a launch command with the recorder, write the case file.
+
+Exit status: 0 the case file is written from a complete run; 1 it is written but the run was
+partial (the command failed or a rank stopped early: the file says so); 2 bad input (an
+unreadable trace, an op the op table lacks, a bad option), one line on stderr, no file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from harness.record.cases import Recording, render
+from harness.record.fromtrace import recording_from_files
+from harness.record.optable import WAIT_OPS, Call, UnknownOp, translate
+from harness.record.trace import RankTrace, TraceError, read_folder
+
+SITE = Path(__file__).resolve().parent / "site"
+ROOT = Path(__file__).resolve().parents[2]
+ENV = "COLLECTIVE_RECORD_DIR"
+
+
+class RecordError(Exception):
+    """Bad input: reported as one line, exit status 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="collective-record",
+        description="Record the collectives a run issues and write them as a case file.",
+        epilog="example: collective-record -o cases/recorded/train.yaml -- torchrun "
+               "--nproc-per-node 2 train.py")
+    p.add_argument("-o", "--output", required=True, type=Path, help="case file to write")
+    p.add_argument("--granularity", choices=["call"], default="call",
+                   help="call: one instance per distinct call (the dtype x shape matrix)")
+    p.add_argument("--skip-unknown", action="store_true",
+                   help="write the other calls when some op is not in the op table (they are "
+                        "listed in the file's header)")
+    p.add_argument("--trace-dir", type=Path,
+                   help="keep the per-rank traces here (default: a temporary folder)")
+    p.add_argument("--from-trace", nargs="+", type=Path, metavar="PATH",
+                   help="(not implemented yet: exits 2) read Flight Recorder JSON dumps")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the launch command")
+    return p
+
+
+def _launch(command: list[str], folder: Path) -> int:
+    env = dict(os.environ)
+    path = [str(SITE), str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    env[ENV] = str(folder)
+    try:
+        return subprocess.run(command, env=env, check=False).returncode
+    except OSError as e:
+        raise RecordError(f"cannot run {command[0]!r}: {e.strerror or e}") from None
+
+
+def _where(call: dict[str, object]) -> str:
+    return f"{call.get('op')} at {call.get('site')}"
+
+
+def translate_traces(traces: list[RankTrace], skip_unknown: bool
+                     ) -> tuple[list[Call], list[str]]:
+    """Every rank's calls in the case vocabulary, waits attached; unknown ops raise
+    RecordError (or are returned as lines with ``skip_unknown``)."""
+    calls: list[Call] = []
+    unknown: list[str] = []
+    for t in traces:
+        waited = {w["call"]: f"at {Path(str(w.get('site', '?'))).name} after "
+                  f"{max(0, int(w.get('after', 0)) - int(w['call']) - 1)} later call(s)"
+                  for w in t.waits if type(w.get("call")) is int}
+        for n, rec in enumerate(t.calls):
+            if rec["op"] in WAIT_OPS:
+                continue
+            try:
+                out = translate(rec, t.rank)
+            except UnknownOp as e:
+                line = f"{t.path}: call record {n + 1} (seq {rec['seq']}): {e}"
+                if not skip_unknown:
+                    raise RecordError(line + "; rerun with --skip-unknown to write the other "
+                                      "calls") from None
+                unknown.append(line)
+                continue
+            for c in out:
+                w = waited.get(c.seq)
+                calls.append(c if w is None else Call(**{**c.__dict__, "waited": w}))
+    return calls, unknown
+
+
+def partial_notes(traces: list[RankTrace], rc: int | None) -> list[str]:
+    """One line per way the recording is incomplete (empty: complete)."""
+    notes = []
+    if rc:
+        notes.append(f"the launch command exited with status {rc}")
+    world = max((t.world_size for t in traces), default=0)
+    missing = sorted(set(range(world)) - {t.rank for t in traces})
+    if missing:
+        notes.append(f"ranks {missing} wrote no trace")
+    for t in traces:
+        if not t.ended:
+            last = _where(t.calls[-1]) if t.calls else "no call"
+            notes.append(f"rank {t.rank} stopped after {len(t.calls)} call(s); last: {last}"
+                         + (f" ({t.truncated})" if t.truncated else ""))
+    return notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; see the module docstring for the exit status."""
+    args = _parser().parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        if args.from_trace:
+            rec = recording_from_files(args.from_trace)
+        else:
+            if not command:
+                raise RecordError("no launch command: give it after '--', e.g. "
+                                  "collective-record -o out.yaml -- python train.py")
+            rec = _record(command, args)
+        text = render(rec)
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text, encoding="utf-8")
+    except (RecordError, TraceError) as e:
+        print(f"collective-record: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"collective-record: error: {e.filename or args.output}: {e.strerror or e}",
+              file=sys.stderr)
+        return 2
+    state = "PARTIAL" if rec.partial else "complete"
+    print(f"collective-record: {len(rec.calls)} call(s) -> {args.output} ({state})")
+    return 1 if rec.partial else 0
+
+
+def _record(command: list[str], args: argparse.Namespace) -> Recording:
+    if args.trace_dir:
+        args.trace_dir.mkdir(parents=True, exist_ok=True)
+        for old in args.trace_dir.glob("trace-*.jsonl"):
+            old.unlink()
+        return _record_into(command, args, args.trace_dir)
+    with tempfile.TemporaryDirectory(prefix="collective-record-") as tmp:
+        return _record_into(command, args, Path(tmp))
+
+
+def _record_into(command: list[str], args: argparse.Namespace, folder: Path) -> Recording:
+    rc = _launch(command, folder)
+    traces = read_folder(folder)
+    if not traces:
+        raise RecordError(f"the launch command (exit status {rc}) made no collective call "
+                          "after init_process_group: nothing to record")
+    calls, unknown = translate_traces(traces, args.skip_unknown)
+    world = max(t.world_size for t in traces)
+    return Recording(world_size=world, calls=calls, source=" ".join(command),
+                     partial=partial_notes(traces, rc), unknown=unknown)

@@ -1,0 +1,266 @@
+"""The rank side of the recorder: c10d dispatcher ops seen at the Autograd key.
+
+Why this mechanism (measured on torch 2.13, see docs/record.md): DDP's Reducer and
+``_broadcast_coalesced`` call ``ProcessGroup::allreduce``/``broadcast`` from C++, so wrapping the
+Python functions of ``torch.distributed`` misses them; every ProcessGroup method goes through the
+dispatcher as a ``c10d::*`` op, and DTensor/FSDP2 issue ``_c10d_functional::*`` ops. A Python
+kernel registered for those ops at the AutogradCPU/AutogradCUDA keys sees all of them and costs
+nothing for the other ops (a TorchDispatchMode would put every aten op through Python). It then
+redispatches below Autograd, so the op itself runs unchanged. Ops issued beneath Autograd (under
+``torch.inference_mode()``, or from inside a tensor subclass's ``__torch_dispatch__``) are not
+seen: the functional collectives' ``wait_tensor`` is caught by wrapping the Python function the
+async tensor calls instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import os
+import sys
+import threading
+import weakref
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+from torch._C import _distributed_c10d as c10d
+
+from harness.record.trace import FORMAT, VERSION
+
+_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+_HERE = str(Path(__file__).resolve().parent)
+_DIST_DIR = os.path.join(_TORCH_DIR, "distributed")
+_API_FILES = {dist.distributed_c10d.__file__, fc.__file__}
+_REDUCE = {0: "sum", 1: "avg", 2: "product", 3: "min", 4: "max", 5: "band", 6: "bor",
+           7: "bxor", 8: "premul_sum"}
+_MAX_PENDING = 4096  # Works kept to match a later wait(); oldest forgotten past this
+
+
+class Recorder:
+    """Writes this process's calls as JSON lines, one record per line, flushed as they come,
+    so that a crash or a kill leaves the trace up to the last call."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.out: TextIO | None = None
+        self.seq = itertools.count()
+        self.calls = 0
+        self.lock = threading.Lock()
+        self.local = threading.local()
+        self.works: dict[int, tuple[int, Any]] = {}  # id(pybind Work) -> (seq, the Work)
+        self.tensors: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self.tensor_seq: dict[int, int] = {}
+        self.groups: dict[str, list[int]] = {}
+
+    def depth(self) -> int:
+        return int(getattr(self.local, "depth", 0))
+
+    def emit(self, kind: str, body: dict[str, Any]) -> None:
+        with self.lock:
+            if self.out is None:
+                self.open()
+            assert self.out is not None
+            self.out.write(json.dumps({kind: body}, separators=(",", ":")) + "\n")
+            self.out.flush()
+
+    def open(self) -> None:
+        rank = dist.get_rank() if dist.is_initialized() else -1
+        world = dist.get_world_size() if dist.is_initialized() else -1
+        path = Path(self.folder) / f"trace-{os.getpid()}.jsonl"
+        self.out = path.open("w", encoding="utf-8")
+        head = {"format": FORMAT, "version": VERSION, "torch": torch.__version__, "rank": rank,
+                "world_size": world, "pid": os.getpid(), "argv": sys.argv[:8]}
+        self.out.write(json.dumps({"header": head}) + "\n")
+
+    def close(self) -> None:
+        with self.lock:
+            if self.out is not None:
+                self.out.write(json.dumps({"end": {"calls": self.calls}}) + "\n")
+                self.out.close()
+                self.out = None
+
+
+_REC: Recorder | None = None
+
+
+def _site() -> str:
+    """The innermost frame outside torch and the recorder: the user's call site."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not (name.startswith(_TORCH_DIR) or name.startswith(_HERE) or name.startswith("<")):
+            return f"{name}:{f.f_lineno}"
+        f = f.f_back  # type: ignore[assignment]
+    return "?"
+
+
+def _api() -> str | None:
+    """The torch.distributed function the user called: the outermost frame of the public
+    API files, else the outermost torch.distributed frame; none for calls issued from C++
+    (DDP's Reducer)."""
+    f = sys._getframe(2)
+    api = outer = None
+    while f is not None:
+        name, code = f.f_code.co_filename, f.f_code.co_name
+        if code != "wrapper" and name.startswith(_DIST_DIR):
+            outer = code
+            if name in _API_FILES:
+                api = code
+        f = f.f_back  # type: ignore[assignment]
+    return api or outer
+
+
+def _tensor(t: Any) -> dict[str, Any]:
+    return {"shape": list(t.shape), "stride": list(t.stride()) if t.layout == torch.strided
+            else None, "contiguous": bool(t.is_contiguous()), "dtype": str(t.dtype)[6:],
+            "device": t.device.type, "layout": str(t.layout)[6:]}
+
+
+def _ranks(rec: Recorder, pg: Any) -> list[int]:
+    if not isinstance(pg, c10d.ProcessGroup):
+        pg = c10d.ProcessGroup.unbox(pg)
+    name = pg.group_name
+    if name not in rec.groups:
+        rec.groups[name] = list(dist.get_process_group_ranks(pg))
+    return rec.groups[name]
+
+
+def _group_by_name(rec: Recorder, name: str) -> list[int]:
+    if name not in rec.groups:
+        pg = c10d._resolve_process_group(name)  # type: ignore[arg-type]
+        rec.groups[name] = list(dist.get_process_group_ranks(pg))
+    return rec.groups[name]
+
+
+def _encode(rec: Recorder, arg: Any, value: Any, call: dict[str, Any]) -> None:
+    """One argument into the call record: tensors described, groups as global ranks."""
+    name, kind = arg.name, str(arg.type)
+    if "ProcessGroup" in kind:
+        call["group"] = _ranks(rec, value)
+    elif "ReduceOp" in kind:
+        call["reduce_op"] = _REDUCE.get(int(value.op()), str(int(value.op())))
+    elif name == "group_name":
+        call["group"] = _group_by_name(rec, str(value))
+    elif name == "reduce_op":
+        call["reduce_op"] = str(value).lower()
+    elif isinstance(value, torch.Tensor):
+        call["args"][name] = _tensor(value)
+    elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+        call["args"][name] = [_tensor(t) for t in value]
+    elif isinstance(value, (list, tuple)) and value and isinstance(value[0], (list, tuple)):
+        call["args"][name] = [[_tensor(t) for t in inner] for inner in value]
+    elif value is None or isinstance(value, (bool, int, float, str)):
+        call["args"][name] = value
+    elif isinstance(value, (list, tuple)):
+        call["args"][name] = [int(v) for v in value]
+    else:
+        call["args"][name] = f"<{type(value).__name__}>"
+
+
+def _remember_work(rec: Recorder, work: Any, seq: int) -> None:
+    # pybind returns the same Python object for the same C++ Work while one is alive, so
+    # holding it lets Work.wait() (patched below) find which call it belongs to.
+    pw = work if isinstance(work, c10d.Work) else c10d.Work.unbox(work)
+    rec.works[id(pw)] = (seq, pw)
+    if len(rec.works) > _MAX_PENDING:
+        rec.works.pop(next(iter(rec.works)))
+
+
+def _kernel(qualname: str, op: Any) -> Any:
+    schema = op._schema
+
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = _REC
+        below = keyset & torch._C._after_autograd_keyset
+        if rec is None or rec.depth() > 0:
+            return op.redispatch(below, *args, **kwargs)
+        call: dict[str, Any] = {"op": qualname, "args": {}}
+        for arg, value in zip(schema.arguments, args, strict=False):
+            _encode(rec, arg, value, call)
+        for key, value in kwargs.items():
+            _encode(rec, next(a for a in schema.arguments if a.name == key), value, call)
+        call["api"] = _api()
+        call["site"] = _site()
+        call["thread"] = threading.current_thread().name
+        seq = next(rec.seq)
+        call["seq"] = seq
+        rec.calls += 1
+        rec.emit("call", call)
+        rec.local.depth = rec.depth() + 1
+        try:
+            out = op.redispatch(below, *args, **kwargs)
+        finally:
+            rec.local.depth -= 1
+        work = out[1] if isinstance(out, tuple) and len(out) == 2 else out
+        if isinstance(work, (torch.ScriptObject, c10d.Work)):
+            _remember_work(rec, work, seq)
+        elif qualname.startswith("_c10d_functional::"):
+            for t in out if isinstance(out, (list, tuple)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    rec.tensor_seq[id(t)] = seq
+                    rec.tensors[id(t)] = t
+            if len(rec.tensor_seq) > _MAX_PENDING:
+                rec.tensor_seq.pop(next(iter(rec.tensor_seq)))
+        return out
+
+    return kernel
+
+
+def _wait_event(rec: Recorder, seq: int | None, what: str) -> None:
+    rec.emit("wait", {"call": seq, "what": what, "after": rec.calls, "site": _site()})
+
+
+def _patch_waits(rec: Recorder) -> None:
+    orig_wait = c10d.Work.wait
+
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        entry = rec.works.pop(id(self), None)
+        if entry is not None and rec.depth() == 0:
+            _wait_event(rec, entry[0], "work")
+        return orig_wait(self, *args, **kwargs)
+
+    setattr(c10d.Work, "wait", wait)  # noqa: B010  (a pybind method: mypy forbids =)
+    orig_wait_tensor = fc.wait_tensor
+
+    def wait_tensor(tensor: Any) -> Any:
+        if rec.depth() == 0:
+            key = id(tensor)
+            seq = rec.tensor_seq.pop(key, None) if rec.tensors.get(key) is tensor else None
+            _wait_event(rec, seq, "tensor")
+        rec.local.depth = rec.depth() + 1
+        try:
+            return orig_wait_tensor(tensor)  # type: ignore[no-untyped-call]
+        finally:
+            rec.local.depth -= 1
+
+    fc.wait_tensor = wait_tensor
+
+
+_LIBS: list[Any] = []  # the Library objects must stay alive or their kernels are removed
+
+
+def install(folder: str) -> None:
+    """Start recording this process's collectives into ``folder`` (once per process)."""
+    global _REC
+    if _REC is not None:
+        return
+    _REC = Recorder(folder)
+    for ns in ("c10d", "_c10d_functional"):
+        lib = torch.library.Library(ns, "IMPL")  # type: ignore[no-untyped-call]
+        _LIBS.append(lib)
+        for full in torch._C._dispatch_get_all_op_names():
+            name = full.split("::", 1)[1]
+            # check_for_nan and _c10d_functional's _helpers move no data between ranks
+            if not full.startswith(ns + "::") or full == "c10d::check_for_nan" or (
+                    ns == "_c10d_functional" and name.startswith("_")):
+                continue
+            op = getattr(getattr(torch.ops, ns), name).default
+            for key in ("AutogradCPU", "AutogradCUDA", "AutogradPrivateUse1"):
+                lib.impl(name, _kernel(full, op), key,  # type: ignore[no-untyped-call]
+                         with_keyset=True)
+    _patch_waits(_REC)
+    atexit.register(_REC.close)
