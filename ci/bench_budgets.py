@@ -1,8 +1,8 @@
-"""The speed budgets of the README's Performance section, measured (issue 25 point 5).
+"""The speed budgets of docs/explanation/process-model.md, measured (issue 25 point 5).
 
     python ci/bench_budgets.py [--skip suite,recovery,overhead,busbw] [--json PATH]
 
-Measures, on this machine as it is (run it idle for figures to compare with the README):
+Measures, on this machine as it is (run it idle for figures to compare with that page):
 
 * suite: the quick bundled suite (``pytest cases/ --backend gloo``), wall time of the whole
   command (interpreter, collection, reports) per executed instance; budget 30 ms;

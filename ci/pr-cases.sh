@@ -2,7 +2,7 @@
 # Replace the case files of this (base-branch) checkout with those of an untrusted pull
 # request, taking nothing else from it: no harness code, no CI script, no conftest.py, no
 # pytest.ini, no baseline. Only regular files matching cases/**/*.yaml (or .yml) are copied;
-# symlinks and everything outside cases/ are ignored. See README "Running untrusted cases".
+# symlinks and everything outside cases/ are ignored. See docs/howto/ci-gate.md.
 # Usage: bash ci/pr-cases.sh REPOSITORY_URL COMMIT_SHA
 set -euo pipefail
 cd "$(dirname "$0")/.."

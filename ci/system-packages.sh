@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# System packages some tests need (see README "Requirements"): Chromium renders the HTML
+# System packages some tests need (see docs/install.md): Chromium renders the HTML
 # report in a browser test. Installs only what is missing; needs root (or sudo).
 set -euo pipefail
 if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then

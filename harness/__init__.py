@@ -1,6 +1,6 @@
 """collective-harness: a declarative conformance harness for torch.distributed collectives.
 
-The tree is the pipeline (README "Architecture"; data flows one way, down this list):
+The tree is the pipeline (docs/explanation/architecture.md; data flows one way, down this list):
 
 - ``model``, ``errors``, ``expr``, ``dtypes``: the records and vocabulary every stage shares;
   they import nothing above them;

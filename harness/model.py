@@ -196,7 +196,7 @@ def flat_steps(steps: tuple[Step, ...]) -> list[Step]:
 class Tolerance:
     """How far a float result may be from its expectation: ``|got - exp| <= atol + rtol *
     |exp|`` or within ``ulp`` units in the last place of ``exp`` (either suffices). ``auto``:
-    derived per element from the dtype and the group size (see README "Tolerances")."""
+    derived per element from the dtype and the group size (docs/reference/case-format.md)."""
 
     atol: float = 0.0
     rtol: float = 0.0

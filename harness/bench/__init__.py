@@ -6,7 +6,7 @@ per-test overhead against spawn-per-test and a bare loop, hang reporting, the co
 rejected call) and, with ``--busbw``, the perf mode against a bare ``torch.distributed`` loop
 (:mod:`~harness.bench.busbw`).
 
-Gives: tables on the terminal and JSON (``--json``) with the figures the README states.
+Gives: tables on the terminal and JSON (``--json``) with the figures the docs state.
 
 Must not: be a test (speed targets are checked by running it, never by timed tests), or change
 anything a conformance run records.

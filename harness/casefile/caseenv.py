@@ -15,7 +15,7 @@ from ..model import Case
 from .fields import suggest
 
 # Variables a case may set, per backend ("*": every backend). Each changes backend
-# behaviour that upstream's tests exercise; see README "Per-case environment".
+# behaviour that upstream's tests exercise; docs/reference/environment.md.
 ALLOWED: dict[str, tuple[str, ...]] = {
     "*": ("TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG_LEVEL", "PYTORCH_CUDA_ALLOC_CONF"),
     "gloo": ("TORCH_GLOO_LAZY_INIT", "GLOO_SOCKET_IFNAME"),

@@ -1,6 +1,6 @@
 """Case-format side of timeouts, expected step errors and process-group lifecycle.
 
-Keys and steps (README "Timeouts, step errors and group lifecycle"):
+Keys and steps (docs/reference/environment.md):
 
 - ``raises: RE`` or ``raises: {match: RE, not_before: S}`` on an op, wait, ``set_timeout`` or
   ``destroy`` step: the step must raise a matching error (no earlier than S seconds after it

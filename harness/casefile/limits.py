@@ -1,7 +1,7 @@
 """Bounds on the work a case file may ask for, set by whoever runs the suite.
 
 Case files may come from untrusted pull requests. Every limit here belongs to the operator
-(ini or command line, see README "Limits"); a case can ask for less, never for more. Each is
+(ini or command line, docs/reference/limits.md); a case can ask for less, never for more. Each is
 enforced at collection, so a file that asks for too much fails with ``file:line:col`` before a
 single rank starts.
 """
@@ -44,7 +44,7 @@ class Limits:
                 raise ValueError(f"limit {f.name} must be a positive number, got {value!r}")
 
 
-# (field, command-line option, ini name, help) for the plugin's options and the README table.
+# (field, command-line option, ini name, help) for the plugin's options and the options page.
 OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("file_bytes", "--max-case-file-bytes", "collective_max_case_file_bytes",
      "largest case file read, in bytes (checked before parsing)"),

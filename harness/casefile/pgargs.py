@@ -1,6 +1,6 @@
 """Collection-time checks and expansion of the process-group methods' arguments.
 
-The ``pg.*`` ops (README "Process-group methods") take ``root_rank`` (a position in the
+The ``pg.*`` ops (docs/reference/ops.md) take ``root_rank`` (a position in the
 group, passed to torch unchecked) and ``root_tensor`` (each an integer or an expression over
 ``rank``, ``world_size`` and params), ``via`` (``group`` or ``backend``) and ``options``
 (``object``, or per op ``int`` / ``overload``). Runs in the pytest process: no torch.

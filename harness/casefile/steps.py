@@ -1,6 +1,6 @@
 """Case-format side of the ordering steps: validation and expansion into :class:`Step`.
 
-Steps a program may use to make the async contract visible (README "Ordering"):
+Steps a program may use to make the async contract visible (docs/howto/async-ordering.md):
 
 - ``{delay_stream: S}``: slow work on the rank's current stream (a CUDA sleep kernel; on CPU,
   where the host is the stream, a host sleep);

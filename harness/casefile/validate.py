@@ -108,7 +108,7 @@ def check_case(case: Case) -> None:
     if has_op == has_steps:
         errs.append(case.error(("name",), "a case needs exactly one of 'op' (one collective) "
                                "or 'steps' (a program)",
-                               "see README: 'Writing a case'"))
+                               "see docs/reference/case-format.md"))
     if has_op and raw["op"] not in ops.ALL_OPS:
         errs.append(case.error(("op",), f"unknown op {raw['op']!r}",
                                suggest(raw["op"], tuple(ops.ALL_OPS))))

@@ -215,7 +215,7 @@ def render(baseline: Baseline) -> str:
                    "+ axes (+ backend). Refresh: " + (baseline.refresh or
                                                      "run the suite that made it, then "
                                                      "collective-gate REPORT THIS-FILE --update")
-                   + " (README: Gating in CI)",
+                   + " (docs/howto/ci-gate.md)",
         "backends": sorted({e.backend for e in entries}),
         "torch": baseline.torch,
         **({"nccl_version": baseline.nccl} if baseline.nccl else {}),

@@ -103,7 +103,7 @@ class Op:
     # (all_reduce, broadcast, all_gather...): the verdict compares the ranks' digests, which
     # catches a divergence even where the expectation is "unspecified" or has a tolerance.
     agree: bool = False
-    # What ``returns:`` on a step of this op checks (README "Return values"); empty: the op
+    # What ``returns:`` on a step of this op checks (docs/reference/programs.md); empty: the op
     # returns nothing a case can state.
     returns: str = ""
     # Its list may have any number of entries (``entries:``), not one per group member.

@@ -110,7 +110,7 @@ def configure(inst: Instance, config: pytest.Config) -> Instance:
     opts = options(config)
     mode = plan.mode if opts["ordering"] == "auto" else opts["ordering"]
     # The probes' slow producers write into the buffer in place, which a sparse COO tensor
-    # does not support: sparse instances run without them (README "Sparse buffers").
+    # does not support: sparse instances run without them (docs/reference/case-format.md).
     probes = (plan.shorthand_async and inst.expectation.kind == "pass"
               and (mode == "all" or (mode == "sample" and plan.sampled))
               and not any(t.sparse is not None for t in inst.tensors))

@@ -1,7 +1,7 @@
 """Command-line and ini options of the plugin, and the checks that turn them into numbers.
 
-Every option is declared here (README "Running" lists them); a value that cannot be used is a
-``pytest.UsageError`` naming the option, before any case is collected.
+Every option is declared here (docs/reference/generated/options.md lists them); a value that
+cannot be used is a ``pytest.UsageError`` naming the option, before any case is collected.
 """
 
 from __future__ import annotations

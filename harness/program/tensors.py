@@ -100,7 +100,7 @@ def _gen_rng(seed: int, rank: int) -> torch.Generator:
 
 def generate(name: str, params: Mapping[str, Any], shape: tuple[int, ...], dtype: torch.dtype,
              rank: int, world_size: int, reduce_op: str | None) -> torch.Tensor:
-    """Values of a named generator (see README "Generators")."""
+    """Values of a named generator (docs/reference/case-format.md)."""
     n = 1
     for d in shape:
         n *= d

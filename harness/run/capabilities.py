@@ -20,7 +20,7 @@ from .. import ops
 from ..model import Instance, flat_steps
 
 BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
-# Steps that only mean something on a GPU (README "CUDA steps").
+# Steps that only mean something on a GPU (docs/howto/async-ordering.md).
 CUDA_STEP_KINDS = ("capture", "replay", "wait_stream", "block_current_stream")
 # Backends whose collectives a CUDA graph cannot record: Gloo runs them on host threads
 # (copying CUDA tensors through the host), which a stream capture cannot contain.

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-pack", action="store_true",
                     help="one instance at a time (to measure what packing gains)")
     ap.add_argument("--perf", action="store_true",
-                    help="time every passing instance like nccl-tests (see the README); "
+                    help="time every passing instance like nccl-tests (docs/howto/bandwidth.md); "
                          "instances then run one at a time, so that timings do not compete")
     ap.add_argument("--perf-warmup", type=int_in(0, 1_000_000), default=PerfPlan.warmup)
     ap.add_argument("--perf-iters", type=int_in(1, 1_000_000_000), default=PerfPlan.iters)
