@@ -161,7 +161,8 @@ def console_scripts() -> set[str]:
 # The NCCL baseline is created on the first GPU run (ci/gate.sh gates on raw outcomes until
 # then, README "Gating in CI"); every other file a workflow names must be committed.
 OPTIONAL = {"ci/baselines/nccl-cuda.json"}
-VENV_TOOLS = {"python", "python3", "pip", "pytest", "ruff", "mypy"}  # installed by ci/setup.sh
+VENV_TOOLS = {"python", "python3", "pip", "pytest", "ruff", "mypy",  # installed by ci/setup.sh
+              "mkdocs"}  # with the docs extra (ci/test.sh asks for it)
 
 
 def check_command(words: list[str], where: str) -> list[str]:
