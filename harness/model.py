@@ -320,6 +320,8 @@ class NumericsPlan:
     offset_invariant: bool = False
     fusion_invariant: bool = False
     unfused: tuple[Step, ...] = ()  # fusion_invariant: the op's entries issued one by one
+    size: int = 0  # size_invariant: the element count of the extra run (0: not asked)
+    prefix: int = 0  # size_invariant: the leading elements both runs must agree on
 
 
 @dataclass(frozen=True)
@@ -432,6 +434,7 @@ class TensorCheck:
     error: dict[str, float] = field(default_factory=dict)  # vs FP64 (harness.program.fp64)
     inexact: str = ""  # why the expected value itself is inexact
     beyond_order: int = 0  # elements outside what any summation order gives (program.fp64)
+    prefix_digest: str = ""  # size_invariant: digest of the leading elements (NumericsPlan.prefix)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from harness.gate import bitdiff
 from harness.gate import compare as gate
 from harness.gate.baseline import Baseline
 from harness.program import fp64, reruns
+from harness.program.tensors import generate
 from harness.report import errors_table, headline, html, markdown
 from harness.verdict import numerics as vnum
 
@@ -77,6 +78,9 @@ def test_random_sum_is_uncheckable_only_without_a_bound() -> None:
     ("offset_invariant: true", "cases/x.yaml:8:23", "has no non-zero offset"),
     ("fusion_invariant: true", "cases/x.yaml:8:23", "applies to the all_reduce_coalesced"),
     ("{offset: 1, layout: strided}", "cases/x.yaml", "offset applies to contiguous"),
+    ("size_invariant: 8", "cases/x.yaml:8:21", "is the buffer's own element count"),
+    ("size_invariant: 0", "cases/x.yaml:8:21", "minimum"),
+    ("{size_invariant: 9, layout: strided}", "cases/x.yaml", "plain contiguous buffers"),
 ])
 def test_bad_numerics_keys_are_located_errors(extra: str, where: str, words: str) -> None:
     lines = extra.strip("{}").split(", ") if extra.startswith("{") else [extra]
@@ -85,6 +89,30 @@ def test_bad_numerics_keys_are_located_errors(extra: str, where: str, words: str
             + "".join(f"    {ln}\n" for ln in lines))
     err = case_error(text)
     assert where in err and words in err, err
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ("op: all_gather_into_tensor\n    input: {generator: random}", "op: form of all_reduce and "
+                                                                    "reduce"),
+    ("op: all_reduce\n    input: 'rank + 1'", "must come from a generator"),
+    ("op: all_reduce\n    input: {generator: nan_inf}", "must come from a generator"),
+])
+def test_size_invariant_needs_an_elementwise_op_and_a_generator(body: str, words: str) -> None:
+    err = case_error("cases:\n  - name: s\n    world_size: 2\n    shape: [8]\n"
+                     f"    {body}\n    size_invariant: 100\n")
+    assert "size_invariant compares the leading elements" in err and words in err, err
+
+
+def test_generators_give_the_same_leading_values_whatever_the_size() -> None:
+    """What size_invariant relies on: the first n values of a generator do not depend on how
+    many it makes (nan_inf is refused: its NaN bits in bfloat16 depend on the length, the
+    vectorized conversion giving another NaN than the scalar one)."""
+    for name in ("random", "exact", "ranks", "constant"):
+        for dtype in (torch.float32, torch.bfloat16, torch.int32):
+            short = generate(name, {"seed": 3}, (40,), dtype, 1, 3, "sum")
+            long = generate(name, {"seed": 3}, (1000,), dtype, 1, 3, "sum")
+            # compared as bytes: NaN equals NaN
+            assert torch.equal(short.view(torch.uint8), long[:40].view(torch.uint8)), name
 
 
 def test_properties_on_an_op_without_output_are_refused() -> None:
@@ -154,6 +182,14 @@ cases:
     fusion_invariant: true
     input: {generator: random, seed: 5}
     error: {max_ulps: 4}
+  - name: sized
+    op: all_reduce
+    world_size: 2
+    dtype: float32
+    shape: [33]
+    size_invariant: 1000
+    input: {generator: random, seed: 7}
+    error: {max_ulps: 4}
   - name: iters
     op: all_reduce
     world_size: 2
@@ -185,7 +221,9 @@ def test_properties_hold_on_gloo_and_reach_every_report(tmp_path: Path) -> None:
     report = _run(tmp_path, "gloo")
     recs = _by_case(report)
     assert {c: r["outcome"] for c, r in recs.items()} == {
-        "det": "passed", "offs": "passed", "fused": "passed", "iters": "passed"}
+        "det": "passed", "offs": "passed", "fused": "passed", "sized": "passed",
+        "iters": "passed"}
+    assert recs["sized"]["numerics"]["properties"]["size_invariant"] == "held"
     assert recs["iters"]["numerics"]["properties"]["iterations"] == "held"
     assert recs["det"]["numerics"]["properties"] == {"deterministic": "held",
                                                      "ranks_agree": "held"}
@@ -203,6 +241,8 @@ def test_properties_hold_on_gloo_and_reach_every_report(tmp_path: Path) -> None:
     ("last_rank_ulp", "det", "ranks_agree", "ranks disagree on 'tensor'"),
     ("misaligned_wrong", "offs", "offset_invariant", "differ at offset 0 from the offset 1 run"),
     ("coalesced_ulp", "fused", "fusion_invariant", "issued one by one"),
+    ("size_dependent_sum", "sized", "size_invariant",
+     "differ in the first 33 element(s) when the buffer holds 1000 elements"),
     # Intermittent corruption: the first run (call 1 of its private pool) is right, the
     # second iteration's fresh inputs come back one bit off.
     ("run_dependent_sum", "iters", "iterations", "iteration 2 (fresh inputs) failed: buffer "

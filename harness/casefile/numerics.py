@@ -1,5 +1,5 @@
 """The numerics keys of a case: ``error``, ``deterministic``, ``offset``, ``offset_invariant``,
-``fusion_invariant`` (docs/numerics.md).
+``fusion_invariant``, ``size_invariant`` (docs/numerics.md).
 
 :func:`check` finds what the schema cannot (non-finite bounds, properties with nothing to
 compare, an offset on a layout it cannot apply to); :func:`plan` turns the keys into the
@@ -18,14 +18,22 @@ from ..errors import CaseFileError
 from ..model import Case, Instance, NumericsPlan, Step, TensorSpec
 
 BOUNDS = ("max_abs", "max_rel", "rel_l2", "max_ulps")
-PROPERTIES = ("error", "deterministic", "iterations", "offset_invariant", "fusion_invariant")
+PROPERTIES = ("error", "deterministic", "iterations", "offset_invariant", "fusion_invariant",
+              "size_invariant")
+# Ops whose output element i depends only on the inputs' element i, so its bits must not depend
+# on how many elements the buffer holds (size_invariant).
+ELEMENTWISE = ("all_reduce", "reduce")
+# Generators whose first n values (bits included) do not depend on how many they make;
+# nan_inf's NaN bits in bfloat16 do (tests/test_numerics.py).
+PREFIX_STABLE = ("random", "exact", "ranks", "constant")
 # Coalesced ops and the plain op their entries are issued with one by one (fusion_invariant).
 UNFUSED = {"all_reduce_coalesced": "all_reduce", "coalescing_manager_all_reduce": "all_reduce"}
 
 
 def _asked(raw: dict[str, Any]) -> list[str]:
     """The properties the case requires (``deterministic: 1`` and false flags ask nothing)."""
-    out = [k for k in ("error", "offset_invariant", "fusion_invariant") if raw.get(k)]
+    out = [k for k in ("error", "offset_invariant", "fusion_invariant", "size_invariant")
+           if raw.get(k)]
     out += [k for k in ("deterministic", "iterations") if raw.get(k, 1) != 1]
     return out
 
@@ -72,7 +80,30 @@ def check(case: Case) -> list[CaseFileError]:
                                "op with its entries issued one by one; it applies to the "
                                f"{' and '.join(UNFUSED)} ops with one shape for every entry",
                                "remove the key, or use one of those ops"))
+    if raw.get("size_invariant"):
+        errs += _check_size(case, op)
     return errs
+
+
+def _check_size(case: Case, op: ops.Op | None) -> list[CaseFileError]:
+    """``size_invariant: M`` compares leading elements of two runs of different sizes: an
+    elementwise reduction whose inputs come from a generator (generators give the same
+    leading values whatever the size) in plain contiguous buffers."""
+    raw = case.raw
+    why = ""
+    if op is None or op.name not in ELEMENTWISE:
+        why = f"it applies to the op: form of {' and '.join(ELEMENTWISE)}"
+    elif any(k in raw for k in ("entry_shape", "layout", "offset")):
+        why = "it resizes plain contiguous buffers (no layout:, offset: or entry_shape:)"
+    elif not (isinstance(raw.get("input"), dict)
+              and raw["input"].get("generator") in PREFIX_STABLE):
+        why = ("the input must come from a generator (" + ", ".join(PREFIX_STABLE) + "): "
+               "their leading values do not depend on the buffer's size")
+    if not why:
+        return []
+    return [case.error(("size_invariant",), "size_invariant compares the leading elements of "
+                       f"two runs of different sizes; {why}", "remove the key, or test "
+                       "size invariance in a case of its own")]
 
 
 def with_offset(case: Case, tensors: tuple[TensorSpec, ...], offset: int
@@ -117,11 +148,26 @@ def plan(case: Case, steps: tuple[Step, ...], tensors: tuple[TensorSpec, ...]
                              "give shape: [entries, ...] with integers")
         unfused = (replace(first, op=UNFUSED[str(first.op)], bufs=(("tensor", name),),
                            repeat=count, slices=True, returns=None),)
+    size = int(raw.get("size_invariant") or 0)
+    prefix = 0
+    if size:
+        counts = {math.prod(d for d in t.shape if isinstance(d, int)) for t in tensors
+                  if t.shape is not None and all(isinstance(d, int) for d in t.shape)}
+        if len(counts) != 1 or any(t.rank_shapes or t.entry_shapes for t in tensors):
+            raise case.error(("size_invariant",), "size_invariant needs every buffer to hold "
+                             "the same fixed number of elements on every rank",
+                             "give one integer shape for the case")
+        n = counts.pop()
+        if size == n:
+            raise case.error(("size_invariant",), f"size_invariant: {size} is the buffer's "
+                             "own element count; the extra run must hold a different number",
+                             f"use a size that is not {n}, e.g. {n * 8 + 1}")
+        prefix = min(size, n)
     return NumericsPlan(error=bounds, deterministic=int(raw.get("deterministic", 1)),
                         iterations=int(raw.get("iterations", 1)),
                         offset_invariant=bool(raw.get("offset_invariant")),
                         fusion_invariant=bool(raw.get("fusion_invariant")),
-                        unfused=unfused)
+                        unfused=unfused, size=size, prefix=prefix)
 
 
 def check_iters(inst: Instance, n: int) -> Instance:

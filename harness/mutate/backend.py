@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
 
 from ..backends.wrapping import Call, DoneWork, WrappedWork, WrappingProcessGroup, shares
-from .faults import BACKEND, ENV, FAITHFUL, LARGE_BYTES, NAMES, ODD_WORLD_SIZE
+from .faults import BACKEND, ENV, FAITHFUL, LARGE_BYTES, NAMES, ODD_WORLD_SIZE, SPLIT_ELEMENTS
 
 Hook = Callable[[], None]
 FLIPPED_DTYPES = {"bf16_wrong_value": torch.bfloat16, "fp16_wrong_value": torch.float16,
@@ -194,6 +194,8 @@ class MutantGloo(WrappingProcessGroup):
             return [lambda t=t: flip(t) for t in floats[:1]]
         if f == "misaligned_wrong":
             return [lambda t=t: flip(t) for t in floats[:1] if t.data_ptr() % 16]
+        if f == "size_dependent_sum":
+            return [lambda t=t: flip(t) for t in floats[:1] if t.numel() > SPLIT_ELEMENTS]
         return []
 
     def _in_group_corner(self, op: str) -> bool:

@@ -17,6 +17,7 @@ FAITHFUL = "none"  # the faithful wrapper: Gloo behind the same Python ProcessGr
 
 LARGE_BYTES = 1 << 20  # "above a size": messages larger than 1 MiB (an algorithm switch)
 ODD_WORLD_SIZE = 3  # "only at one world size"
+SPLIT_ELEMENTS = 256  # size_dependent_sum: a reduction that switches its chunking above this
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,9 @@ FAULTS: tuple[Fault, ...] = (
           "has the lowest bit of its first element flipped"),
     Fault("coalesced_ulp", "all_reduce_coalesced results of float dtypes have the lowest bit of "
           "the first tensor's first element flipped (issued one by one they are right)"),
+    Fault("size_dependent_sum", f"float all_reduce of more than {SPLIT_ELEMENTS} elements has "
+          "the lowest bit of its first element flipped: a reduction order that depends on the "
+          "buffer's size"),
 )
 
 NAMES: tuple[str, ...] = tuple(f.name for f in FAULTS)

@@ -675,6 +675,9 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
                 tol = Tolerance(*slack) if slack else None
             checks.append(tensors.compare(spec.name, got, exp.to(got.dtype), how, tol, bound,
                                           tol_text))
+            if inst.numerics is not None and inst.numerics.prefix:
+                checks[-1].prefix_digest = tensors.digest(
+                    got.reshape(-1)[:inst.numerics.prefix])
             if wide:
                 fp64.annotate(checks[-1], got, exp.to(got.dtype), inst, *wide)
             if spec.sparse is not None and got.layout != torch.sparse_coo:

@@ -2,10 +2,11 @@
 
 ``deterministic: N`` runs the program N-1 more times on the same pool and inputs;
 ``offset_invariant`` runs it once more with every buffer at offset 0; ``fusion_invariant``
-once more with the coalesced op's entries issued one by one. Each extra run records the
-digests of the buffers it checked; the parent compares them with the first run's
-(:mod:`harness.verdict.numerics`). Every rank runs the same extra runs in the same order, so
-their collectives match. Runs in rank processes (imports torch).
+once more with the coalesced op's entries issued one by one; ``size_invariant: M`` once more
+with every buffer holding M elements (the leading elements of both runs are compared). Each
+extra run records the digests of the buffers it checked; the parent compares them with the
+first run's (:mod:`harness.verdict.numerics`). Every rank runs the same extra runs in the
+same order, so their collectives match. Runs in rank processes (imports torch).
 """
 
 from __future__ import annotations
@@ -48,13 +49,18 @@ def variants(inst: Instance) -> list[tuple[str, Instance]]:
                                                             for t in inst.tensors))))
     if plan.fusion_invariant and plan.unfused:
         out.append(("one by one", replace(bare, steps=(*plan.unfused, *inst.steps[1:]))))
+    if plan.size:
+        resized = replace(bare, numerics=NumericsPlan(error=plan.error, prefix=plan.prefix),
+                          tensors=tuple(replace(t, shape=(plan.size,)) for t in inst.tensors))
+        out.append((f"size {plan.size}", resized))
     return out
 
 
 def summary(label: str, res: RankResult) -> dict[str, Any]:
     """What the parent needs of an extra run: its status and the checked buffers' digests."""
     entry: dict[str, Any] = {"label": label, "status": res.status,
-                             "digests": {c.tensor: c.digest for c in res.checks if c.digest}}
+                             "digests": {c.tensor: c.prefix_digest or c.digest
+                                         for c in res.checks if c.digest}}
     if res.status == "raised":
         entry["error"] = f"{res.exc_type}: {res.exc_message[:200]}"
     wrong = [c for c in res.checks if not c.ok]

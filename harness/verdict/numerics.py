@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from .. import ops
-from ..model import Instance, InstanceResult, RankResult
+from ..model import Instance, InstanceResult, NumericsPlan, RankResult
 
 ORDER_SENSITIVE = ("sum", "avg", "premul_sum", "product")
 FLOATS = ("float", "bfloat", "complex")
 LABELS = {"run": "deterministic", "iteration": "iterations", "offset 0": "offset_invariant",
-          "one by one": "fusion_invariant"}
+          "one by one": "fusion_invariant", "size": "size_invariant"}
 
 
 def _where(inst: Instance) -> str:
@@ -99,12 +99,15 @@ def property_lines(inst: Instance, results: dict[int, RankResult]
             asked["offset_invariant"] = "held"
         if plan.fusion_invariant:
             asked["fusion_invariant"] = "held"
+        if plan.size:
+            asked["size_invariant"] = "held"
     lines: list[str] = []
     for r, rr in sorted(results.items()):
         first = {c.tensor: c.digest for c in rr.checks if c.digest}
         for run in rr.reruns:
             label = str(run.get("label", ""))
-            prop = LABELS.get(label.split(" ")[0] if label.startswith(("run ", "iteration "))
+            prop = LABELS.get(label.split(" ")[0] if label.startswith(("run ", "iteration ",
+                                                                       "size "))
                               else label, "")
             if not prop:
                 continue
@@ -116,20 +119,30 @@ def property_lines(inst: Instance, results: dict[int, RankResult]
                 text = f"rank {r}: {label} (fresh inputs) failed: {run['wrong']}"
             else:
                 digests: dict[str, Any] = run.get("digests", {})
-                diff = sorted(n for n in first if digests.get(n) != first[n])
+                mine = ({c.tensor: c.prefix_digest for c in rr.checks if c.prefix_digest}
+                        if prop == "size_invariant" else first)
+                diff = sorted(n for n in mine if digests.get(n) != mine[n])
                 if not diff:
                     continue
                 what = {"deterministic": f"differ in {label} from run 1",
                         "offset_invariant": "differ at offset 0 from the "
                                             f"offset {_offset(inst)} run",
                         "fusion_invariant": "differ when the entries are issued one by one "
-                                            "from the coalesced call"}[prop]
+                                            "from the coalesced call",
+                        "size_invariant": _size_text(plan)}[prop]
                 text = (f"rank {r}: bits of {', '.join(map(repr, diff))} {what} ("
-                        + ", ".join(f"{first[n]} vs {digests.get(n)}" for n in diff) + ")")
+                        + ", ".join(f"{mine[n]} vs {digests.get(n)}" for n in diff) + ")")
             if asked.get(prop) == "held":
                 asked[prop] = text
             lines.append(f"  {prop}: {text}")
     return asked, lines
+
+
+def _size_text(plan: NumericsPlan | None) -> str:
+    if plan is None or not plan.size:
+        return ""
+    return (f"differ in the first {plan.prefix} element(s) when the buffer holds {plan.size} "
+            "elements")
 
 
 def _offset(inst: Instance) -> int:
