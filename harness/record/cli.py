@@ -43,7 +43,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-dir", type=Path,
                    help="keep the per-rank traces here (default: a temporary folder)")
     p.add_argument("--from-trace", nargs="+", type=Path, metavar="PATH",
-                   help="(not implemented yet: exits 2) read Flight Recorder JSON dumps")
+                   help="write the case file from traces others captured, one file per rank "
+                        "(no launch command): torch Flight Recorder dumps (JSON, or the "
+                        "pickle, read without running anything) or execution traces "
+                        "(ExecutionTraceObserver JSON); the rank is the file's 'rank' field "
+                        "or the digits ending its name")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the launch command")
     return p
 
@@ -114,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
         if args.from_trace:
-            rec = recording_from_files(args.from_trace)
+            if command:
+                raise RecordError("--from-trace reads files: give no launch command")
+            rec = recording_from_files(args.from_trace, args.skip_unknown)
         else:
             if not command:
                 raise RecordError("no launch command: give it after '--', e.g. "
