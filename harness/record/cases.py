@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from harness.record.optable import Call
+from harness.record.worlds import generalize
 
 _FLOATS = {"float16", "bfloat16", "float32", "float64"}
 _INTS = {"int8", "uint8", "int16", "int32", "int64", "bool"}
@@ -35,6 +36,7 @@ class Recording:
     unknown: list[str] = field(default_factory=list)  # ops skipped by --skip-unknown
     lacks: list[str] = field(default_factory=list)  # what the trace could not tell
     notes: list[str] = field(default_factory=list)  # calls an import could not replay
+    world_sizes: list[int] = field(default_factory=list)  # other sizes asked (--world-size)
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -199,6 +201,7 @@ def build(rec: Recording) -> tuple[dict[str, Any], list[str]]:
     cases = _collective_cases(coll, rec.world_size, used)
     pcases, loose = _p2p_cases(p2p, rec.world_size, used)
     notes += [f"not replayed: {line}" for line in loose + rec.notes]
+    notes += generalize(cases + pcases, rec.world_size, rec.world_sizes)
     return {"cases": cases + pcases}, notes
 
 

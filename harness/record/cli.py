@@ -48,8 +48,23 @@ def _parser() -> argparse.ArgumentParser:
                         "pickle, read without running anything) or execution traces "
                         "(ExecutionTraceObserver JSON); the rank is the file's 'rank' field "
                         "or the digits ending its name")
+    p.add_argument("--world-size", type=_sizes, default=[], metavar="N,N,...",
+                   help="also replay at these world sizes where the pattern generalizes (every "
+                        "group the world, shapes fixed or scaling with it); the other cases "
+                        "say why they stay at the recorded size")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the launch command")
     return p
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of world sizes, "
+                                         "e.g. 2,4,8") from None
+    if not sizes or any(not 1 <= s <= 4096 for s in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: world sizes are 1 to 4096")
+    return sizes
 
 
 def _launch(command: list[str], folder: Path) -> int:
@@ -109,6 +124,9 @@ def partial_notes(traces: list[RankTrace], rc: int | None) -> list[str]:
             last = _where(t.calls[-1]) if t.calls else "no call"
             notes.append(f"rank {t.rank} stopped after {len(t.calls)} call(s); last: {last}"
                          + (f" ({t.truncated})" if t.truncated else ""))
+        elif rc and t.calls:
+            notes.append(f"rank {t.rank} made {len(t.calls)} call(s) before the run failed; "
+                         f"last: {_where(t.calls[-1])}")
     return notes
 
 
@@ -126,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise RecordError("no launch command: give it after '--', e.g. "
                                   "collective-record -o out.yaml -- python train.py")
             rec = _record(command, args)
+        rec.world_sizes = args.world_size
         text = render(rec)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text, encoding="utf-8")
