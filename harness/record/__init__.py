@@ -6,7 +6,8 @@ with a recorder injected into every Python process it starts (``site/sitecustomi
 JSON-lines trace of the calls it made (op, group, shapes, strides, dtype, device, reduce op,
 roots and peers, async and where it was waited, the user's call site), and the parent merges
 the traces into a case file the plugin collects as it is. Also reads torch Flight Recorder
-JSON dumps (``--from-trace``). Gives: a YAML case file and a one-line summary.
-Must not: record tensor contents, change what the recorded program computes, unpickle a file
-without ``--trusted-pickle``, or drop a call it cannot translate without saying so.
+dumps and execution traces (``--from-trace``). Gives: a YAML case file and a one-line summary.
+Must not: record tensor contents, change what the recorded program computes, unpickle anything
+but plain data (no class or function reference is ever looked up), or drop a call it cannot
+translate without saying so.
 """

@@ -18,9 +18,11 @@ from typing import Any
 import yaml
 
 from harness.record.optable import Call
+from harness.record.worlds import generalize
 
 _FLOATS = {"float16", "bfloat16", "float32", "float64"}
 _INTS = {"int8", "uint8", "int16", "int32", "int64", "bool"}
+ROOTED = {"broadcast", "scatter", "reduce", "gather"}
 
 
 @dataclass
@@ -33,6 +35,8 @@ class Recording:
     partial: list[str] = field(default_factory=list)  # one line per way it is incomplete
     unknown: list[str] = field(default_factory=list)  # ops skipped by --skip-unknown
     lacks: list[str] = field(default_factory=list)  # what the trace could not tell
+    notes: list[str] = field(default_factory=list)  # calls an import could not replay
+    world_sizes: list[int] = field(default_factory=list)  # other sizes asked (--world-size)
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -47,6 +51,9 @@ def _sites(calls: list[Call]) -> str:
     parts = []
     for (site, api), n in sorted(count.items()):
         short = re.sub(r"^.*/", "", site)
+        if api == "":  # imported: the trace does not say which function issued it
+            parts.append(f"{short} ({n}x)")
+            continue
         how = f"torch.distributed.{api}" if api else "issued from C++ (DDP's Reducer)"
         parts.append(f"{short} ({how}, {n}x)")
     return "; ".join(parts)
@@ -114,6 +121,10 @@ def _collective_cases(calls: list[Call], world: int, used: set[str]) -> list[dic
             args["group"] = list(group)
         if root is not None:
             args["src" if op in {"broadcast", "scatter"} else "dst"] = root
+        elif op in ROOTED:  # the trace did not say: every member is tried as the root
+            args["src" if op in {"broadcast", "scatter"} else "dst"] = list(
+                group or range(world))
+            case["description"] += " The trace has no root: every rank is tried."
         if form == "stack":
             args["form"] = "stack"
         if args:
@@ -189,7 +200,8 @@ def build(rec: Recording) -> tuple[dict[str, Any], list[str]]:
         coll = [c for c in coll if c not in uneven]
     cases = _collective_cases(coll, rec.world_size, used)
     pcases, loose = _p2p_cases(p2p, rec.world_size, used)
-    notes += [f"not replayed: {line}" for line in loose]
+    notes += [f"not replayed: {line}" for line in loose + rec.notes]
+    notes += generalize(cases + pcases, rec.world_size, rec.world_sizes)
     return {"cases": cases + pcases}, notes
 
 

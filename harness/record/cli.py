@@ -43,9 +43,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-dir", type=Path,
                    help="keep the per-rank traces here (default: a temporary folder)")
     p.add_argument("--from-trace", nargs="+", type=Path, metavar="PATH",
-                   help="(not implemented yet: exits 2) read Flight Recorder JSON dumps")
+                   help="write the case file from traces others captured, one file per rank "
+                        "(no launch command): torch Flight Recorder dumps (JSON, or the "
+                        "pickle, read without running anything) or execution traces "
+                        "(ExecutionTraceObserver JSON); the rank is the file's 'rank' field "
+                        "or the digits ending its name")
+    p.add_argument("--world-size", type=_sizes, default=[], metavar="N,N,...",
+                   help="also replay at these world sizes where the pattern generalizes (every "
+                        "group the world, shapes fixed or scaling with it); the other cases "
+                        "say why they stay at the recorded size")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the launch command")
     return p
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of world sizes, "
+                                         "e.g. 2,4,8") from None
+    if not sizes or any(not 1 <= s <= 4096 for s in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: world sizes are 1 to 4096")
+    return sizes
 
 
 def _launch(command: list[str], folder: Path) -> int:
@@ -105,6 +124,9 @@ def partial_notes(traces: list[RankTrace], rc: int | None) -> list[str]:
             last = _where(t.calls[-1]) if t.calls else "no call"
             notes.append(f"rank {t.rank} stopped after {len(t.calls)} call(s); last: {last}"
                          + (f" ({t.truncated})" if t.truncated else ""))
+        elif rc and t.calls:
+            notes.append(f"rank {t.rank} made {len(t.calls)} call(s) before the run failed; "
+                         f"last: {_where(t.calls[-1])}")
     return notes
 
 
@@ -114,12 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
         if args.from_trace:
-            rec = recording_from_files(args.from_trace)
+            if command:
+                raise RecordError("--from-trace reads files: give no launch command")
+            rec = recording_from_files(args.from_trace, args.skip_unknown)
         else:
             if not command:
                 raise RecordError("no launch command: give it after '--', e.g. "
                                   "collective-record -o out.yaml -- python train.py")
             rec = _record(command, args)
+        rec.world_sizes = args.world_size
         text = render(rec)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text, encoding="utf-8")
