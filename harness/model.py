@@ -322,6 +322,7 @@ class NumericsPlan:
     unfused: tuple[Step, ...] = ()  # fusion_invariant: the op's entries issued one by one
     size: int = 0  # size_invariant: the element count of the extra run (0: not asked)
     prefix: int = 0  # size_invariant: the leading elements both runs must agree on
+    same_bits: tuple[tuple[str, ...], ...] = ()  # buffers of a program that must match
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,28 @@ def test_size_invariant_needs_an_elementwise_op_and_a_generator(body: str, words
     assert "size_invariant compares the leading elements" in err and words in err, err
 
 
+PROGRAM = ("cases:\n  - name: p\n    world_size: 2\n    tensors:\n"
+           "      a: {shape: [4], init: rank}\n      b: {shape: [4], init: rank}\n"
+           "    steps:\n      - {op: all_reduce, tensor: a}\n      - {op: all_reduce, tensor: b}\n")
+
+
+@pytest.mark.parametrize(("extra", "where", "words"), [
+    ("    same_bits: [[a, c]]\n", "cases/x.yaml:10:21", "names 'c', which is not a tensor"),
+    ("    same_bits: [[a, b, a]]\n", "cases/x.yaml:10:24", "names 'a' twice"),
+    ("    same_bits: [[a]]\n", "cases/x.yaml:10:17", "is too short"),
+    ("    expected: {a: auto}\n", "cases/x.yaml:10:19", "'auto' needs the op: form"),
+])
+def test_bad_program_numerics_are_located_errors(extra: str, where: str, words: str) -> None:
+    err = case_error(PROGRAM + extra)
+    assert where in err and words in err, err
+
+
+def test_same_bits_needs_a_program() -> None:
+    err = case_error("cases:\n  - name: s\n    op: all_reduce\n    world_size: 2\n"
+                     "    shape: [8]\n    same_bits: [[tensor, tensor]]\n")
+    assert "cases/x.yaml:6:16" in err and "same_bits compares buffers of a program" in err, err
+
+
 def test_generators_give_the_same_leading_values_whatever_the_size() -> None:
     """What size_invariant relies on: the first n values of a generator do not depend on how
     many it makes (nan_inf is refused: its NaN bits in bfloat16 depend on the length, the
@@ -190,6 +212,19 @@ cases:
     size_invariant: 1000
     input: {generator: random, seed: 7}
     error: {max_ulps: 4}
+  - name: sb
+    world_size: 3
+    dtype: float32
+    tensors:
+      ddp: {shape: [12], init: {generator: random, seed: 8}}
+      grad: {shape: [12], init: {generator: random, seed: 8}}
+      shard: {shape: [4], init: zeros}
+      zero: {shape: [12], init: zeros}
+    steps:
+      - {op: all_reduce, tensor: ddp}
+      - {op: reduce_scatter_tensor, output: shard, input: grad}
+      - {op: all_gather_into_tensor, output: zero, input: shard}
+    same_bits: [[ddp, zero]]
   - name: iters
     op: all_reduce
     world_size: 2
@@ -222,7 +257,8 @@ def test_properties_hold_on_gloo_and_reach_every_report(tmp_path: Path) -> None:
     recs = _by_case(report)
     assert {c: r["outcome"] for c, r in recs.items()} == {
         "det": "passed", "offs": "passed", "fused": "passed", "sized": "passed",
-        "iters": "passed"}
+        "sb": "passed", "iters": "passed"}
+    assert recs["sb"]["numerics"]["properties"] == {"same_bits": "held"}
     assert recs["sized"]["numerics"]["properties"]["size_invariant"] == "held"
     assert recs["iters"]["numerics"]["properties"]["iterations"] == "held"
     assert recs["det"]["numerics"]["properties"] == {"deterministic": "held",
@@ -241,6 +277,7 @@ def test_properties_hold_on_gloo_and_reach_every_report(tmp_path: Path) -> None:
     ("last_rank_ulp", "det", "ranks_agree", "ranks disagree on 'tensor'"),
     ("misaligned_wrong", "offs", "offset_invariant", "differ at offset 0 from the offset 1 run"),
     ("coalesced_ulp", "fused", "fusion_invariant", "issued one by one"),
+    ("last_rank_ulp", "sb", "same_bits", "rank 2: 'ddp' "),
     ("size_dependent_sum", "sized", "size_invariant",
      "differ in the first 33 element(s) when the buffer holds 1000 elements"),
     # Intermittent corruption: the first run (call 1 of its private pool) is right, the

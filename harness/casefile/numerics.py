@@ -1,5 +1,5 @@
 """The numerics keys of a case: ``error``, ``deterministic``, ``offset``, ``offset_invariant``,
-``fusion_invariant``, ``size_invariant`` (docs/numerics.md).
+``fusion_invariant``, ``size_invariant``, ``same_bits`` (docs/numerics.md).
 
 :func:`check` finds what the schema cannot (non-finite bounds, properties with nothing to
 compare, an offset on a layout it cannot apply to); :func:`plan` turns the keys into the
@@ -19,7 +19,7 @@ from ..model import Case, Instance, NumericsPlan, Step, TensorSpec
 
 BOUNDS = ("max_abs", "max_rel", "rel_l2", "max_ulps")
 PROPERTIES = ("error", "deterministic", "iterations", "offset_invariant", "fusion_invariant",
-              "size_invariant")
+              "size_invariant", "same_bits")
 # Ops whose output element i depends only on the inputs' element i, so its bits must not depend
 # on how many elements the buffer holds (size_invariant).
 ELEMENTWISE = ("all_reduce", "reduce")
@@ -32,8 +32,8 @@ UNFUSED = {"all_reduce_coalesced": "all_reduce", "coalescing_manager_all_reduce"
 
 def _asked(raw: dict[str, Any]) -> list[str]:
     """The properties the case requires (``deterministic: 1`` and false flags ask nothing)."""
-    out = [k for k in ("error", "offset_invariant", "fusion_invariant", "size_invariant")
-           if raw.get(k)]
+    out = [k for k in ("error", "offset_invariant", "fusion_invariant", "size_invariant",
+                       "same_bits") if raw.get(k)]
     out += [k for k in ("deterministic", "iterations") if raw.get(k, 1) != 1]
     return out
 
@@ -82,6 +82,32 @@ def check(case: Case) -> list[CaseFileError]:
                                "remove the key, or use one of those ops"))
     if raw.get("size_invariant"):
         errs += _check_size(case, op)
+    if raw.get("same_bits"):
+        errs += _check_same_bits(case)
+    return errs
+
+
+def _check_same_bits(case: Case) -> list[CaseFileError]:
+    """``same_bits`` names groups of a program's declared tensors, each name once."""
+    raw = case.raw
+    if "steps" not in raw:
+        return [case.error(("same_bits",), "same_bits compares buffers of a program; this case "
+                           "has one op", "write the case as a program (steps: and tensors:)")]
+    tensors = raw.get("tensors")
+    declared: dict[str, Any] = tensors if isinstance(tensors, dict) else {}
+    errs: list[CaseFileError] = []
+    seen: set[str] = set()
+    for g, group in enumerate(raw["same_bits"]):
+        for i, name in enumerate(group):
+            if name not in declared:
+                errs.append(case.error(("same_bits", g, i), f"same_bits names {name!r}, which "
+                                       "is not a tensor of the program",
+                                       "use names from tensors: ("
+                                       + ", ".join(map(str, declared)) + ")"))
+            elif name in seen:
+                errs.append(case.error(("same_bits", g, i), f"same_bits names {name!r} twice",
+                                       "put every buffer that must match it in one group"))
+            seen.add(name)
     return errs
 
 
@@ -167,7 +193,9 @@ def plan(case: Case, steps: tuple[Step, ...], tensors: tuple[TensorSpec, ...]
                         iterations=int(raw.get("iterations", 1)),
                         offset_invariant=bool(raw.get("offset_invariant")),
                         fusion_invariant=bool(raw.get("fusion_invariant")),
-                        unfused=unfused, size=size, prefix=prefix)
+                        unfused=unfused, size=size, prefix=prefix,
+                        same_bits=tuple(tuple(str(n) for n in g)
+                                        for g in raw.get("same_bits") or ()))
 
 
 def check_iters(inst: Instance, n: int) -> Instance:

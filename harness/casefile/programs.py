@@ -68,6 +68,14 @@ class ProgramBuilder(CaseEval):
         expected: list[tuple[str, Fill]] = []
         for tname, fill_raw in raw.get("expected", {}).items():
             fill = parse_fill(self.case, fill_raw)
+            if fill.kind == "auto" or (fill.kind == "per_rank" and any(
+                    f.kind == "auto" for f in fill.data.values())):
+                # The reference model computes one op's output from its inputs; a program's
+                # buffers pass through several steps (docs/reference/programs.md).
+                raise self.case.error(("expected", tname), f"expected.{tname}: 'auto' needs the "
+                                      "op: form (one collective); a program's buffers must be "
+                                      "given", "write the values (a list, an expression, "
+                                      "unchanged) or compare buffers with same_bits")
             self.check_ranks(fill, ws, ("expected", tname), f"expected.{tname}")
             expected.append((tname, fill))
         return tuple(tensors), steps, tuple(expected)

@@ -101,9 +101,18 @@ def property_lines(inst: Instance, results: dict[int, RankResult]
             asked["fusion_invariant"] = "held"
         if plan.size:
             asked["size_invariant"] = "held"
+        if plan.same_bits:
+            asked["same_bits"] = "held"
     lines: list[str] = []
     for r, rr in sorted(results.items()):
         first = {c.tensor: c.digest for c in rr.checks if c.digest}
+        for group in plan.same_bits if plan is not None else ():
+            if len({first.get(n) for n in group}) > 1:
+                text = (f"rank {r}: " + ", ".join(f"{n!r} {first.get(n)}" for n in group)
+                        + ": not the same bits")
+                if asked.get("same_bits") == "held":
+                    asked["same_bits"] = text
+                lines.append(f"  same_bits: {text}")
         for run in rr.reruns:
             label = str(run.get("label", ""))
             prop = LABELS.get(label.split(" ")[0] if label.startswith(("run ", "iteration ",
