@@ -271,3 +271,29 @@ def test_execution_trace_with_groups_smaller_than_the_world_says_why(tmp_path: P
     assert any("lists groups smaller than the world (half)" in n for n in rec.notes)
     assert rec.partial == ["ranks [1] have no file: only the calls of the ranks given are in "
                            "the cases"]
+
+
+NCCL_DUMPS = REPO / "tests" / "data" / "flight_recorder"
+
+
+def test_a_real_nccl_dump_from_an_h100_imports(tmp_path: Path) -> None:
+    """tests/data/flight_recorder/: written by ci/gpu/nccl_fr_dump.py on an H100 (torch
+    2.11.0+cu130, NCCL 2.28.9, world size 1) through torch's _dump_nccl_trace_json and
+    _dump_nccl_trace: NCCL's own naming ("nccl:all_reduce"), its format version and fields."""
+    res = _import(tmp_path, NCCL_DUMPS / "nccl_trace_json_0")
+    assert res.returncode == 0, res.stderr
+    assert "10 call(s)" in res.stderr + res.stdout
+    cases = _cases(tmp_path / "out.yaml")
+    assert {(c["op"], c["dtype"]) for c in cases.values()} == {
+        ("all_reduce", "float32"), ("broadcast", "float32"),
+        ("all_gather_into_tensor", "float32"), ("reduce_scatter_tensor", "float32"),
+        ("all_reduce", "float16")}
+    assert all(c["device"] == "cuda" and c["shape"] == [1024] for c in cases.values())
+    text = (tmp_path / "out.yaml").read_text()
+    assert "the trace lacked: the reduce op of each reduction" in text
+    # The pickle form of the same run gives the same calls, with the script's call sites.
+    from_json = recording_from_files([NCCL_DUMPS / "nccl_trace_json_0"])
+    from_pickle = recording_from_files([NCCL_DUMPS / "nccl_trace_pickle_0"])
+    assert sorted((c.op, c.shape, c.dtype) for c in from_json.calls) == sorted(
+        (c.op, c.shape, c.dtype) for c in from_pickle.calls)
+    assert {c.site.rsplit("/", 1)[-1] for c in from_pickle.calls} >= {"nccl_fr_dump.py:32"}
