@@ -63,7 +63,7 @@ class Recorder:
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self.out: TextIO | None = None
-        self.buf: list[str] = []
+        self.buf: list[dict[str, Any]] = []  # records not written yet, encoded when written
         self.seq = itertools.count()
         self.calls = 0
         self.lock = threading.Lock()
@@ -79,11 +79,10 @@ class Recorder:
         return int(getattr(self.local, "depth", 0))
 
     def emit(self, kind: str, body: dict[str, Any]) -> None:
-        line = json.dumps({kind: body}, separators=(",", ":"))
         with self.lock:
             if not self.opened and not self.buf:
-                self.buf.append(self.header())
-            self.buf.append(line)
+                self.buf.append({"header": self.header()})
+            self.buf.append({kind: body})
             if len(self.buf) >= FLUSH_RECORDS:
                 self._write()
 
@@ -97,18 +96,18 @@ class Recorder:
         if self.out is None:
             self.open()
         assert self.out is not None
-        self.out.write("\n".join(self.buf) + "\n")
+        self.out.write("".join(_ENC.encode(r) + "\n" for r in self.buf))
         self.out.flush()
         self.buf.clear()
 
-    def header(self) -> str:
+    def header(self) -> dict[str, Any]:
         """The header line, taken at the first record (the group may be gone by the time a
         batch is written)."""
         rank = dist.get_rank() if dist.is_initialized() else -1
         world = dist.get_world_size() if dist.is_initialized() else -1
         head = {"format": FORMAT, "version": VERSION, "torch": torch.__version__, "rank": rank,
                 "world_size": world, "pid": os.getpid(), "argv": sys.argv[:8]}
-        return json.dumps({"header": head})
+        return head
 
     def open(self) -> None:
         path = Path(self.folder) / f"trace-{os.getpid()}.jsonl"
@@ -118,7 +117,7 @@ class Recorder:
     def close(self) -> None:
         with self.lock:
             if self.out is not None or self.buf:
-                self.buf.append(json.dumps({"end": {"calls": self.calls}}))
+                self.buf.append({"end": {"calls": self.calls}})
                 self._write()
             if self.out is not None:
                 self.out.close()
@@ -184,6 +183,7 @@ def _install_signals(rec: Recorder) -> None:
 
 
 _REC: Recorder | None = None
+_ENC = json.JSONEncoder(separators=(",", ":"))
 # code object -> (user code: a candidate call site, torch.distributed function name or None,
 # public API file). Filled once per code object: a frame costs a dict lookup.
 _CODES: dict[CodeType, tuple[bool, str | None, bool]] = {}
@@ -271,6 +271,26 @@ def _encode(rec: Recorder, name: str, kind: str, value: Any, call: dict[str, Any
         call["args"][name] = f"<{type(value).__name__}>"
 
 
+def _encode_tensor(rec: Recorder, name: str, kind: str, value: Any,
+                   call: dict[str, Any]) -> None:
+    call["args"][name] = _tensor(value)
+
+
+def _encode_tensors(rec: Recorder, name: str, kind: str, value: Any,
+                    call: dict[str, Any]) -> None:
+    call["args"][name] = [_tensor(t) for t in value]
+
+
+def _encoder(kind: str) -> Any:
+    """The argument's encoder, chosen once per schema argument (what :func:`_encode` does
+    for that kind, without its chain of tests)."""
+    if kind == "Tensor":
+        return _encode_tensor
+    if kind == "Tensor[]":
+        return _encode_tensors
+    return _encode
+
+
 def _remember_work(rec: Recorder, work: Any, seq: int) -> None:
     # pybind returns the same Python object for the same C++ Work while one is alive, so
     # holding it lets Work.wait() (patched below) find which call it belongs to.
@@ -281,8 +301,8 @@ def _remember_work(rec: Recorder, work: Any, seq: int) -> None:
 
 
 def _kernel(qualname: str, op: Any) -> Any:
-    kinds = [(a.name, str(a.type)) for a in op._schema.arguments]
-    by_name = dict(kinds)
+    kinds = [(a.name, str(a.type), _encoder(str(a.type))) for a in op._schema.arguments]
+    by_name = {name: (kind, enc) for name, kind, enc in kinds}
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         rec = _REC
@@ -290,10 +310,11 @@ def _kernel(qualname: str, op: Any) -> Any:
         if rec is None or rec.depth() > 0:
             return op.redispatch(below, *args, **kwargs)
         call: dict[str, Any] = {"op": qualname, "args": {}}
-        for (name, kind), value in zip(kinds, args, strict=False):
-            _encode(rec, name, kind, value, call)
+        for (name, kind, enc), value in zip(kinds, args, strict=False):
+            enc(rec, name, kind, value, call)
         for key, value in kwargs.items():
-            _encode(rec, key, by_name[key], value, call)
+            kind, enc = by_name[key]
+            enc(rec, key, kind, value, call)
         site, call["api"] = _where(1)
         call["site"] = site
         call["thread"] = threading.current_thread().name
