@@ -124,9 +124,17 @@ class Recorder:
                 self.out = None
 
     def after_fork(self) -> None:
-        """A forked child writes its own trace: the parent's file and batch are not its."""
+        """A forked child writes its own trace: the parent's file and batch are not its; it
+        gets its own wakeup pipe (the parent's is shared) and its own flusher thread."""
         self.lock = threading.Lock()
-        self.out, self.buf, self.wake, self.opened = None, [], -1, False
+        self.out, self.buf, self.opened = None, [], False
+        if self.wake >= 0:
+            os.close(self.wake)
+            self.wake = -1
+            r, w = os.pipe()
+            os.set_blocking(w, False)
+            signal.set_wakeup_fd(w, warn_on_full_buffer=False)  # the forking thread is main
+            self.wake = r
         _start_flusher(self)
 
     def flusher(self) -> None:
