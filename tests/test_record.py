@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -226,3 +229,50 @@ def test_bad_input_to_the_command_is_one_line_and_exit_2(tmp_path: Path) -> None
     res = _record(tmp_path, PY, "-c", "print('no collectives here')")
     assert res.returncode == 2 and "made no collective call" in res.stderr
     assert not (tmp_path / "out.yaml").exists()
+
+
+BLOCKED = r'''
+import os, sys, time, torch, torch.distributed as dist
+rank, ready = int(sys.argv[1]), sys.argv[3]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+dist.init_process_group("gloo", rank=rank, world_size=2)
+dist.all_reduce(torch.ones(3))
+if rank == 0:
+    w = dist.irecv(torch.zeros(3), src=1)   # never sent: rank 0 blocks in wait()
+    open(ready, "w").close()
+    w.wait()
+else:
+    time.sleep(60)
+'''
+
+
+def test_a_rank_killed_while_blocked_in_a_collective_leaves_its_trace(tmp_path: Path) -> None:
+    """Records are written in batches; SIGTERM to a rank blocked inside C++ still writes
+    them (well inside the 0.5 s timer), and the rank dies by the signal as it would have."""
+    script, ready, traces = tmp_path / "blocked.py", tmp_path / "ready", tmp_path / "traces"
+    script.write_text(BLOCKED)
+    traces.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "harness" / "record" /
+                                                            "site"), str(REPO)]),
+           "COLLECTIVE_RECORD_DIR": str(traces)}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = [subprocess.Popen([PY, str(script), str(r), port, str(ready)], env=env)
+             for r in (0, 1)]
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert ready.exists()
+        time.sleep(0.05)  # inside wait() now; the flusher's timer is 0.5 s
+        procs[0].send_signal(signal.SIGTERM)
+        assert procs[0].wait(timeout=30) == -signal.SIGTERM
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    (trace,) = [t for t in (read_trace(p) for p in traces.glob("trace-*.jsonl"))
+                if t.rank == 0]
+    assert [c["op"] for c in trace.calls] == ["c10d::allreduce_", "c10d::recv_"]
+    assert not trace.ended

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,16 +38,18 @@ class Recording:
     lacks: list[str] = field(default_factory=list)  # what the trace could not tell
     notes: list[str] = field(default_factory=list)  # calls an import could not replay
     world_sizes: list[int] = field(default_factory=list)  # other sizes asked (--world-size)
+    # rank -> (calls issued before it, seq of the call waited) per seen wait, in order
+    waits: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
 
-def _ranks_text(ranks: list[int]) -> str:
+def ranks_text(ranks: list[int]) -> str:
     ranks = sorted(set(ranks))
     if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"ranks {ranks[0]}-{ranks[-1]}"
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-def _sites(calls: list[Call]) -> str:
+def sites_text(calls: list[Call]) -> str:
     count = Counter((c.site, c.api) for c in calls)
     parts = []
     for (site, api), n in sorted(count.items()):
@@ -68,7 +71,7 @@ def _waits(calls: list[Call]) -> str:
     return f" Waited {top} ({n}x){more}."
 
 
-def _name(parts: list[str], used: set[str]) -> str:
+def unique_name(parts: list[str], used: set[str]) -> str:
     base = re.sub(r"[^A-Za-z0-9_.-]+", "_", "_".join(p for p in parts if p)).strip("_")
     name, k = base, 2
     while name in used:
@@ -94,12 +97,12 @@ def _collective_cases(calls: list[Call], world: int, used: set[str]) -> list[dic
             groups.items(), key=lambda kv: min(c.seq for c in kv[1])):
         shapes = sorted({c.shape for c in cs}, key=lambda s: (len(s), s))
         case: dict[str, Any] = {
-            "name": _name([op, dtype if op not in {"barrier", "monitored_barrier"} else "",
+            "name": unique_name([op, dtype if op not in {"barrier", "monitored_barrier"} else "",
                            reduce_op or "", f"g{'_'.join(map(str, group))}"
                            if group and list(group) != list(range(world)) else "",
                            "async" if async_op else ""], used),
             "description": (f"Recorded: {op} issued {len(cs)} time(s) by "
-                            f"{_ranks_text([c.rank for c in cs])} at {_sites(cs)}."
+                            f"{ranks_text([c.rank for c in cs])} at {sites_text(cs)}."
                             f"{_waits(cs)}"),
             "op": op,
             "world_size": world,
@@ -174,9 +177,9 @@ def _p2p_cases(calls: list[Call], world: int, used: set[str]) -> tuple[list[dict
         if device == "cuda":
             tensor["device"] = "cuda"
         out.append({
-            "name": _name(["p2p", dtype, f"{src}to{dst}", f"tag{tag}" if tag else ""], used),
+            "name": unique_name(["p2p", dtype, f"{src}to{dst}", f"tag{tag}" if tag else ""], used),
             "description": (f"Recorded: {len(ps)} message(s) rank {src} -> rank {dst} "
-                            f"({dtype}, shape {list(shape)}) at {_sites(both)}.{_waits(both)}"),
+                            f"({dtype}, shape {list(shape)}) at {sites_text(both)}.{_waits(both)}"),
             "world_size": world,
             "tensors": {"buf": tensor},
             "steps": steps,
@@ -205,9 +208,13 @@ def build(rec: Recording) -> tuple[dict[str, Any], list[str]]:
     return {"cases": cases + pcases}, notes
 
 
-def render(rec: Recording) -> str:
-    """The case file's text: a header comment (source, partial, not replayed), then YAML."""
-    doc, notes = build(rec)
+Builder = Callable[[Recording], tuple[dict[str, Any], list[str]]]
+
+
+def render(rec: Recording, builder: Builder = build) -> str:
+    """The case file's text: a header comment (source, partial, not replayed), then YAML;
+    ``builder`` makes the cases (:func:`build`: one instance per distinct call)."""
+    doc, notes = builder(rec)
     head = [f"# Recorded by collective-record from: {rec.source}",
             f"# {len(rec.calls)} call(s) at world size {rec.world_size} -> "
             f"{len(doc['cases'])} case(s). Regenerate rather than edit."]

@@ -14,9 +14,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.record.cases import Recording, render
+from harness.record.cases import Recording, build, render
 from harness.record.fromtrace import recording_from_files
 from harness.record.optable import WAIT_OPS, Call, UnknownOp, translate
+from harness.record.programs import build_programs
 from harness.record.trace import RankTrace, TraceError, read_folder
 
 SITE = Path(__file__).resolve().parent / "site"
@@ -35,8 +36,10 @@ def _parser() -> argparse.ArgumentParser:
         epilog="example: collective-record -o cases/recorded/train.yaml -- torchrun "
                "--nproc-per-node 2 train.py")
     p.add_argument("-o", "--output", required=True, type=Path, help="case file to write")
-    p.add_argument("--granularity", choices=["call"], default="call",
-                   help="call: one instance per distinct call (the dtype x shape matrix)")
+    p.add_argument("--granularity", choices=["call", "program"], default="call",
+                   help="call: one instance per distinct call (the dtype x shape matrix); "
+                        "program: one program per recorded step, call order and waits kept "
+                        "(the async contract)")
     p.add_argument("--skip-unknown", action="store_true",
                    help="write the other calls when some op is not in the op table (they are "
                         "listed in the file's header)")
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "collective-record -o out.yaml -- python train.py")
             rec = _record(command, args)
         rec.world_sizes = args.world_size
-        text = render(rec)
+        text = render(rec, build_programs if args.granularity == "program" else build)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text, encoding="utf-8")
     except (RecordError, TraceError) as e:
@@ -179,4 +182,12 @@ def _record_into(command: list[str], args: argparse.Namespace, folder: Path) -> 
     calls, unknown = translate_traces(traces, args.skip_unknown)
     world = max(t.world_size for t in traces)
     return Recording(world_size=world, calls=calls, source=" ".join(command),
-                     partial=partial_notes(traces, rc), unknown=unknown)
+                     partial=partial_notes(traces, rc), unknown=unknown,
+                     waits=wait_points(traces))
+
+
+def wait_points(traces: list[RankTrace]) -> dict[int, list[tuple[int, int]]]:
+    """Per rank, each seen wait as (calls issued before it, seq of the call it waited)."""
+    return {t.rank: [(int(w.get("after", 0)), w["call"]) for w in t.waits
+                     if type(w.get("call")) is int and type(w.get("after", 0)) is int]
+            for t in traces}

@@ -15,14 +15,19 @@ async tensor calls instead.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import itertools
 import json
 import os
+import select
+import signal
 import sys
 import threading
+import time
 import weakref
 from pathlib import Path
-from typing import Any, TextIO
+from types import CodeType
+from typing import Any, NoReturn, TextIO
 
 import torch
 import torch.distributed as dist
@@ -38,15 +43,27 @@ _API_FILES = {dist.distributed_c10d.__file__, fc.__file__}
 _REDUCE = {0: "sum", 1: "avg", 2: "product", 3: "min", 4: "max", 5: "band", 6: "bor",
            7: "bxor", 8: "premul_sum"}
 _MAX_PENDING = 4096  # Works kept to match a later wait(); oldest forgotten past this
+FLUSH_RECORDS = 512  # a batch is written once this many records are waiting ...
+FLUSH_SECONDS = 0.5  # ... or by the flusher thread this often, whichever comes first
+_SIGNALS = ("SIGTERM", "SIGHUP")  # flushed, then the default action (the process dies)
 
 
 class Recorder:
-    """Writes this process's calls as JSON lines, one record per line, flushed as they come,
-    so that a crash or a kill leaves the trace up to the last call."""
+    """Writes this process's calls as JSON lines, one record per line.
+
+    Records are kept in memory and written in batches (every ``FLUSH_RECORDS`` records, and
+    by a daemon thread every ``FLUSH_SECONDS``), so a call costs a list append, not a write.
+    What a dying process has not written yet is written on the way out: at exit (atexit), in
+    ``os._exit`` (wrapped), and on SIGTERM/SIGHUP (when their action is the default: the
+    flusher thread is woken through the signal wakeup fd, so a rank blocked in a collective
+    is flushed too, then dies by the signal as it would have). Only a SIGKILL or a crash in
+    C++ can lose records: at most the last ``FLUSH_SECONDS``.
+    """
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self.out: TextIO | None = None
+        self.buf: list[dict[str, Any]] = []  # records not written yet, encoded when written
         self.seq = itertools.count()
         self.calls = 0
         self.lock = threading.Lock()
@@ -55,63 +72,165 @@ class Recorder:
         self.tensors: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self.tensor_seq: dict[int, int] = {}
         self.groups: dict[str, list[int]] = {}
+        self.wake: int = -1  # read end of the signal wakeup pipe, when there is one
+        self.opened = False  # a record written after close() appends, never truncates
 
     def depth(self) -> int:
         return int(getattr(self.local, "depth", 0))
 
     def emit(self, kind: str, body: dict[str, Any]) -> None:
         with self.lock:
-            if self.out is None:
-                self.open()
-            assert self.out is not None
-            self.out.write(json.dumps({kind: body}, separators=(",", ":")) + "\n")
-            self.out.flush()
+            if not self.opened and not self.buf:
+                self.buf.append({"header": self.header()})
+            self.buf.append({kind: body})
+            if len(self.buf) >= FLUSH_RECORDS:
+                self._write()
 
-    def open(self) -> None:
+    def flush(self) -> None:
+        with self.lock:
+            self._write()
+
+    def _write(self) -> None:  # the lock is held
+        if not self.buf:
+            return
+        if self.out is None:
+            self.open()
+        assert self.out is not None
+        self.out.write("".join(_ENC.encode(r) + "\n" for r in self.buf))
+        self.out.flush()
+        self.buf.clear()
+
+    def header(self) -> dict[str, Any]:
+        """The header line, taken at the first record (the group may be gone by the time a
+        batch is written)."""
         rank = dist.get_rank() if dist.is_initialized() else -1
         world = dist.get_world_size() if dist.is_initialized() else -1
-        path = Path(self.folder) / f"trace-{os.getpid()}.jsonl"
-        self.out = path.open("w", encoding="utf-8")
         head = {"format": FORMAT, "version": VERSION, "torch": torch.__version__, "rank": rank,
                 "world_size": world, "pid": os.getpid(), "argv": sys.argv[:8]}
-        self.out.write(json.dumps({"header": head}) + "\n")
+        return head
+
+    def open(self) -> None:
+        path = Path(self.folder) / f"trace-{os.getpid()}.jsonl"
+        self.out = path.open("a" if self.opened else "w", encoding="utf-8")
+        self.opened = True
 
     def close(self) -> None:
         with self.lock:
+            if self.out is not None or self.buf:
+                self.buf.append({"end": {"calls": self.calls}})
+                self._write()
             if self.out is not None:
-                self.out.write(json.dumps({"end": {"calls": self.calls}}) + "\n")
                 self.out.close()
                 self.out = None
 
+    def after_fork(self) -> None:
+        """A forked child writes its own trace: the parent's file and batch are not its; it
+        gets its own wakeup pipe (the parent's is shared) and its own flusher thread."""
+        self.lock = threading.Lock()
+        self.out, self.buf, self.opened = None, [], False
+        if self.wake >= 0:
+            os.close(self.wake)
+            self.wake = -1
+            r, w = os.pipe()
+            os.set_blocking(w, False)
+            signal.set_wakeup_fd(w, warn_on_full_buffer=False)  # the forking thread is main
+            self.wake = r
+        _start_flusher(self)
+
+    def flusher(self) -> None:
+        """The daemon thread: a batch every FLUSH_SECONDS; on a signal, flush and die by it."""
+        while True:
+            if self.wake >= 0:
+                ready = select.select([self.wake], [], [], FLUSH_SECONDS)[0]
+            else:
+                ready = []
+                time.sleep(FLUSH_SECONDS)
+            self.flush()
+            if ready:
+                got = os.read(self.wake, 64)
+                for sig in (getattr(signal, n) for n in _SIGNALS):
+                    if sig in got:
+                        _die_by(self, sig)
+
+
+def _die_by(rec: Recorder, sig: int) -> None:
+    """Flush, then take the signal's default action (from any thread)."""
+    rec.flush()
+    ctypes.CDLL(None).signal(sig, 0)  # SIG_DFL, set from any thread
+    os.kill(os.getpid(), sig)
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    if _REC is not None:
+        _die_by(_REC, signum)
+
+
+def _start_flusher(rec: Recorder) -> None:
+    threading.Thread(target=rec.flusher, name="collective-record-flush", daemon=True).start()
+
+
+def _install_signals(rec: Recorder) -> None:
+    """SIGTERM/SIGHUP whose action is the default: flush first. Done only from the main thread
+    and only where no wakeup fd is set (asyncio's, say); else the flusher's timer is all."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    mine = [s for s in (getattr(signal, n) for n in _SIGNALS)
+            if signal.getsignal(s) == signal.SIG_DFL]
+    if not mine:
+        return
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    if signal.set_wakeup_fd(w, warn_on_full_buffer=False) != -1:
+        signal.set_wakeup_fd(-1)
+        os.close(r)
+        os.close(w)
+        return
+    rec.wake = r
+    for s in mine:
+        signal.signal(s, _on_signal)
+
 
 _REC: Recorder | None = None
+_ENC = json.JSONEncoder(separators=(",", ":"))
+# code object -> (user code: a candidate call site, torch.distributed function name or None,
+# public API file). Filled once per code object: a frame costs a dict lookup.
+_CODES: dict[CodeType, tuple[bool, str | None, bool]] = {}
+
+
+def _classify(code: CodeType) -> tuple[bool, str | None, bool]:
+    name = code.co_filename
+    user = not (name.startswith(_TORCH_DIR) or name.startswith(_HERE) or name.startswith("<"))
+    dist_fn = code.co_name if code.co_name != "wrapper" and name.startswith(_DIST_DIR) else None
+    got = (user, dist_fn, name in _API_FILES)
+    _CODES[code] = got
+    return got
+
+
+def _where(skip: int) -> tuple[str, str | None]:
+    """One walk of the Python stack: the user's call site (the innermost frame outside torch
+    and the recorder) and the torch.distributed function the user called (the outermost
+    frame of the public API files, else the outermost torch.distributed frame; none for
+    calls issued from C++, such as DDP's Reducer)."""
+    f: Any = sys._getframe(skip)
+    site = None
+    api = outer = None
+    codes = _CODES
+    while f is not None:
+        code = f.f_code
+        kind = codes.get(code) or _classify(code)
+        if kind[0]:
+            if site is None:
+                site = f"{code.co_filename}:{f.f_lineno}"
+        elif kind[1] is not None:
+            outer = kind[1]
+            if kind[2]:
+                api = kind[1]
+        f = f.f_back
+    return site or "?", api or outer
 
 
 def _site() -> str:
-    """The innermost frame outside torch and the recorder: the user's call site."""
-    f = sys._getframe(2)
-    while f is not None:
-        name = f.f_code.co_filename
-        if not (name.startswith(_TORCH_DIR) or name.startswith(_HERE) or name.startswith("<")):
-            return f"{name}:{f.f_lineno}"
-        f = f.f_back  # type: ignore[assignment]
-    return "?"
-
-
-def _api() -> str | None:
-    """The torch.distributed function the user called: the outermost frame of the public
-    API files, else the outermost torch.distributed frame; none for calls issued from C++
-    (DDP's Reducer)."""
-    f = sys._getframe(2)
-    api = outer = None
-    while f is not None:
-        name, code = f.f_code.co_filename, f.f_code.co_name
-        if code != "wrapper" and name.startswith(_DIST_DIR):
-            outer = code
-            if name in _API_FILES:
-                api = code
-        f = f.f_back  # type: ignore[assignment]
-    return api or outer
+    return _where(2)[0]
 
 
 def _tensor(t: Any) -> dict[str, Any]:
@@ -136,9 +255,8 @@ def _group_by_name(rec: Recorder, name: str) -> list[int]:
     return rec.groups[name]
 
 
-def _encode(rec: Recorder, arg: Any, value: Any, call: dict[str, Any]) -> None:
+def _encode(rec: Recorder, name: str, kind: str, value: Any, call: dict[str, Any]) -> None:
     """One argument into the call record: tensors described, groups as global ranks."""
-    name, kind = arg.name, str(arg.type)
     if "ProcessGroup" in kind:
         call["group"] = _ranks(rec, value)
     elif "ReduceOp" in kind:
@@ -161,6 +279,26 @@ def _encode(rec: Recorder, arg: Any, value: Any, call: dict[str, Any]) -> None:
         call["args"][name] = f"<{type(value).__name__}>"
 
 
+def _encode_tensor(rec: Recorder, name: str, kind: str, value: Any,
+                   call: dict[str, Any]) -> None:
+    call["args"][name] = _tensor(value)
+
+
+def _encode_tensors(rec: Recorder, name: str, kind: str, value: Any,
+                    call: dict[str, Any]) -> None:
+    call["args"][name] = [_tensor(t) for t in value]
+
+
+def _encoder(kind: str) -> Any:
+    """The argument's encoder, chosen once per schema argument (what :func:`_encode` does
+    for that kind, without its chain of tests)."""
+    if kind == "Tensor":
+        return _encode_tensor
+    if kind == "Tensor[]":
+        return _encode_tensors
+    return _encode
+
+
 def _remember_work(rec: Recorder, work: Any, seq: int) -> None:
     # pybind returns the same Python object for the same C++ Work while one is alive, so
     # holding it lets Work.wait() (patched below) find which call it belongs to.
@@ -171,7 +309,8 @@ def _remember_work(rec: Recorder, work: Any, seq: int) -> None:
 
 
 def _kernel(qualname: str, op: Any) -> Any:
-    schema = op._schema
+    kinds = [(a.name, str(a.type), _encoder(str(a.type))) for a in op._schema.arguments]
+    by_name = {name: (kind, enc) for name, kind, enc in kinds}
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         rec = _REC
@@ -179,12 +318,13 @@ def _kernel(qualname: str, op: Any) -> Any:
         if rec is None or rec.depth() > 0:
             return op.redispatch(below, *args, **kwargs)
         call: dict[str, Any] = {"op": qualname, "args": {}}
-        for arg, value in zip(schema.arguments, args, strict=False):
-            _encode(rec, arg, value, call)
+        for (name, kind, enc), value in zip(kinds, args, strict=False):
+            enc(rec, name, kind, value, call)
         for key, value in kwargs.items():
-            _encode(rec, next(a for a in schema.arguments if a.name == key), value, call)
-        call["api"] = _api()
-        call["site"] = _site()
+            kind, enc = by_name[key]
+            enc(rec, key, kind, value, call)
+        site, call["api"] = _where(1)
+        call["site"] = site
         call["thread"] = threading.current_thread().name
         seq = next(rec.seq)
         call["seq"] = seq
@@ -264,3 +404,14 @@ def install(folder: str) -> None:
                          with_keyset=True)
     _patch_waits(_REC)
     atexit.register(_REC.close)
+    _install_signals(_REC)
+    _start_flusher(_REC)
+    os.register_at_fork(after_in_child=_REC.after_fork)
+    orig_exit = os._exit
+
+    def _exit(status: int) -> NoReturn:  # a rank that leaves without Python's shutdown: flush first
+        if _REC is not None:
+            _REC.flush()
+        orig_exit(status)
+
+    os._exit = _exit
