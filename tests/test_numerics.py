@@ -43,6 +43,24 @@ def test_float16_sum_that_can_overflow_is_inexact() -> None:
     assert fp64.inexact_reason(torch.float16, "max", ref, ref) == ""  # order-free
 
 
+def test_a_sum_past_the_exact_range_over_three_ranks_is_inexact() -> None:
+    """Found by collective-fuzz: four `ranks` values exact in float32 (3355443 * (r + 1))
+    sum past 2**24, and Gloo's (a0 + a1) + (a2 + a3) rounds to 33554428 where the exact sum is
+    33554430: no order is the right one, so the verdict must not compare bits."""
+    vals = torch.tensor([3355443.0 * (r + 1) for r in range(4)], dtype=torch.float64)
+    mag = vals.sum().reshape(1)
+    reason = fp64.inexact_reason(torch.float32, "sum", mag, mag, ranks=4)
+    assert "pass float32's exact range" in reason and "2**24" in reason, reason
+    pairwise = ((vals[:2].to(torch.float32).sum()) + vals[2:].to(torch.float32).sum()).item()
+    assert pairwise != float(mag[0])  # the order matters at this size
+    assert fp64.inexact_reason(torch.float32, "sum", mag, mag, ranks=2) == ""  # one rounding
+    assert fp64.inexact_reason(torch.float32, "sum", mag / 4, mag / 4, ranks=4) == ""
+    assert fp64.inexact_reason(torch.float32, "max", mag, mag, ranks=4) == ""
+    assert "bfloat16's exact range" in fp64.inexact_reason(
+        torch.bfloat16, "avg", torch.tensor([300.0], dtype=torch.float64),
+        torch.tensor([300.0], dtype=torch.float64), ranks=3)
+
+
 def test_integer_product_beyond_64_bits_is_inexact() -> None:
     big = torch.tensor([2.0**70, 3.0], dtype=torch.float64)
     assert "exceed 64 bits" in fp64.inexact_reason(torch.int64, "product", big, None)

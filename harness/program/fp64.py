@@ -71,14 +71,17 @@ def error_metrics(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 
 
 def inexact_reason(dtype: torch.dtype, reduce_op: str | None, ref: torch.Tensor,
-                   magnitude: torch.Tensor | None) -> str:
+                   magnitude: torch.Tensor | None, ranks: int = 2) -> str:
     """Why the expected value of a reduction is itself inexact at ``dtype`` ("" if it is not).
 
     ``ref``: the reference over widened inputs (integers too); ``magnitude``: the same
     reduction over every input's absolute values. Float sums whose sum of |x| exceeds the
-    dtype's largest finite value may overflow in some summation orders and not in others;
-    an integer product beyond 64 bits has no int64 reference (and signed overflow is
-    undefined behaviour in the C++ a backend is written in).
+    dtype's largest finite value may overflow in some summation orders and not in others.
+    Over ``ranks`` >= 3 (two values are one rounding, the same in either order), a float sum
+    whose sum of |x| reaches past 2**p (p: the dtype's significand bits) may have partial sums
+    that are not representable, so the orders round differently: data exact in the dtype
+    (``ranks``, large integers) is no exception. An integer product beyond 64 bits has no int64
+    reference (and signed overflow is undefined behaviour in the C++ a backend is written in).
     """
     if reduce_op not in ORDER_SENSITIVE:
         return ""
@@ -95,6 +98,14 @@ def inexact_reason(dtype: torch.dtype, reduce_op: str | None, ref: torch.Tensor,
             return (f"{int(over.sum())} element(s) can overflow {name} in some orders of the "
                     f"{reduce_op} (element {i}: sum of |x| {float(mag[i]):.4g} > max "
                     f"{top:.4g}), so no single expected value exists")
+        bits = 1 - round(math.log2(torch.finfo(real).eps))  # significand bits, implicit one too
+        wide = torch.isfinite(mag) & (mag > 2.0 ** bits)
+        if ranks >= 3 and reduce_op != "product" and bool(wide.any()):
+            i = int(wide.nonzero()[0])
+            return (f"{int(wide.sum())} element(s) of the {reduce_op} over {ranks} ranks pass "
+                    f"{name}'s exact range (element {i}: sum of |x| {float(mag[i]):.4g} > "
+                    f"2**{bits}), so the order of the additions decides "
+                    "the rounding: no single expected value exists")
         return ""
     if reduce_op == "product" and not dtype.is_floating_point and dtype != torch.bool:
         wide = ref.detach().cpu().reshape(-1).to(torch.float64).abs()
@@ -149,13 +160,17 @@ def beyond_any_order(got: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor,
         return 0
     real = torch.empty(0, dtype=g.dtype).real.dtype
     u = torch.finfo(real).eps / 2
-    group = dict(inst.steps[0].args).get("group") if inst.steps else None
-    n = len(group) if group else inst.world_size
+    n = _group_size(inst)
     k = n if inst.reduce_op in ("avg", "premul_sum") else n - 1
     gamma = k * u / (1 - k * u)
     bound = gamma * m + 2 * tensors.ulp_of(e.abs(), real)
     fin = torch.isfinite(gw) & torch.isfinite(e) & torch.isfinite(m)
     return int(((gw - e).abs() > bound)[fin].sum())
+
+
+def _group_size(inst: Instance) -> int:
+    group = dict(inst.steps[0].args).get("group") if inst.steps else None
+    return len(group) if group else inst.world_size
 
 
 def annotate(check: TensorCheck, got: torch.Tensor, exp: torch.Tensor, inst: Instance,
@@ -170,7 +185,8 @@ def annotate(check: TensorCheck, got: torch.Tensor, exp: torch.Tensor, inst: Ins
     if floats and inst.reduce_op == "product":
         mag = ref
     check.inexact = inexact_reason(got.dtype, inst.reduce_op, ref,
-                                   mag if isinstance(mag, torch.Tensor) else None)
+                                   mag if isinstance(mag, torch.Tensor) else None,
+                                   _group_size(inst))
     if not floats:
         return
     check.error = error_metrics(got, ref)
