@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from ..errors import float_in, int_in
 from ..report.jsonfile import printable, unwritable
@@ -63,8 +64,14 @@ def parse_world_sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, no usage block
+        print(f"{PROG}: error: {printable(message, 300)}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog=PROG, description="Generate valid instances from the op table with Hypothesis, "
         "run them on real process groups, judge them with the reference model, and write "
         "every new failure, shrunk, as a case file.")
@@ -95,6 +102,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="differential: compare with a --report written by another run")
     ap.add_argument("--report", default=None, metavar="PATH",
                     help="write every instance's output digests (for --against-report)")
+    ap.add_argument("--overrides-for", default=None, metavar="NAME",
+                    help="apply the overrides written for backend NAME too (a wrapper of it)")
+    ap.add_argument("--skip-signatures", default="", metavar="SIGS",
+                    help="comma-separated op:class signatures already known (not findings)")
+    ap.add_argument("--stop-at-first", action="store_true",
+                    help="end the run at the first finding (benchmarks)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     return ap
 
@@ -204,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     for b in broken:
         print(f"{PROG}: warning: --known: {printable(b, 200)} (its overrides are not applied)",
               file=sys.stderr)
-    known = KnownLibrary(library)
+    known = KnownLibrary(library, alias=args.overrides_for)
     out = Path(args.out)
     max_pools = len(args.world_size)
     executor = Executor(args.backend, modules, args.deadline, known, max_pools)
@@ -230,9 +243,10 @@ def main(argv: list[str] | None = None) -> int:
             print(progress_line(stats, note, len(fz.findings)), file=sys.stderr, flush=True)
 
     fz = Fuzzer(executor, ops, args.world_size, args.seed,
-                Budget(args.examples, args.time, args.shrink_time),
+                Budget(args.examples, args.time, args.shrink_time, args.stop_at_first),
                 database=out / ".hypothesis", on_finding=on_finding, on_progress=on_progress,
-                on_ran=on_ran, differ=differ.check if differ else None)
+                on_ran=on_ran, differ=differ.check if differ else None,
+                skip={x.strip() for x in args.skip_signatures.split(",") if x.strip()})
     interrupted = False
     try:
         fz.run()

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hyp_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
@@ -51,9 +50,7 @@ def outcome_class(ran: Ran) -> str:
     return CLASSES.get(ran.outcome, ran.outcome)
 
 
-def render(case: dict[str, Any]) -> str:
-    """A generated case as a case-file document."""
-    return yaml.safe_dump({"cases": [case]}, sort_keys=False, width=100)
+render = space.render_case
 
 
 @dataclass
@@ -96,6 +93,7 @@ class Budget:
     examples: int | None = None
     seconds: float | None = None
     shrink_s: float = 60.0
+    stop_at_first: bool = False
 
 
 class Fuzzer:
@@ -107,7 +105,8 @@ class Fuzzer:
                  on_finding: Callable[[Finding], None] = lambda f: None,
                  on_progress: Callable[[Stats, str], None] = lambda s, n: None,
                  on_ran: Callable[[str, Ran], None] = lambda t, r: None,
-                 differ: Callable[[str, Ran], str] | None = None) -> None:
+                 differ: Callable[[str, Ran], str] | None = None,
+                 skip: set[str] | None = None) -> None:
         self.executor = executor
         self.op_names = op_names
         self.world_sizes = world_sizes
@@ -118,6 +117,7 @@ class Fuzzer:
         self.on_progress = on_progress
         self.on_ran = on_ran
         self.differ = differ
+        self.skip = set(skip or ())
         self.stats = Stats()
         self.findings: list[Finding] = []
         self._classes: dict[str, type[FindingError]] = {}
@@ -146,7 +146,7 @@ class Fuzzer:
         """Fuzz until the budget is spent (KeyboardInterrupt passes through; the findings so
         far stay in ``self.findings``)."""
         rnd = 0
-        while not self._spent():
+        while not self._spent() and not (self.budget.stop_at_first and self.findings):
             found = self._round(self.seed + rnd)
             rnd += 1
             if found is None and self.budget.seconds is None:
@@ -154,7 +154,7 @@ class Fuzzer:
         return self.findings
 
     def _round(self, round_seed: int) -> Finding | None:
-        known = {f.signature for f in self.findings}
+        known = {f.signature for f in self.findings} | self.skip
         cache: dict[str, Ran] = {}
         state: dict[str, Any] = {"target": None, "t_shrink": 0.0, "last": None}
         remaining = (self.budget.examples - (self.stats.tried - self.stats.shrinking)

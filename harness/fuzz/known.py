@@ -73,7 +73,8 @@ def load_library(paths: list[str]) -> tuple[list[KnownOverride], list[str]]:
 class KnownLibrary:
     """The overrides by op, and how many generated instances each one absorbed."""
 
-    def __init__(self, known: list[KnownOverride]) -> None:
+    def __init__(self, known: list[KnownOverride], alias: str | None = None) -> None:
+        self.alias = alias  # overrides written for this backend apply too (a wrapper of it)
         self.by_op: dict[str, list[KnownOverride]] = {}
         for k in known:
             self.by_op.setdefault(k.op, []).append(k)
@@ -86,6 +87,8 @@ class KnownLibrary:
     def candidates(self, inst: Instance, caps: Capabilities) -> list[KnownOverride]:
         """The overrides of ``inst``'s op that apply to it here."""
         axes = {k for k, _ in inst.axes} | set(SCOPE_KEYS)
+        if self.alias:
+            inst = replace(inst, backend=self.alias)
         out = []
         for k in self.by_op.get(inst.op, []):
             o = k.override
@@ -103,7 +106,8 @@ class KnownLibrary:
                 ) -> str:
         """The override (file:line) that explains this bad run, or ""."""
         for k in self.candidates(inst, caps):
-            patched = replace(inst, overrides=(k.override,))
+            patched = replace(inst, overrides=(k.override,),
+                              backend=self.alias or inst.backend)
             patched = overrides.resolve(patched, caps.torch_version, caps.nccl_version)
             if judge(patched, run, deadline).outcome in ABSORBING:
                 self.absorbed[k.where] += 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
 from hypothesis import strategies as st
 
 from .. import ops
@@ -297,3 +298,8 @@ def program_op(case: dict[str, Any]) -> str:
     if any(s.get("op") == "isend" for s in steps):
         return "p2p"
     return "async_program"
+
+
+def render_case(case: dict[str, Any]) -> str:
+    """A generated case as a case-file document (YAML text)."""
+    return yaml.safe_dump({"cases": [case]}, sort_keys=False, width=100)
