@@ -6,6 +6,13 @@ For each fault class of harness/mutate/faults.py, runs ``collective-fuzz --backe
 (the fault-injecting Gloo wrapper, the fault named in COLLECTIVE_MUTANT) with no bundled case
 (``--no-bundled``) and no hint, for at most ``--per-fault`` seconds, stopping at the first
 finding, and prints a Markdown table: fault | found? | time to first finding | minimal case.
+
+Attribution: the fuzzer runs with ``--confirm-against mutant --confirm-env
+COLLECTIVE_MUTANT=none``, so a bad instance is a finding only if it passes on the faithful
+wrapper (Gloo behind the same Python ProcessGroup); one that is bad there too is reported
+apart ("also fails without the fault", column 5) and the fuzzing goes on. Then the written
+minimal case file is run under ``pytest`` both ways: it must fail under the fault and pass
+on the faithful wrapper, or the row says "no (not confirmed by pytest)".
 """
 
 from __future__ import annotations
@@ -18,21 +25,57 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from harness.fuzz import space  # noqa: E402
 from harness.mutate.faults import BACKEND, BACKEND_MODULE, ENV, FAITHFUL, NAMES  # noqa: E402
 
 ORIGINAL = 22  # the catalogue's first 22 classes (the numerics four came later)
 
 
+def describe_case(case: dict[str, Any]) -> str:
+    """A one-line description of a generated case (shorthand keys, or a program's steps)."""
+    keep = ("op", "world_size", "dtype", "shape", "reduce_op", "args", "layout", "offset",
+            "async")
+    if "op" in case:
+        text = ", ".join(f"{k}={case[k]}" for k in keep if k in case)
+        gen = (case.get("input") or {}).get("generator")
+        return text + (f", input {gen}" if gen else "")
+    steps = case.get("steps", [])
+    calls = [str(s.get("op")) + (" async" if s.get("async") else "") for s in steps
+             if "op" in s]
+    extra = ["sleep"] * any("sleep" in s for s in steps) + [
+        f"{sum('wait' in s for s in steps)} wait(s)"]
+    return (f"{space.program_op(case)} program, world_size={case.get('world_size')}, "
+            f"dtype={case.get('dtype', '-')}: " + ", ".join(calls + extra))
+
+
+def pytest_verdict(case_file: Path, fault: str, cwd: Path) -> str:
+    """``passed``/``failed``/... of ``case_file`` under pytest on the mutant with ``fault``."""
+    cmd = [sys.executable, "-m", "pytest", str(case_file), "-q", "-p", "no:cacheprovider",
+           "--no-report", "-o", "collective_baseline=", "--backend-module", BACKEND_MODULE,
+           "--backend", BACKEND]
+    proc = subprocess.run(cmd, env={**os.environ, ENV: fault}, capture_output=True, text=True,
+                          timeout=300, check=False, cwd=cwd)
+    tail = proc.stdout.strip().splitlines()[-1:] or ["?"]
+    for word in ("failed", "passed", "error", "xfailed", "skipped"):
+        if f" {word}" in f" {tail[0]}":
+            return word
+    return tail[0][:80]
+
+
 def one(fault: str, per_fault: float, seed: int, work: Path, skip: str = "",
-        stop: bool = True) -> dict[str, object]:
+        stop: bool = True, check: bool = True) -> dict[str, object]:
     out = work / fault
     cmd = [sys.executable, "-m", "harness.fuzz", "--backend", BACKEND, "--backend-module",
            BACKEND_MODULE, "--no-bundled", "--time", f"{per_fault}s", "--seed", str(seed),
-           "--out", str(out), "-q", "--skip-signatures", skip]
+           "--out", str(out), "-q", "--skip-signatures", skip,
+           "--confirm-against", BACKEND, "--confirm-env", f"{ENV}={FAITHFUL}"]
     cmd += ["--stop-at-first"] if stop else []
     t0 = time.monotonic()
     proc = subprocess.run(cmd, env={**os.environ, ENV: fault}, capture_output=True, text=True,
@@ -45,16 +88,21 @@ def one(fault: str, per_fault: float, seed: int, work: Path, skip: str = "",
         if line.strip().startswith("FINDING") and "after" in line:
             sigs.append(line.split()[1].rstrip(":"))
             first = first or line.split("(after", 1)[1].split(",")[1].strip(" )")
+    also = [line.split()[5].rstrip(":") for line in proc.stdout.splitlines()
+            if line.strip().startswith("ALSO FAILS WITHOUT THE FAULT")]
+    confirmed = ""
+    if files and check:
+        under, without = (pytest_verdict(files[0], fault, work),
+                          pytest_verdict(files[0], FAITHFUL, work))
+        confirmed = f"pytest: {under} under the fault, {without} without"
+        if under != "failed" or without != "passed":
+            files = []
     minimal = ""
     if files:
-        import yaml
-
         case = yaml.safe_load(files[0].read_text())["cases"][0]
-        keep = ("op", "world_size", "dtype", "shape", "reduce_op", "args", "layout",
-                "offset", "async")
-        minimal = ", ".join(f"{k}={case[k]}" for k in keep if k in case) or (
-            f"program, {len(case.get('steps', []))} steps")
+        minimal = describe_case(case)
     return {"fault": fault, "found": bool(files), "signatures": " ".join(sigs),
+            "also_fails": " ".join(also), "confirmed": confirmed,
             "time_to_first": first,
             "wall_s": round(took, 1), "minimal": minimal,
             "case_file": files[0].name if files else "", "rc": proc.returncode,
@@ -66,27 +114,28 @@ def main() -> int:
     ap.add_argument("--per-fault", type=float, default=300.0)
     ap.add_argument("--faults", default=",".join(NAMES))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--faithful-time", type=float, default=120.0,
-                    help="seconds of fuzzing the faithful wrapper (its findings are skipped)")
+    ap.add_argument("--no-pytest-check", action="store_true",
+                    help="do not run the written case files under pytest both ways")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="fuzz-catalogue-") as tmp:
-        # The faithful wrapper first: what the fuzzer finds there is Gloo's own behaviour
-        # (found by the fuzzer itself, not written by hand), never a fault's finding.
-        base = one(FAITHFUL, args.faithful_time, args.seed, Path(tmp), stop=False)
-        skip = ",".join(sorted(str(base["signatures"]).split())) if base["signatures"] else ""
-        print(f"faithful wrapper: {skip or 'no finding'}", file=sys.stderr, flush=True)
         for fault in [f for f in args.faults.split(",") if f]:
-            row = one(fault, args.per_fault, args.seed, Path(tmp), skip)
+            row = one(fault, args.per_fault, args.seed, Path(tmp),
+                      check=not args.no_pytest_check)
             rows.append(row)
             print(f"{fault}: {'found' if row['found'] else 'not found'} "
-                  f"{row['time_to_first']} {row['minimal']}", file=sys.stderr, flush=True)
-    print("| fault | found? | time to first finding | minimal case |")
-    print("|---|---|---|---|")
+                  f"{row['time_to_first']} {row['minimal']} [{row['confirmed']}] "
+                  f"also-fails: {row['also_fails'] or '-'} ({row['wall_s']} s)",
+                  file=sys.stderr, flush=True)
+            if args.json:  # as it goes: a long run leaves its rows behind
+                Path(args.json).write_text(json.dumps(rows, indent=1))
+    print("| fault | found? | time to first finding | minimal case | also fails without the "
+          "fault |")
+    print("|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['fault']} | {'yes' if r['found'] else 'no'} | {r['time_to_first'] or '-'} "
-              f"| {str(r['minimal']).replace('|', '/')} |")
+              f"| {str(r['minimal']).replace('|', '/')} | {r['also_fails'] or '-'} |")
     orig = [r for r in rows if r["fault"] in NAMES[:ORIGINAL]]
     print(f"\nfound {sum(bool(r['found']) for r in rows)}/{len(rows)} "
           f"({sum(bool(r['found']) for r in orig)}/{len(orig)} of the original {ORIGINAL}); "

@@ -24,9 +24,9 @@ from ..errors import float_in, int_in
 from ..report.jsonfile import printable, unwritable
 from . import space
 from .differential import BadReport, Differ, load_digests, text_key, write_digests
-from .engine import Budget, Finding, Fuzzer, Stats
+from .engine import AlsoFails, Budget, Finding, Fuzzer, Stats
 from .execute import Executor, Ran
-from .findings import write_case
+from .findings import write_also, write_case
 from .known import KnownLibrary, load_library
 
 PROG = "collective-fuzz"
@@ -106,6 +106,13 @@ def _parser() -> argparse.ArgumentParser:
                     help="apply the overrides written for backend NAME too (a wrapper of it)")
     ap.add_argument("--skip-signatures", default="", metavar="SIGS",
                     help="comma-separated op:class signatures already known (not findings)")
+    ap.add_argument("--confirm-against", default=None, metavar="NAME",
+                    help="a bad instance is a finding only if it passes on backend NAME (the "
+                    "same build without the change under test); others are reported as "
+                    "'also fails without the fault'")
+    ap.add_argument("--confirm-env", action="append", default=[], metavar="VAR=VALUE",
+                    help="set VAR=VALUE in the confirming backend's ranks (e.g. "
+                    "COLLECTIVE_MUTANT=none); repeatable")
     ap.add_argument("--stop-at-first", action="store_true",
                     help="end the run at the first finding (benchmarks)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
@@ -124,11 +131,34 @@ def _check(args: argparse.Namespace) -> tuple[str, ...]:
         bad = [o for o in ops if not space.known_op(o)]
         if bad:
             raise Usage(f"--ops: unknown op {printable(bad[0], 60)!r} (see --list-ops)")
-    for opt, name in (("--backend", args.backend), ("--against", args.against)):
+    for opt, name in (("--backend", args.backend), ("--against", args.against),
+                      ("--confirm-against", args.confirm_against)):
         if name is not None and not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", name):
             raise Usage(f"{opt}: {printable(name, 60)!r} is not a backend name")
     if args.against and args.against_report:
         raise Usage("--against and --against-report: give one of them")
+    for item in args.confirm_env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}=[^\x00-\x1f]{0,200}", item):
+            raise Usage(f"--confirm-env: {printable(item, 60)!r} is not VAR=VALUE")
+    if args.confirm_env and not args.confirm_against:
+        raise Usage("--confirm-env needs --confirm-against")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise Usage(f"--out: {printable(args.out, 120)} is not a folder")
+    if args.report:
+        why = unwritable(args.report, "--report file")
+        if why:
+            raise Usage(f"--report: {printable(why, 200)}")
+    return ops
+
+
+def _var(item: str) -> tuple[str, str]:
+    name, value = item.split("=", 1)
+    return name, value
+
+
+def _make_out(args: argparse.Namespace) -> None:
+    """Create ``--out`` (only once every other option is known to be good)."""
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -137,11 +167,6 @@ def _check(args: argparse.Namespace) -> tuple[str, ...]:
     except OSError as exc:
         raise Usage(f"--out: {printable(args.out, 120)} is not a writable folder "
                     f"({exc.strerror or type(exc).__name__})") from None
-    if args.report:
-        why = unwritable(args.report, "--report file")
-        if why:
-            raise Usage(f"--report: {printable(why, 200)}")
-    return ops
 
 
 def _backend_known(name: str, modules: tuple[str, ...]) -> bool:
@@ -183,6 +208,12 @@ def summary(fz: Fuzzer, known: KnownLibrary, differ: Differ | None, interrupted:
     if differ is not None:
         lines.append(f"  differential: {differ.compared} passing instance(s) compared with "
                      f"{differ.label}")
+    if fz.confirm is not None:
+        lines.append(f"  confirmation: {s.confirm_runs} bad instance(s) run again on the "
+                     "confirming backend")
+    for a in fz.also.values():
+        lines.append(f"  ALSO FAILS WITHOUT THE FAULT {a.signature}: {a.path} ({a.count} "
+                     f"instance(s); there: {a.confirm_outcome})")
     for f in fz.findings:
         lines.append(f"  FINDING {f.signature}: {f.path} (after {f.found_after_examples} "
                      f"instance(s), {f.found_after_s:.1f} s)")
@@ -200,12 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ops = _check(args)
         modules = tuple(args.backend_module)
-        for opt, name in (("--backend", args.backend), ("--against", args.against)):
+        for opt, name in (("--backend", args.backend), ("--against", args.against),
+                          ("--confirm-against", args.confirm_against)):
             if name is not None and not _backend_known(name, modules):
                 raise Usage(f"{opt}: unknown or unavailable backend {name!r}")
         report_digests: dict[str, dict[str, str]] | None = None
         if args.against_report:
             report_digests, _meta = load_digests(args.against_report)
+        _make_out(args)  # last: a bad option leaves nothing behind
     except (Usage, BadReport) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -227,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
                                  max_pools), label=f"backend {args.against}")
     elif report_digests is not None:
         differ = Differ(report=report_digests, label=f"report {args.against_report}")
+    confirm: Executor | None = None
+    if args.confirm_against:
+        confirm = Executor(args.confirm_against, modules, args.deadline, known, max_pools,
+                           env=tuple(sorted(_var(e) for e in args.confirm_env)))
+    confirm_label = (args.confirm_against or "") + "".join(f" {e}" for e in args.confirm_env)
     digests: dict[str, dict[str, str]] = {}
     taken: set[str] = set()
     command = f"--backend {args.backend}" + (f" --ops {args.ops}" if args.ops else "")
@@ -238,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     def on_finding(f: Finding) -> None:
         write_case(f, out, args.backend, command, taken)
 
+    def on_also(a: AlsoFails) -> None:
+        write_also(a, out, args.backend, confirm_label, taken)
+
     def on_progress(stats: Stats, note: str) -> None:
         if not args.quiet:
             print(progress_line(stats, note, len(fz.findings)), file=sys.stderr, flush=True)
@@ -246,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                 Budget(args.examples, args.time, args.shrink_time, args.stop_at_first),
                 database=out / ".hypothesis", on_finding=on_finding, on_progress=on_progress,
                 on_ran=on_ran, differ=differ.check if differ else None,
-                skip={x.strip() for x in args.skip_signatures.split(",") if x.strip()})
+                skip={x.strip() for x in args.skip_signatures.split(",") if x.strip()},
+                confirm=confirm.run_text if confirm is not None else None, on_also=on_also)
     interrupted = False
     try:
         fz.run()
@@ -254,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         interrupted = True
     finally:
         executor.close()
+        if confirm is not None:
+            confirm.close()
         if differ is not None and differ.other is not None:
             differ.other.close()
     if args.report:

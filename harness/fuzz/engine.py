@@ -8,8 +8,13 @@ shrinks; other signatures are ignored for the rest of the round. Shrinking is ca
 past the cap, examples not seen before are not run (they count as passing), so the shrinker
 settles on the smallest failing example so far. Results are cached by document text in a
 round, so Hypothesis's final replay of the minimal example sees the same verdict even for a
-flaky hang. A round that ends with a finding is followed by the next, until the budget is
-spent; a hang or a crash is a finding like any other, never the end of the run.
+flaky hang. With a *confirming* backend (``--confirm-against``: the same build without the
+fault, e.g. the faithful wrapper), a bad instance counts only if it passes there: one that
+fails there too is reported apart ("also fails without the fault") and treated as passing,
+so neither the search nor the shrinker ever settles on it; the signature stays open for
+instances that the fault alone breaks. A round that ends with a finding is followed by the
+next, until the budget is spent; a hang or a crash is a finding like any other, never the
+end of the run.
 """
 
 from __future__ import annotations
@@ -71,6 +76,19 @@ class Finding:
 
 
 @dataclass
+class AlsoFails:
+    """Bad instances of one signature that are bad on the confirming backend too."""
+
+    signature: str
+    case: dict[str, Any]  # the first one seen (not shrunk)
+    message: str  # the verdict under test
+    confirm_outcome: str  # the verdict on the confirming backend
+    confirm_message: str
+    count: int = 1
+    path: str = ""
+
+
+@dataclass
 class Stats:
     """Counters shown while running and in the summary."""
 
@@ -81,6 +99,7 @@ class Stats:
     by_op: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
     repeats: int = 0  # bad instances of an already-found signature
+    confirm_runs: int = 0  # instances run again on the confirming backend (not in `tried`)
 
     def rate(self) -> float:
         return self.tried / max(1e-9, time.monotonic() - self.started)
@@ -106,7 +125,9 @@ class Fuzzer:
                  on_progress: Callable[[Stats, str], None] = lambda s, n: None,
                  on_ran: Callable[[str, Ran], None] = lambda t, r: None,
                  differ: Callable[[str, Ran], str] | None = None,
-                 skip: set[str] | None = None) -> None:
+                 skip: set[str] | None = None,
+                 confirm: Callable[[str], Ran] | None = None,
+                 on_also: Callable[[AlsoFails], None] = lambda a: None) -> None:
         self.executor = executor
         self.op_names = op_names
         self.world_sizes = world_sizes
@@ -118,6 +139,10 @@ class Fuzzer:
         self.on_ran = on_ran
         self.differ = differ
         self.skip = set(skip or ())
+        self.confirm = confirm
+        self.on_also = on_also
+        self.also: dict[str, AlsoFails] = {}
+        self._confirmed: dict[str, Ran] = {}  # document text -> verdict on the confirming one
         self.stats = Stats()
         self.findings: list[Finding] = []
         self._classes: dict[str, type[FindingError]] = {}
@@ -185,6 +210,9 @@ class Fuzzer:
                 if not shrinking:
                     self.stats.repeats += 1
                 return
+            if self.confirm is not None and not self._fails_only_here(text, case, sig, ran,
+                                                                      shrinking):
+                return  # bad without the fault too: not this run's finding
             if target is None:
                 state.update(target=sig, t_shrink=time.monotonic(),
                              first=(time.monotonic() - self.stats.started,
@@ -209,6 +237,29 @@ class Fuzzer:
                 raise
             return self._record(state, round_seed, exc)
         return None
+
+    def _fails_only_here(self, text: str, case: dict[str, Any], sig: str, ran: Ran,
+                         shrinking: bool) -> bool:
+        """Whether the bad instance ``text`` passes on the confirming backend (run once per
+        document); if not, it is counted under "also fails without the fault"."""
+        assert self.confirm is not None
+        base = self._confirmed.get(text)
+        if base is None:
+            base = self.confirm(text)
+            self._confirmed[text] = base
+            self.stats.confirm_runs += 1
+        if base.outcome == "passed":
+            return True
+        if not shrinking:
+            seen = self.also.get(sig)
+            if seen is None:
+                self.also[sig] = seen = AlsoFails(sig, case, ran.message, base.outcome,
+                                                  base.message)
+                self.on_also(seen)
+                self._tick(f"{sig} also fails without the fault; going on")
+            else:
+                seen.count += 1
+        return False
 
     def _count(self, case: dict[str, Any], ran: Ran, shrinking: bool) -> None:
         self.stats.tried += 1

@@ -48,8 +48,9 @@ class Executor:
 
     def __init__(self, backend: str, backend_modules: tuple[str, ...] = (),
                  deadline_s: float = 5.0, known: KnownLibrary | None = None,
-                 max_pools: int = 4) -> None:
+                 max_pools: int = 4, env: tuple[tuple[str, str], ...] = ()) -> None:
         self.backend = backend
+        self.env = env  # set in every rank before init, over the case's own env
         self.backend_modules = backend_modules
         self.deadline_s = deadline_s
         self.known = known or KnownLibrary([])
@@ -104,8 +105,9 @@ class Executor:
         return ran
 
     def _run(self, inst: Instance, deadline: float) -> tuple[InstanceResult, PoolRun | None]:
+        env = tuple(sorted({**dict(inst.env), **dict(self.env)}.items()))
         key = PoolKey(inst.backend, inst.device, inst.world_size, self.backend_modules,
-                      env=inst.env, pg_timeout_s=inst.pg_timeout)
+                      env=env, pg_timeout_s=inst.pg_timeout)
         for _attempt in range(2):
             try:
                 pool = self.manager.get(key)

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from ..report.jsonfile import printable
-from .engine import Finding
+from .engine import AlsoFails, Finding
 
 
 def case_name(f: Finding) -> str:
@@ -51,4 +51,30 @@ def write_case(f: Finding, out: Path, backend: str, command: str, taken: set[str
     path = out / f"{name}.yaml"
     path.write_text(text)
     f.path = str(path)
+    return path
+
+
+def write_also(a: AlsoFails, out: Path, backend: str, confirm: str, taken: set[str]) -> Path:
+    """Write an instance that is bad on the confirming backend too as
+    ``out/also-fails/<name>.yaml`` (as generated, not shrunk); returns the path."""
+    folder = out / "also-fails"
+    folder.mkdir(exist_ok=True)
+    base = re.sub(r"\W+", "_", a.signature).strip("_")
+    name, k = base, 1
+    while f"also/{name}" in taken or (folder / f"{name}.yaml").exists():
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(f"also/{name}")
+    first = printable(a.message.splitlines()[0] if a.message else "", 300)
+    other = printable(a.confirm_message.splitlines()[0] if a.confirm_message else "", 300)
+    desc = (f"collective-fuzz: bad on backend {backend} ({first}) and on the confirming "
+            f"backend {confirm} too ({a.confirm_outcome}: {other}), so not a finding of "
+            "the backend under test.")
+    case = {"name": name, "description": desc,
+            **{k2: v for k2, v in a.case.items() if k2 != "name"}}
+    path = folder / f"{name}.yaml"
+    path.write_text("# Written by collective-fuzz: bad with and without the backend under "
+                    "test's difference.\n"
+                    + yaml.safe_dump({"cases": [case]}, sort_keys=False, width=100))
+    a.path = str(path)
     return path

@@ -26,6 +26,7 @@ INT_DTYPES = ("int64", "int32", "int8", "uint8", "int16")
 ITEMSIZE = {"float32": 4, "int64": 8, "int32": 4, "bfloat16": 2, "float16": 2, "int8": 1,
             "uint8": 1, "bool": 1, "float64": 8, "complex64": 8, "complex128": 16, "int16": 2}
 REDUCE_OPS = ("sum", "max", "min", "product", "avg", "bxor", "bor", "band", "premul_sum")
+ROUNDING_OPS = ("sum", "avg", "premul_sum", "product")  # order-dependent in floats
 LAYOUTS = ("transposed", "strided", "channels_last")
 PRIMES = (7, 13, 31, 127, 257, 1021, 4099)
 CHUNK_BYTES = 1 << 20  # just past it: the backends' algorithm / chunk switches
@@ -165,6 +166,13 @@ def shorthand_case(draw: st.DrawFn, op: str, ws: int) -> dict[str, Any]:
             args["premul_factor"] = float(draw(st.sampled_from((0.5, 2.0, 3.0))))
     gen = _weighted(draw, [(8, "exact"), (2, "ranks"), (2, "random"), (1, "nan_inf")])
     if gen == "nan_inf" and dtype not in ("float32", "float64", "bfloat16", "float16"):
+        gen = "exact"
+    if (gen == "ranks" and case.get("reduce_op") in ROUNDING_OPS
+            and dtype not in (*INT_DTYPES, "bool")):
+        # The rank codes are exact one by one, not summed or multiplied: over 3 or more ranks
+        # their float sums pass 2**24 (float32), so the result depends on the order of the
+        # additions and no single expected value exists (the verdict only knows that of
+        # `random` data). `exact` data is built to reduce exactly in any order.
         gen = "exact"
     case["input"] = {"generator": gen, "seed": int(draw(st.integers(0, 3)))}
     if len(shape) >= 2 and draw(st.integers(0, 5)) == 5:
