@@ -54,6 +54,7 @@ INPLACE_OPS = ("all_gather_into_tensor", "reduce_scatter_tensor")
 SUBGROUP_OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
                 "gather", "scatter", "barrier")
 OFFSET_OPS = ("all_reduce", "broadcast", "all_gather_into_tensor")
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's when built with it
 DEADLINE_S = 5  # written into every generated case: a hang is reported in bounded time
 
 
@@ -310,4 +311,4 @@ def program_op(case: dict[str, Any]) -> str:
 
 def render_case(case: dict[str, Any]) -> str:
     """A generated case as a case-file document (YAML text)."""
-    return yaml.safe_dump({"cases": [case]}, sort_keys=False, width=100)
+    return yaml.dump({"cases": [case]}, Dumper=_DUMPER, sort_keys=False, width=100)
