@@ -20,12 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 FUZZ = [sys.executable, "-m", "harness.fuzz"]
 
 
-def _fuzz(*args: str, fault: str | None = None, timeout: float = 240
-          ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ}
+def _fuzz(*args: str, fault: str | None = None, timeout: float = 240,
+          cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if fault:
         env[ENV] = fault
-    return subprocess.run([*FUZZ, *args], capture_output=True, text=True, cwd=ROOT, env=env,
+    return subprocess.run([*FUZZ, *args], capture_output=True, text=True, cwd=cwd, env=env,
                           timeout=timeout, check=False)
 
 
@@ -36,14 +36,18 @@ def _fuzz(*args: str, fault: str | None = None, timeout: float = 240
     (["--backend", "gloo", "--time", "-3m"], "--time"),
     (["--backend", "nosuchbackend"], "--backend"),
     (["--backend", "gloo", "--out", "/proc/version/x"], "--out"),
+    (["--backend", "gloo", "--confirm-env", "X=1"], "--confirm-env"),
+    (["--backend", "gloo", "--confirm-against", "nosuchbackend"], "--confirm-against"),
 ])
-def test_bad_input_is_one_line_naming_the_option(args: list[str], names: str) -> None:
-    proc = _fuzz(*args, timeout=60)
+def test_bad_input_is_one_line_naming_the_option(tmp_path: Path, args: list[str],
+                                                 names: str) -> None:
+    proc = _fuzz(*args, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1
     assert names in err
     assert "\x1b" not in err
+    assert list(tmp_path.iterdir()) == []  # every option is checked before --out is made
 
 
 @pytest.mark.parametrize(("fault", "ops", "outcome"), [
@@ -75,6 +79,42 @@ def test_a_fault_is_found_shrunk_and_written_as_a_failing_case(
     good = subprocess.run([*base, "--backend", "gloo"], capture_output=True, text=True,
                           cwd=tmp_path, timeout=240, check=False)
     assert good.returncode == 0 and "1 passed" in good.stdout, good.stdout[-2000:]
+
+
+def test_against_reports_a_bit_level_difference(tmp_path: Path) -> None:
+    # Gloo against the mutant whose last rank is one ulp off: random float sums over three
+    # ranks have no single expected value (uncheckable on both sides), so only the
+    # bit-for-bit comparison can see it.
+    out = tmp_path / "d"
+    proc = _fuzz("--backend", "gloo", "--against", BACKEND, "--backend-module",
+                 BACKEND_MODULE, "--ops", "all_reduce", "--world-size", "3", "--examples",
+                 "300", "--seed", "1", "--out", str(out), "--stop-at-first", "--shrink-time",
+                 "15s", "-q", "--skip-signatures",
+                 "all_reduce:raise,all_reduce:async-contract,all_reduce:wrong-values",
+                 fault="last_rank_ulp", timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FINDING all_reduce:differs" in proc.stdout
+    assert "outputs differ bit for bit from backend mutant" in proc.stdout
+    (case_file,) = out.glob("*.yaml")
+    assert "generator: random" in case_file.read_text()
+
+
+def test_confirm_against_sets_apart_what_fails_without_the_fault(tmp_path: Path) -> None:
+    # Without the bundled overrides, bitwise reductions of floats raise on Gloo itself: with
+    # the faithful wrapper as the confirming backend they are "also fails without the
+    # fault", never a finding, and the fault's own wrong values are still found.
+    out = tmp_path / "c"
+    proc = _fuzz("--backend", BACKEND, "--backend-module", BACKEND_MODULE, "--no-bundled",
+                 "--confirm-against", BACKEND, "--confirm-env", f"{ENV}=none",
+                 "--ops", "all_reduce", "--world-size", "2", "--examples", "300", "--seed",
+                 "0", "--out", str(out), "--stop-at-first", "--shrink-time", "15s", "-q",
+                 fault="large_all_reduce_wrong", timeout=150)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ALSO FAILS WITHOUT THE FAULT all_reduce:raise" in proc.stdout
+    assert "FINDING all_reduce:wrong-values" in proc.stdout
+    assert "FINDING all_reduce:raise" not in proc.stdout
+    assert [p.name for p in out.glob("*.yaml")] == ["all_reduce_wrong_values.yaml"]
+    assert list((out / "also-fails").glob("all_reduce_raise*.yaml"))
 
 
 def _children(pid: int) -> set[int]:

@@ -1,7 +1,8 @@
 """Differential mode: the same generated instances compared bit for bit elsewhere.
 
-``--against NAME`` runs every passing instance once more on backend NAME in the same process
-(its own pools) and compares the output digests; ``--report PATH`` writes the digests of
+``--against NAME`` runs every passing (or uncheckable) instance once more on backend NAME in
+the same process (its own pools) and compares the output digests; ``--report PATH`` writes
+the digests of
 every instance of a run, keyed by the document's SHA-256, and ``--against-report PATH`` reads
 such a report (another torch's run of the same seed) and compares. Where the reference
 accepts more than one answer (float reductions of random data within a tolerance), a
@@ -87,6 +88,12 @@ def write_digests(path: str, digests: dict[str, dict[str, str]], meta: dict[str,
     os.replace(tmp, path)
 
 
+# Outcomes whose outputs are compared: a pass, and an instance whose reference accepts more
+# than one answer and gives no bound to judge it by (float reductions of random data over
+# three or more ranks) -- exactly where two backends or releases may round differently.
+COMPARABLE = ("passed", "uncheckable")
+
+
 class Differ:
     """Compares a passing instance's digests with another backend's or a report's."""
 
@@ -99,11 +106,11 @@ class Differ:
 
     def check(self, text: str, ran: Ran) -> str:
         """What differs ("" when nothing or nothing comparable)."""
-        if ran.outcome != "passed" or not ran.digests:
+        if ran.outcome not in COMPARABLE or not ran.digests:
             return ""
         if self.other is not None:
             there = self.other.run_text(text)
-            if there.outcome != "passed":
+            if there.outcome not in COMPARABLE:
                 return ""  # the other side's own verdict is its business
             self.compared += 1
             return compare(ran.digests, there.digests, self.label)
