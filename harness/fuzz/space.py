@@ -53,6 +53,10 @@ DEFAULT_OPS = (*SHORTHAND, *PROGRAMS)
 INPLACE_OPS = ("all_gather_into_tensor", "reduce_scatter_tensor")
 SUBGROUP_OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
                 "gather", "scatter", "barrier")
+# List ops whose entries may have different shapes (`entry_shape`: the shape of entry j).
+UNEVEN_OPS = ("all_gather", "gather", "scatter", "reduce_scatter", "all_to_all",
+              "all_reduce_coalesced", "all_gather_coalesced")
+UNEVEN_ROWS = ("j + 1", "j", "2 * j + 1", "0 if j % 2 == 0 else j + 1", "rank + j + 1")
 OFFSET_OPS = ("all_reduce", "broadcast", "all_gather_into_tensor")
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's when built with it
 DEADLINE_S = 5  # written into every generated case: a hang is reported in bounded time
@@ -157,9 +161,21 @@ def shorthand_case(draw: st.DrawFn, op: str, ws: int) -> dict[str, Any]:
         shape = [len(members), *(es or [1])]
     else:
         shape = [int(draw(st.integers(1, 4))), *(es or [1])]
+    uneven = op in UNEVEN_OPS and draw(st.integers(0, 5)) == 5
     if op in INPLACE_OPS and draw(st.integers(0, 3)) == 3:
         args["inplace"] = True
-    case.update(dtype=dtype, shape=shape)
+    if uneven:
+        # Entries of different sizes (the _v forms): entry j's rows by a generic formula
+        # ("rank + j + 1" only where each rank may give its own sizes: all_to_all).
+        forms = UNEVEN_ROWS if op == "all_to_all" else UNEVEN_ROWS[:-1]
+        entry: list[Any] = [str(draw(st.sampled_from(forms)))]
+        if draw(st.integers(0, 3)) == 3:
+            entry.append(int(draw(st.integers(2, 3))))
+        case.update(dtype=dtype, entry_shape=entry)
+        if shape_kind == "entries":
+            case["entries"] = int(draw(st.integers(1, 4)))
+    else:
+        case.update(dtype=dtype, shape=shape)
     if ops.get(op).reduces:
         rop = _reduce_op(draw, dtype)
         case["reduce_op"] = rop
@@ -176,12 +192,12 @@ def shorthand_case(draw: st.DrawFn, op: str, ws: int) -> dict[str, Any]:
         # `random` data). `exact` data is built to reduce exactly in any order.
         gen = "exact"
     case["input"] = {"generator": gen, "seed": int(draw(st.integers(0, 3)))}
-    if len(shape) >= 2 and draw(st.integers(0, 5)) == 5:
+    if not uneven and len(shape) >= 2 and draw(st.integers(0, 5)) == 5:
         layout = str(draw(st.sampled_from(LAYOUTS)))
         if layout == "channels_last":
             shape[:] = [shape[0], 2, 2, max(1, shape[-1] % 5)]
         case["layout"] = layout
-    if op in OFFSET_OPS and draw(st.integers(0, 9)) == 9:
+    if not uneven and op in OFFSET_OPS and draw(st.integers(0, 9)) == 9:
         case["offset"] = int(draw(st.sampled_from((1, 3, 5))))
     if draw(st.integers(0, 2)) == 2:
         case["async"] = True
