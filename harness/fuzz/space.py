@@ -194,8 +194,9 @@ def shorthand_case(draw: st.DrawFn, op: str, ws: int) -> dict[str, Any]:
     case["input"] = {"generator": gen, "seed": int(draw(st.integers(0, 3)))}
     if not uneven and len(shape) >= 2 and draw(st.integers(0, 5)) == 5:
         layout = str(draw(st.sampled_from(LAYOUTS)))
-        if layout == "channels_last":
-            shape[:] = [shape[0], 2, 2, max(1, shape[-1] % 5)]
+        if layout == "channels_last":  # a 4-d tensor, or a list of 4-d entries
+            lead = [shape[0], 2] if shape_kind == "members" else [shape[0]]
+            shape[:] = [*lead, 2, 2, max(1, shape[-1] % 5)]
         case["layout"] = layout
     if not uneven and op in OFFSET_OPS and draw(st.integers(0, 9)) == 9:
         case["offset"] = int(draw(st.sampled_from((1, 3, 5))))
