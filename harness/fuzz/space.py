@@ -246,6 +246,20 @@ def p2p_case(draw: st.DrawFn, ws: int) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
     if draw(st.integers(0, 3)) == 3:
         steps.append({"sleep": 0.05, "ranks": [int(draw(st.integers(0, ws - 1)))]})
+    if draw(st.integers(0, 2)) == 2:
+        # batch_isend_irecv: each rank posts its sends and receives (in the order above) as
+        # one batch, then waits for it.
+        ranks = sorted({d["ranks"][0] for d in sends} | {d["ranks"][0] for d in recvs})
+        for rk in ranks:
+            p2p = [{"op": "isend", "tensor": d["tensor"], "peer": d["dst"], "tag": d["tag"]}
+                   for d in sends if d["ranks"][0] == rk]
+            p2p += [{"op": "irecv", "tensor": recvs[i]["tensor"], "peer": recvs[i]["src"],
+                     "tag": recvs[i]["tag"]} for i in recv_order if recvs[i]["ranks"][0] == rk]
+            steps.append({"op": "batch_isend_irecv", "p2p": p2p, "ranks": [rk],
+                          "handle": f"b{rk}"})
+        steps += [{"wait": f"b{rk}", "ranks": [rk]} for rk in ranks]
+        return {"name": "fuzz", "world_size": ws, "dtype": dtype, "tensors": tensors,
+                "steps": steps, "expected": expected}
     steps += sends + [recvs[i] for i in recv_order]
     for m in draw(st.permutations(list(range(n)))):
         steps.append({"wait": f"h{m}", "ranks": sorted({sends[m]["ranks"][0],
@@ -321,7 +335,7 @@ def program_op(case: dict[str, Any]) -> str:
     steps = case.get("steps", [])
     if any("blocks_until_all" in s for s in steps):
         return "barrier_timing"
-    if any(s.get("op") == "isend" for s in steps):
+    if any(s.get("op") in ("isend", "batch_isend_irecv") for s in steps):
         return "p2p"
     return "async_program"
 
