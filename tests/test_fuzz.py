@@ -1,0 +1,178 @@
+"""collective-fuzz: bad input, faults found from scratch and their case files, Ctrl-C, and
+the differential report read back as hostile input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.fuzz.differential import BadReport, compare, load_digests, write_digests
+from harness.mutate.faults import BACKEND, BACKEND_MODULE, ENV
+
+ROOT = Path(__file__).resolve().parents[1]
+FUZZ = [sys.executable, "-m", "harness.fuzz"]
+
+
+def _fuzz(*args: str, fault: str | None = None, timeout: float = 240,
+          cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if fault:
+        env[ENV] = fault
+    return subprocess.run([*FUZZ, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=timeout, check=False)
+
+
+@pytest.mark.parametrize(("args", "names"), [
+    (["--backend", "gloo", "--ops", "all_reduce,frobnicate"], "--ops"),
+    (["--backend", "gloo", "--examples", "0"], "--examples"),
+    (["--backend", "gloo", "--examples", "x\x1b"], "--examples"),
+    (["--backend", "gloo", "--time", "-3m"], "--time"),
+    (["--backend", "nosuchbackend"], "--backend"),
+    (["--backend", "gloo", "--out", "/proc/version/x"], "--out"),
+    (["--backend", "gloo", "--confirm-env", "X=1"], "--confirm-env"),
+    (["--backend", "gloo", "--confirm-against", "nosuchbackend"], "--confirm-against"),
+])
+def test_bad_input_is_one_line_naming_the_option(tmp_path: Path, args: list[str],
+                                                 names: str) -> None:
+    proc = _fuzz(*args, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    assert names in err
+    assert "\x1b" not in err
+    assert list(tmp_path.iterdir()) == []  # every option is checked before --out is made
+
+
+@pytest.mark.parametrize(("fault", "ops", "outcome"), [
+    ("nonzero_root_wrong", "broadcast", "wrong-values"),
+    ("dropped_contribution", "reduce_scatter_tensor", "wrong-values"),
+])
+def test_a_fault_is_found_shrunk_and_written_as_a_failing_case(
+        tmp_path: Path, fault: str, ops: str, outcome: str) -> None:
+    out = tmp_path / "found"
+    proc = _fuzz("--backend", BACKEND, "--backend-module", BACKEND_MODULE,
+                 "--overrides-for", "gloo",
+                 "--ops", ops, "--world-size", "2", "--examples", "300", "--seed", "3",
+                 "--out", str(out), "--stop-at-first", "--shrink-time", "20s", "-q",
+                 "--skip-signatures", f"{ops}:raise,{ops}:async-contract",
+                 fault=fault)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"FINDING {ops}:{outcome}" in proc.stdout
+    (case_file,) = out.glob("*.yaml")
+    text = case_file.read_text()
+    assert "Seed: 3" in text and "@reproduce_failure(" in text
+    # The written case fails the same way under pytest behind the fault, passes on Gloo.
+    base = [sys.executable, "-m", "pytest", str(case_file), "-q", "-p", "no:cacheprovider",
+            "--no-report", "-o", "collective_baseline="]
+    bad = subprocess.run([*base, "--backend-module", BACKEND_MODULE, "--backend", BACKEND],
+                         env={**os.environ, ENV: fault}, capture_output=True, text=True,
+                         cwd=tmp_path, timeout=240, check=False)
+    assert bad.returncode == 1 and "1 failed" in bad.stdout, bad.stdout[-2000:]
+    assert "[FAILED]" in bad.stdout
+    good = subprocess.run([*base, "--backend", "gloo"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=240, check=False)
+    assert good.returncode == 0 and "1 passed" in good.stdout, good.stdout[-2000:]
+
+
+def test_against_reports_a_bit_level_difference(tmp_path: Path) -> None:
+    # Gloo against the mutant whose last rank is one ulp off: random float sums over three
+    # ranks have no single expected value (uncheckable on both sides), so only the
+    # bit-for-bit comparison can see it.
+    out = tmp_path / "d"
+    proc = _fuzz("--backend", "gloo", "--against", BACKEND, "--backend-module",
+                 BACKEND_MODULE, "--ops", "all_reduce", "--world-size", "3", "--examples",
+                 "300", "--seed", "1", "--out", str(out), "--stop-at-first", "--shrink-time",
+                 "15s", "-q", "--skip-signatures",
+                 "all_reduce:raise,all_reduce:async-contract,all_reduce:wrong-values",
+                 fault="last_rank_ulp", timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FINDING all_reduce:differs" in proc.stdout
+    assert "outputs differ bit for bit from backend mutant" in proc.stdout
+    (case_file,) = out.glob("*.yaml")
+    assert "generator: random" in case_file.read_text()
+
+
+def test_confirm_against_sets_apart_what_fails_without_the_fault(tmp_path: Path) -> None:
+    # Without the bundled overrides, bitwise reductions of floats raise on Gloo itself: with
+    # the faithful wrapper as the confirming backend they are "also fails without the
+    # fault", never a finding, and the fault's own wrong values are still found.
+    out = tmp_path / "c"
+    proc = _fuzz("--backend", BACKEND, "--backend-module", BACKEND_MODULE, "--no-bundled",
+                 "--confirm-against", BACKEND, "--confirm-env", f"{ENV}=none",
+                 "--ops", "all_reduce", "--world-size", "2", "--examples", "300", "--seed",
+                 "0", "--out", str(out), "--stop-at-first", "--shrink-time", "15s", "-q",
+                 fault="large_all_reduce_wrong", timeout=150)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ALSO FAILS WITHOUT THE FAULT all_reduce:raise" in proc.stdout
+    assert "FINDING all_reduce:wrong-values" in proc.stdout
+    assert "FINDING all_reduce:raise" not in proc.stdout
+    assert [p.name for p in out.glob("*.yaml")] == ["all_reduce_wrong_values.yaml"]
+    assert list((out / "also-fails").glob("all_reduce_raise*.yaml"))
+
+
+def _children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            child = int(stat.parent.name)
+            out |= {child} | _children(child)
+    return out
+
+
+def test_ctrl_c_prints_the_summary_and_leaves_no_rank(tmp_path: Path) -> None:
+    proc = subprocess.Popen([*FUZZ, "--backend", "gloo", "--time", "5m", "--world-size", "2",
+                             "--out", str(tmp_path / "o"), "--ops", "all_reduce"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stderr is not None
+    seen: set[int] = set()
+    for line in proc.stderr:  # progress lines: instances are running on a live pool
+        seen |= _children(proc.pid)
+        if "instances (" in line and len(seen) >= 2:
+            break
+    assert len(seen) >= 2  # the forkserver and the ranks were there
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert "collective-fuzz summary (interrupted)" in out and "all_reduce" in out
+    time.sleep(0.5)  # the forkserver exits when its parent's pipe closes
+    alive = {p for p in seen if Path(f"/proc/{p}").exists()
+             and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]}
+    assert alive == set()
+
+
+def test_digests_report_round_trip_and_hostile_input(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    key = "ab" * 32
+    write_digests(str(path), {key: {"0/tensor": "00ff"}}, {"torch": "2.13.0"})
+    digests, meta = load_digests(str(path))
+    assert digests == {key: {"0/tensor": "00ff"}} and meta["torch"] == "2.13.0"
+    assert compare({"0/tensor": "00ff"}, digests[key], "x") == ""
+    assert "differ bit for bit" in compare({"0/tensor": "00fe"}, digests[key], "x")
+    bad_docs = ["[]", "{\"schema\": \"other\"}", "not json",
+                json.dumps({"schema": "collective-fuzz-digests/1", "instances": []}),
+                json.dumps({"schema": "collective-fuzz-digests/1",
+                            "instances": {key: {"../../x": "00"}}}),
+                json.dumps({"schema": "collective-fuzz-digests/1",
+                            "instances": {"zz": {"0/t": "00"}}})]
+    for i, text in enumerate(bad_docs):
+        p = tmp_path / f"bad{i}.json"
+        p.write_text(text)
+        with pytest.raises(BadReport):
+            load_digests(str(p))
+    p.write_text(text)
+    proc = _fuzz("--backend", "gloo", "--against-report", str(p), "--out",
+                 str(tmp_path / "o"), timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
