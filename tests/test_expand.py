@@ -177,7 +177,7 @@ def test_future_on_a_sync_op_is_an_error_not_a_silent_skip() -> None:
           - {future: h, tensor: t, expect: final}
           - {wait: h}
         expected:
-          t: auto
+          t: 2
     """
     try:
         instances(text)
