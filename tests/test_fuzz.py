@@ -176,3 +176,29 @@ def test_digests_report_round_trip_and_hostile_input(tmp_path: Path) -> None:
                  str(tmp_path / "o"), timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_known_overrides_naming_a_root_by_an_expression_absorb_the_number() -> None:
+    """cases/uneven.yaml names Gloo's rejected uneven gather root as dst: world_size - 1; a
+    generated instance has dst: 1 at world size 2: the override must apply to it (else a
+    known Gloo rejection comes back as a finding on every run)."""
+    from harness.casefile.overrides import override_applies
+    from harness.fuzz.known import concrete, load_library
+
+    from .helpers import case_instances
+
+    known, broken = load_library([str(Path(__file__).resolve().parent.parent / "cases"
+                                      / "uneven.yaml")])
+    assert not broken
+    gather = [k for k in known if k.op == "gather"
+              and ("args.dst", ("world_size - 1",)) in k.override.when]
+    assert gather, "uneven.yaml's gather override by expression is gone"
+    inst = next(i for i in case_instances(
+        "cases:\n  - name: g\n    op: gather\n    world_size: 2\n    shape: [4]\n"
+        "    input: {generator: ranks}\n    args: {dst: 1}\n") if i.world_size == 2)
+    fitting = [k for k in gather if dict(k.override.when).get("world_size") == (2,)]
+    assert fitting
+    o = fitting[0].override
+    assert not override_applies(o, inst, "2.13.0")  # as written: the string is not 1
+    assert override_applies(concrete(o, 2), inst, "2.13.0")
+    assert dict(concrete(o, 3).when)["args.dst"] == (2,)

@@ -10,21 +10,28 @@ or a pass, the instance is *absorbed* by that override: a known behaviour, not a
 An override that names no axis but the backend (a case-specific patch) absorbs only a
 pattern-checked outcome (``raises``, ``hangs``, ``crashes``), never a wrong value, so a
 backend-wide ``xfail`` of one case cannot hide a new bug of the whole op.
+
+A library case may name an argument by an expression of the world size (``dst:
+world_size - 1``) where a generated instance has the number: such ``when:`` values are
+evaluated at the instance's world size before matching (:func:`concrete`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .. import expr
 from ..casefile import load, overrides, validate
-from ..errors import CaseFileError, CaseFileErrors
+from ..errors import CaseFileError, CaseFileErrors, ExprError
 from ..model import Instance, Override, PoolRun
 from ..run.capabilities import Capabilities
 from ..verdict.outcome import judge
 
 SCOPE_KEYS = ("backend", "device")
+WORLD_NAMES = ("world_size",)
 CHECKED_PATCHES = ("raises", "hangs", "crashes")
 ABSORBING = ("limitation", "xfail", "passed")
 
@@ -70,6 +77,22 @@ def load_library(paths: list[str]) -> tuple[list[KnownOverride], list[str]]:
     return known, broken
 
 
+def concrete(o: Override, world_size: int) -> Override:
+    """``o`` with each ``when:`` value that is an expression of the world size (a string such
+    as ``world_size - 1``) replaced by its value at ``world_size``; other values kept."""
+    when = []
+    for key, allowed in o.when:
+        values: list[object] = []
+        for v in allowed:
+            if isinstance(v, str) and "world_size" in v and key not in SCOPE_KEYS:
+                # not an expression after all: compared as written
+                with contextlib.suppress(ExprError, ValueError, TypeError, ArithmeticError):
+                    v = expr.parse(v, WORLD_NAMES)({"world_size": world_size})
+            values.append(v)
+        when.append((key, tuple(values)))
+    return replace(o, when=tuple(when))
+
+
 class KnownLibrary:
     """The overrides by op, and how many generated instances each one absorbed."""
 
@@ -91,7 +114,7 @@ class KnownLibrary:
             inst = replace(inst, backend=self.alias)
         out = []
         for k in self.by_op.get(inst.op, []):
-            o = k.override
+            o = concrete(k.override, inst.world_size)
             keys = {key for key, _ in o.when}
             if not keys <= axes:
                 continue  # about an axis this instance does not have
@@ -99,7 +122,7 @@ class KnownLibrary:
             if not (keys - set(SCOPE_KEYS)) and not patch & set(CHECKED_PATCHES):
                 continue
             if overrides.override_applies(o, inst, caps.torch_version, caps.nccl_version):
-                out.append(k)
+                out.append(replace(k, override=o))
         return out
 
     def absorbs(self, inst: Instance, run: PoolRun, deadline: float, caps: Capabilities
