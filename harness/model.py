@@ -384,6 +384,12 @@ class Instance:
         """Stable identity for baselines: case id plus axes, independent of pytest."""
         return f"{self.case_id}[{self.id}]"
 
+    def group_size(self, world_size: int | None = None) -> int:
+        """How many ranks the first step's collective spans: its ``group`` if it names one,
+        else the world (``world_size``, by default the instance's)."""
+        group = dict(self.steps[0].args).get("group") if self.steps else None
+        return len(group) if group else (self.world_size if world_size is None else world_size)
+
 
 # ``limitation``: the instance raised, crashed or hung exactly as the case or an override
 # declares for this backend. It is not ``passed``: "passed" means the backend did what the

@@ -160,17 +160,12 @@ def beyond_any_order(got: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor,
         return 0
     real = torch.empty(0, dtype=g.dtype).real.dtype
     u = torch.finfo(real).eps / 2
-    n = _group_size(inst)
+    n = inst.group_size()
     k = n if inst.reduce_op in ("avg", "premul_sum") else n - 1
     gamma = k * u / (1 - k * u)
     bound = gamma * m + 2 * tensors.ulp_of(e.abs(), real)
     fin = torch.isfinite(gw) & torch.isfinite(e) & torch.isfinite(m)
     return int(((gw - e).abs() > bound)[fin].sum())
-
-
-def _group_size(inst: Instance) -> int:
-    group = dict(inst.steps[0].args).get("group") if inst.steps else None
-    return len(group) if group else inst.world_size
 
 
 def annotate(check: TensorCheck, got: torch.Tensor, exp: torch.Tensor, inst: Instance,
@@ -186,7 +181,7 @@ def annotate(check: TensorCheck, got: torch.Tensor, exp: torch.Tensor, inst: Ins
         mag = ref
     check.inexact = inexact_reason(got.dtype, inst.reduce_op, ref,
                                    mag if isinstance(mag, torch.Tensor) else None,
-                                   _group_size(inst))
+                                   inst.group_size())
     if not floats:
         return
     check.error = error_metrics(got, ref)

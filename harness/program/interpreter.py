@@ -671,7 +671,7 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
             if tol is not None and tol.auto:
                 tol, bound, tol_text = _auto_tolerance(inst, renv, env, how, got.dtype)
             if tol is None and how == "auto":
-                slack = ops.reference_tolerance(inst.reduce_op, _group_size(inst, renv),
+                slack = ops.reference_tolerance(inst.reduce_op, inst.group_size(renv.world_size),
                                                 spec.dtype)
                 tol = Tolerance(*slack) if slack else None
             checks.append(tensors.compare(spec.name, got, exp.to(got.dtype), how, tol, bound,
@@ -703,7 +703,7 @@ def _auto_tolerance(inst: Instance, renv: RankEnv, env: dict[str, Any], how: str
     a final scaling. Anything else (min/max, data movement, integers) stays exact; where no
     reference exists (explicit expectations) it allows 2 ulp per rank.
     """
-    n = _group_size(inst, renv)
+    n = inst.group_size(renv.world_size)
     if not (dtype.is_floating_point or dtype.is_complex) or how in ("unchanged", "untouched"):
         return None, None, ""  # integers, and buffers that must come back as they were
     if how != "auto" or inst.shorthand is None:
@@ -738,8 +738,3 @@ def _digest_only(name: str, got: Any) -> TensorCheck:
                            total=got.numel(), digest=tensors.digest(got))
     return TensorCheck(tensor=name, ok=True, expectation="unspecified",
                        digest=objects.digest(got))
-
-
-def _group_size(inst: Instance, renv: RankEnv) -> int:
-    group = dict(inst.steps[0].args).get("group") if inst.steps else None
-    return len(group) if group else renv.world_size

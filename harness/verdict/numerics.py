@@ -34,11 +34,6 @@ def _random_input(inst: Instance) -> bool:
     return any(f.kind == "generator" and f.data[0] == "random" for f in fills)
 
 
-def _group_size(inst: Instance) -> int:
-    group = dict(inst.steps[0].args).get("group") if inst.steps else None
-    return len(group) if group else inst.world_size
-
-
 def static_reason(inst: Instance) -> str:
     """Why the expected value of the instance is not unique, known before it runs ("" if it
     is): a reduction of random float data whose result depends on the order of the
@@ -48,7 +43,7 @@ def static_reason(inst: Instance) -> str:
             or inst.tolerance is not None or not _random_input(inst)
             or (inst.numerics is not None and inst.numerics.error)):
         return ""
-    n = _group_size(inst)
+    n = inst.group_size()
     # Two operands: a + b is one correctly rounded addition, whatever the order.
     order_free = (n <= 2 and inst.reduce_op in ("sum", "avg", "product")) or n <= 1
     if order_free:
