@@ -23,6 +23,16 @@ FillKind = Literal["list", "expr", "generator", "poison", "zeros", "per_rank", "
                    "unchanged", "auto", "stale", "final"]
 
 
+# What switching a torch mode on imports the first time: torch.use_deterministic_algorithms
+# imports torch._inductor.config, which pulls in dynamo (about 1.5 s of CPU in every rank that
+# runs such a case first). A session that collects such a case has the forkserver import it
+# once, before any rank is forked (harness.run.pool.preload).
+TORCH_MODE_IMPORTS: dict[str, tuple[str, ...]] = {
+    "deterministic_algorithms": ("torch._inductor.config",),
+    "inference_mode": (),
+}
+
+
 @dataclass(frozen=True)
 class Fill:
     """How to fill (inputs) or what to expect in (expectations) a tensor on one rank.

@@ -310,3 +310,43 @@ def test_completion_without_any_observed_value_is_not_ok() -> None:
     v = verdicts.judge(_probed(), results)
     assert _status(v)["completion"] == "n/a"
     assert "no is_completed() value was observed" in v["completion"]["detail"]
+
+
+class _NeverCompletes:
+    """A Work whose is_completed() stays False (Gloo's reduce_scatter on torch 2.13)."""
+
+    def __init__(self, completes_after: int | None = None) -> None:
+        self.polls = 0
+        self.completes_after = completes_after
+
+    def is_completed(self) -> bool:
+        self.polls += 1
+        return self.completes_after is not None and self.polls > self.completes_after
+
+
+def test_settle_ends_when_the_output_is_right_but_waits_out_a_wrong_one() -> None:
+    import time
+
+    from harness.program.timeline import Device
+
+    dev = Device("cpu", settle_s=0.3)
+    checks: list[bool] = []
+
+    def right() -> bool:
+        checks.append(True)
+        return True
+
+    work = _NeverCompletes()
+    dev.settle(work, right)
+    assert checks == [True] and work.polls == 1  # one check, then done
+
+    # A result that never becomes right keeps the whole settle time for a late landing.
+    wrong_checks: list[bool] = []
+    t0 = time.monotonic()
+    dev.settle(_NeverCompletes(), lambda: wrong_checks.append(False) or False)
+    assert time.monotonic() - t0 >= 0.3 and len(wrong_checks) > 1
+
+    # A Work that reports completion settles on that signal; the values are not consulted.
+    consulted: list[bool] = []
+    dev.settle(_NeverCompletes(completes_after=0), lambda: consulted.append(True) or True)
+    assert consulted == []

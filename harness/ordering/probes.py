@@ -13,8 +13,9 @@ A probe is an extra run of a shorthand async instance on fresh buffers:
   member has signalled, through the rendezvous store, that it is at the call; the others call,
   query ``is_completed()`` (and snapshot the output if it says true), ``wait()``, snapshot the
   output at once (a copy on the current stream, no host synchronize), then settle (device
-  synchronize, or poll ``is_completed()`` on CPU) and read again: the settled read is the
-  baseline that tells ordering faults from plain wrong values;
+  synchronize, or poll ``is_completed()`` on CPU, which also ends once the output holds the
+  right values: see :meth:`~harness.program.timeline.Device.settle`) and read again: the
+  settled read is the baseline that tells ordering faults from plain wrong values;
 - ``pre_op``: each rank runs the op once on an input holding old values (so a backend that
   stages or caches its inputs has seen them), then a slow producer (sleep kernel, or host
   sleep) writes the real input, the op runs again and its settled result is checked;
@@ -119,7 +120,7 @@ class _Prober:
         if self.dev.cuda:
             self.dev.sync()
             after_sync = bool(work.is_completed())
-        self.dev.settle(work)
+        self.dev.settle(work, lambda: self.check(bufs, before, touched)[0])
         imm_ok, checked, imm_wrong = self.check(bufs, before, touched, snap)
         set_ok, _, set_wrong = self.check(bufs, before, touched)
         obs: dict[str, Any] = {
@@ -147,7 +148,7 @@ class _Prober:
         inp.copy_(new)  # ... whose write lands just before the call (CUDA: behind the sleep)
         work = self.call(bufs, touched, True)
         work.wait()
-        self.dev.settle(work)
+        self.dev.settle(work, lambda: self.check(bufs, before, touched)[0])
         ok, checked, wrong = self.check(bufs, before, touched)
         return {"ok": ok, "checked": checked, "wrong": wrong}
 

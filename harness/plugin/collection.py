@@ -17,8 +17,9 @@ import pytest
 
 from ..casefile import expand, load, validate
 from ..errors import CaseFileError, CaseFileErrors, Pos, clip
-from ..model import Instance
+from ..model import TORCH_MODE_IMPORTS, Instance
 from ..perf import plan as perfplan
+from ..run import pool
 from .items import CaseItem
 from .session import mark_started
 from .state import CONFIG, harness_session
@@ -161,8 +162,12 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
-    harness_session(session.config).collected.update(i.nodeid for i in session.items
-                                         if isinstance(i, CaseItem))
+    case_items = [i for i in session.items if isinstance(i, CaseItem)]
+    harness_session(session.config).collected.update(i.nodeid for i in case_items)
+    # Before the first pool starts: what the selected cases' torch modes import is imported
+    # once in the forkserver instead of once in every rank.
+    pool.preload(sorted({m for i in case_items for mode in i.instance.torch_modes
+                         for m in TORCH_MODE_IMPORTS.get(mode, ())}))
 
 
 @pytest.hookimpl(optionalhook=True)

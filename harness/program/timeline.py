@@ -14,7 +14,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -25,6 +25,8 @@ from . import tensors
 STEP_KINDS = frozenset({"delay_stream", "write", "read", "future", "wait_tensor"})
 SETTLE_MIN_S = 0.25  # shortest settle poll on CPU (see harness.ordering.probes)
 POLL_S = 0.0005
+# How often a settle re-checks the output's values (a check costs far more than is_completed()).
+READY_POLL_S = 0.005
 CALIBRATION_CYCLES = 2_000_000
 _cycles_per_s: float | None = None
 
@@ -83,13 +85,26 @@ class Device:
         if self.cuda:
             torch.cuda.synchronize()
 
-    def settle(self, work: Any) -> None:
-        """Make sure ``work`` finished, without trusting ``wait()`` (for settled reads)."""
+    def settle(self, work: Any, ready: Callable[[], bool] | None = None) -> None:
+        """Make sure ``work`` finished, without trusting ``wait()`` (for settled reads).
+
+        On CPU this polls ``is_completed()`` for at most ``settle_s``. ``ready``, when given,
+        is a check of the output's values: a Work that never reports completion (Gloo's
+        reduce_scatter on torch 2.13) would otherwise cost the whole ``settle_s`` every time,
+        so the poll also ends once the output holds the right values. It is only consulted
+        while ``is_completed()`` is False, so a Work that reports completion settles exactly
+        as before; a wrong output still waits the whole ``settle_s`` for a late result.
+        """
         if self.cuda:
             torch.cuda.synchronize()
             return
         end = time.monotonic() + self.settle_s
+        next_check = time.monotonic()
         while not work.is_completed() and time.monotonic() < end:
+            if ready is not None and time.monotonic() >= next_check:
+                if ready():
+                    return
+                next_check = time.monotonic() + READY_POLL_S
             time.sleep(POLL_S)
 
     def facts(self, stream: str) -> tuple[str | None, str | None]:

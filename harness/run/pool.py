@@ -52,6 +52,7 @@ PROGRESS_EVERY_S = 15.0
 
 _ctx_lock = threading.RLock()
 _ctx: Any = None
+_extra_preload: list[str] = []  # see preload()
 
 
 @contextlib.contextmanager
@@ -78,6 +79,19 @@ def _without_main_module() -> Iterator[None]:
             multiprocessing.spawn.get_preparation_data = original
 
 
+def preload(modules: Iterator[str] | tuple[str, ...] | list[str]) -> bool:
+    """Have the forkserver import ``modules`` too, so that ranks forked from it do not each pay
+    for them. Only a forkserver not yet started takes them: returns False (and changes
+    nothing) once it runs, which costs time, never correctness."""
+    with _ctx_lock:
+        if _ctx is not None:
+            return False
+        for name in modules:
+            if name not in _extra_preload:
+                _extra_preload.append(name)
+        return True
+
+
 def forkserver_context() -> Any:
     """The forkserver context every pool starts its ranks from (torch preloaded once)."""
     global _ctx
@@ -85,7 +99,7 @@ def forkserver_context() -> Any:
         if _ctx is None:
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(["torch", "torch.distributed", "harness.program.interpreter",
-                                          "harness.ordering.probes"])
+                                        "harness.ordering.probes", *_extra_preload])
             _ctx = ctx
         return _ctx
 
