@@ -24,7 +24,7 @@ from harness.casefile import load as yamlload
 from harness.errors import CaseFileError, CaseFileErrors
 from harness.model import Instance, Step
 from harness.program import graphs as graphs_mod
-from harness.run import capabilities
+from harness.run import capabilities, torchfacts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -195,20 +195,8 @@ def _caps(cuda_devices: int) -> capabilities.Capabilities:
     # A copy: probe() is cached for the process, and later tests (pytester runs in this
     # process) must still see this machine's real devices and backends.
     real = capabilities.probe(())
-    return dataclasses.replace(real, cuda_devices=cuda_devices, dist=_EveryBackend(real.dist))
-
-
-class _EveryBackend:
-    """torch.distributed, except that every backend counts as available."""
-
-    def __init__(self, dist: Any) -> None:
-        self.dist = dist
-
-    def is_backend_available(self, backend: str) -> bool:
-        return True
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.dist, name)
+    every = dataclasses.replace(real.facts, available=torchfacts.BUILTIN_BACKENDS)
+    return dataclasses.replace(real, cuda_devices=cuda_devices, facts=every)
 
 
 def test_cuda_steps_skip_without_a_gpu_with_the_reason() -> None:
@@ -379,5 +367,5 @@ def test_register_work_skips_where_torch_lacks_it(monkeypatch: pytest.MonkeyPatc
 
     has_ctx = hasattr(funcol, "allow_inflight_collective_as_graph_input_ctx")
     assert (caps.skip_reason(inst) == "") == has_ctx, caps.skip_reason(inst)
-    monkeypatch.setattr(capabilities, "_functional_collectives", lambda: None)
-    assert "has no allow_inflight_collective_as_graph_input_ctx" in caps.skip_reason(inst)
+    older = dataclasses.replace(caps, facts=dataclasses.replace(caps.facts, inflight_ctx=False))
+    assert "has no allow_inflight_collective_as_graph_input_ctx" in older.skip_reason(inst)

@@ -76,8 +76,7 @@ cases:
 
 def test_instances_skip_where_torch_lacks_the_parameter() -> None:
     (inst,) = instances(SHORTHAND)
-    real = Capabilities(torch_version="x", cuda_devices=0, dist=dist, torch=SimpleNamespace(
-        float32=1))
+    real = Capabilities.of_modules("x", 0, dist, SimpleNamespace(float32=1))
     if "group_src" in inspect.signature(dist.broadcast).parameters:
         assert real.skip_reason(inst) == ""
     else:  # torch 2.4.1 (observed): no group-local addressing yet
@@ -88,8 +87,7 @@ def test_instances_skip_where_torch_lacks_the_parameter() -> None:
         raise AssertionError("not called")
 
     old = SimpleNamespace(broadcast=broadcast, is_backend_available=lambda b: True)
-    caps = Capabilities(torch_version="1.0", cuda_devices=0, dist=old,
-                        torch=SimpleNamespace(float32=1))
+    caps = Capabilities.of_modules("1.0", 0, old, SimpleNamespace(float32=1))
     assert caps.skip_reason(inst) == ("torch 1.0's broadcast has no group_src parameter "
                                       "(group-local addressing)")
     assert ops.get("broadcast").args == ("src",)

@@ -260,8 +260,7 @@ def test_instances_skip_where_torch_lacks_the_constructor_or_parameter() -> None
     (ordered,) = instances(PROGRAM.replace("{new_group: pairs, subgroups: 2}",
                                            "{new_group: pairs, members: [1, 0], "
                                            "sort_ranks: false}"))
-    real = Capabilities(torch_version="x", cuda_devices=0, dist=dist,
-                        torch=SimpleNamespace(float32=1))
+    real = Capabilities.of_modules("x", 0, dist, SimpleNamespace(float32=1))
     # The installed torch decides (2.4.1 has neither split_group nor sort_ranks).
     has_split = hasattr(dist, "split_group")
     has_sort = "sort_ranks" in inspect.signature(dist.new_group).parameters
@@ -275,8 +274,7 @@ def test_instances_skip_where_torch_lacks_the_constructor_or_parameter() -> None
 
     old = SimpleNamespace(new_group=new_group, all_reduce=dist.all_reduce,
                           is_backend_available=lambda b: True)
-    caps = Capabilities(torch_version="1.0", cuda_devices=0, dist=old,
-                        torch=SimpleNamespace(float32=1))
+    caps = Capabilities.of_modules("1.0", 0, old, SimpleNamespace(float32=1))
     assert caps.skip_reason(split) == "torch 1.0 has no torch.distributed.split_group"
     assert caps.skip_reason(ordered) == "torch 1.0 has no new_group parameter 'sort_ranks'"
 

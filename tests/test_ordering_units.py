@@ -342,11 +342,16 @@ def test_settle_ends_when_the_output_is_right_but_waits_out_a_wrong_one() -> Non
 
     # A result that never becomes right keeps the whole settle time for a late landing.
     wrong_checks: list[bool] = []
+
+    def wrong() -> bool:
+        wrong_checks.append(False)
+        return False
+
     t0 = time.monotonic()
-    dev.settle(_NeverCompletes(), lambda: wrong_checks.append(False) or False)
+    dev.settle(_NeverCompletes(), wrong)
     assert time.monotonic() - t0 >= 0.3 and len(wrong_checks) > 1
 
     # A Work that reports completion settles on that signal; the values are not consulted.
-    consulted: list[bool] = []
-    dev.settle(_NeverCompletes(completes_after=0), lambda: consulted.append(True) or True)
-    assert consulted == []
+    checks.clear()
+    dev.settle(_NeverCompletes(completes_after=0), right)
+    assert checks == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -216,6 +217,29 @@ def test_third_party_backend_module(tmp_path: Path) -> None:
     assert "rank 1, buffer 'tensor' (auto): 1 of 4 element(s) wrong" in bad.stdout
     report = load_report(tmp_path / "reports" / "conformance.json")
     assert report["metadata"]["options"]["backend_modules"] == ["fault_backend"]
+
+
+def test_backend_module_that_fails_or_kills_its_importer(tmp_path: Path) -> None:
+    """torch and --backend-module are imported in a probe process, not in pytest: a module
+    that raises skips every instance with the reason, one that ends the process errors every
+    instance with one line saying so; the session ends with a report either way."""
+    (tmp_path / "c.yaml").write_text(CASES)
+    (tmp_path / "raising_backend.py").write_text("raise ImportError('no such driver')\n")
+    (tmp_path / "exiting_backend.py").write_text("import os\nos._exit(3)\n")
+    path = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    raising = run_child(["c.yaml", "--backend-module", "raising_backend", "-q", "-rs"],
+                        tmp_path, **path)
+    assert "9 skipped" in raising.stdout, raising.stdout + raising.stderr
+    assert ("--backend-module raising_backend failed to import: ImportError: no such driver"
+            in raising.stdout)
+    exiting = run_child(["c.yaml", "--backend-module", "exiting_backend", "-q"], tmp_path,
+                        **path)
+    assert exiting.returncode == 1 and "Traceback" not in exiting.stdout + exiting.stderr
+    report = load_report(tmp_path / "reports" / "conformance.json")
+    assert [r["outcome"] for r in report["records"]] == ["error"] * 9
+    assert all("the process that imports torch and --backend-module exiting_backend to see "
+               "what it offers died (exit code 3)" in r["message"] for r in report["records"])
+    assert report["summary"]["verdict"] == "FAIL"
 
 
 def test_xdist_two_workers_one_report(tmp_path: Path) -> None:

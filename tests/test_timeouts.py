@@ -272,8 +272,7 @@ def test_skips_where_set_timeout_is_missing_or_the_world_would_be_destroyed() ->
     (setter,) = instances("- {set_timeout: 1}\n")
     (destroyer,) = instances("- {destroy: true}\n")
     (sub,) = instances("- {destroy: true, group: [0, 1]}\n")
-    real = Capabilities(torch_version="x", cuda_devices=0, dist=dist,
-                        torch=SimpleNamespace(float32=1))
+    real = Capabilities.of_modules("x", 0, dist, SimpleNamespace(float32=1))
     # The installed torch decides the set_timeout step (2.4.1's ProcessGroup has none).
     assert real.skip_reason(setter) == ("" if hasattr(dist.ProcessGroup, "set_timeout") else
                                         "torch x's ProcessGroup has no set_timeout "
@@ -285,7 +284,6 @@ def test_skips_where_set_timeout_is_missing_or_the_world_would_be_destroyed() ->
     assert real.skip_reason(timed) == ""
     assert "external-ranks mode runs every instance" in real.skip_reason(timed, local_rank=0)
     old = SimpleNamespace(ProcessGroup=object, is_backend_available=lambda b: True)
-    caps = Capabilities(torch_version="1.0", cuda_devices=0, dist=old,
-                        torch=SimpleNamespace(float32=1))
+    caps = Capabilities.of_modules("1.0", 0, old, SimpleNamespace(float32=1))
     assert caps.skip_reason(setter) == ("torch 1.0's ProcessGroup has no set_timeout "
                                         "(the set_timeout step)")

@@ -26,6 +26,7 @@ from ..report.oneline import one_line
 from ..report.records import instance_record, skipped_record
 from ..run.capabilities import probe
 from ..run.pool import ForeignAnswerError, PoolKey, PoolStartError, check_deadline
+from ..run.torchfacts import ProbeError
 from ..verdict.outcome import judge
 from .state import (
     BAD_OUTCOMES,
@@ -75,6 +76,13 @@ class CaseItem(pytest.Item):
             self._setup()
         except pytest.skip.Exception:
             raise
+        except ProbeError as exc:  # torch (or a --backend-module) cannot be loaded here
+            inst = self.instance
+            self.harness_failure = InstanceResult(
+                "error", f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]: not run: {exc}",
+                expected_kind=inst.expectation.kind,
+                harness_error={"type": "ProbeError", "message": str(exc), "traceback": "",
+                               "stage": "reading what torch offers"})
         except Exception as exc:  # a bug of the harness: the instance still gets its record
             self.harness_failure = internal_error(self.instance, exc, "setting up")
 

@@ -27,6 +27,7 @@ from ..report.headline import verdict as report_verdict
 from ..report.jsonfile import unwritable
 from ..report.records import build_report, json_text, write_all
 from ..run.capabilities import probe
+from ..run.torchfacts import ProbeError
 from .state import (
     BAD_OUTCOMES,
     BASELINE_KEY,
@@ -193,8 +194,10 @@ def selection(config: pytest.Config, hs: HarnessSession) -> dict[str, Any]:
 
 def session_report(hs: HarnessSession, info: dict[str, Any] | None = None) -> dict[str, Any]:
 
-    meta: dict[str, Any] = (probe(hs.backend_modules).metadata() if hs.records
-                            else {"torch": "", "hostname": ""})
+    meta: dict[str, Any] = {"torch": "", "hostname": ""}
+    if hs.records:
+        with contextlib.suppress(ProbeError):  # then every record is an error saying why
+            meta = probe(hs.backend_modules).metadata()
     meta["options"] = hs.options()
     return build_report(hs.records, meta, info)
 

@@ -1,25 +1,26 @@
 """Parent-side capability checks: decide skips without starting any rank.
 
-torch is imported here lazily, on the first test that runs (never at collection). A missing
-capability is a skip with the reason, so a CPU machine running ``--backend nccl`` reports
-every test as skipped in milliseconds instead of spawning ranks that fail.
+The facts come from :mod:`harness.run.torchfacts`, gathered on the first test that runs in a
+process forked from the pools' forkserver: torch is never imported in the pytest process. A
+missing capability is a skip with the reason, so a CPU machine running ``--backend nccl``
+reports every test as skipped instead of spawning ranks that fail.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-import inspect
 import platform
 import socket
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import ops
 from ..model import Instance, flat_steps
+from . import torchfacts
+from .pool import start_child  # a fork of the pools' forkserver, where torch is imported
+from .torchfacts import BUILTIN_BACKENDS, TorchFacts
 
-BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 # Steps that only mean something on a GPU (docs/howto/async-ordering.md).
 CUDA_STEP_KINDS = ("capture", "replay", "wait_stream", "block_current_stream")
 # Backends whose collectives a CUDA graph cannot record: Gloo runs them on host threads
@@ -36,8 +37,23 @@ class Capabilities:
     cuda_names: list[str] = field(default_factory=list)
     nccl_version: str = ""
     backend_errors: dict[str, str] = field(default_factory=dict)
-    dist: Any = None
-    torch: Any = None
+    facts: TorchFacts = field(default_factory=TorchFacts)
+
+    @classmethod
+    def from_facts(cls, facts: TorchFacts) -> Capabilities:
+        caps = cls(torch_version=facts.torch_version, cuda_devices=facts.cuda_devices,
+                   cuda_names=list(facts.cuda_names), nccl_version=facts.nccl_version,
+                   facts=facts)
+        if facts.module_error:
+            caps.backend_errors = _AllBackends(facts.module_error)
+        return caps
+
+    @classmethod
+    def of_modules(cls, torch_version: str, cuda_devices: int, dist: Any, torch: Any,
+                   funcol: Any = None) -> Capabilities:
+        """Capabilities read from module objects (or stand-ins for an older torch)."""
+        return cls.from_facts(torchfacts.of(dist, torch, funcol, torch_version=torch_version,
+                                            cuda_devices=cuda_devices))
 
     def _group_addressing_missing(self, op: ops.Op, args: dict[str, Any]) -> str:
         """The group-form parameter a step uses that the installed torch lacks, or ""."""
@@ -46,12 +62,10 @@ class Capabilities:
             wanted.append("group_peer")
         if not wanted:
             return ""
-        fn = getattr(self.dist, "P2POp" if "group_peer" in wanted else
-                     (op.torch_name or op.name), None)
-        try:
-            params = inspect.signature(fn).parameters if fn is not None else {}
-        except (TypeError, ValueError):
-            return ""
+        name = "P2POp" if "group_peer" in wanted else (op.torch_name or op.name)
+        if name in self.facts.params and self.facts.params[name] is None:
+            return ""  # present, but its signature cannot be read: assume it has them
+        params = self.facts.params.get(name) or ()
         return next((k for k in wanted if k not in params), "")
 
     def _group_step_missing(self, args: dict[str, Any]) -> str:
@@ -60,16 +74,14 @@ class Capabilities:
         fn_name = {"members": "new_group", "subgroups": "new_subgroups",
                    "enumeration": "new_subgroups_by_enumeration",
                    "split": "split_group"}[args["how"]]
-        fn = getattr(self.dist, fn_name, None)
-        if fn is None:
+        if fn_name not in self.facts.params:
             return f"torch.distributed.{fn_name}"
         wanted: list[str] = [k for k in ("sort_ranks", "use_local_synchronization")
                              if k in args]
         if args["how"] == "subgroups" and "parent" in args:
             wanted.append("group")
-        try:
-            params = inspect.signature(fn).parameters
-        except (TypeError, ValueError):
+        params = self.facts.params[fn_name]
+        if params is None:
             return ""
         missing = next((k for k in wanted if k not in params), "")
         return f"{fn_name} parameter {missing!r}" if missing else ""
@@ -108,9 +120,9 @@ class Capabilities:
         backend = inst.backend
         if backend in self.backend_errors:
             return self.backend_errors[backend]
-        if backend in BUILTIN_BACKENDS and not self.dist.is_backend_available(backend):
+        if backend in BUILTIN_BACKENDS and backend not in self.facts.available:
             return f"backend {backend!r} is not available in this torch build"
-        if backend not in BUILTIN_BACKENDS and not _registered(self.dist, backend):
+        if backend not in BUILTIN_BACKENDS and not self._registered(backend):
             return (f"backend {backend!r} is not registered; pass --backend-module MODULE that "
                     "calls torch.distributed.Backend.register_backend")
         cuda_only = self._cuda_steps(inst)
@@ -132,7 +144,7 @@ class Capabilities:
                         f"{self.cuda_devices} GPU(s)")
         dtypes_used = ({t.dtype for t in inst.tensors} | {inst.dtype}) - {"object"}
         for name in sorted(dtypes_used):
-            if not hasattr(self.torch, name):
+            if name not in self.facts.dtypes:
                 return f"torch {self.torch_version} has no dtype {name}"
         if local_rank is not None and (inst.env or inst.pg_timeout is not None):
             # Both must be in place before the process group starts; the launcher started
@@ -145,7 +157,7 @@ class Capabilities:
                 return ("destroys the default process group, which external-ranks mode runs "
                         "the instance on and needs afterwards; run it on the harness's own "
                         "pools")
-            if step.kind == "set_timeout" and not hasattr(self.dist.ProcessGroup, "set_timeout"):
+            if step.kind == "set_timeout" and not self.facts.pg_set_timeout:
                 return (f"torch {self.torch_version}'s ProcessGroup has no set_timeout "
                         "(the set_timeout step)")
             if step.kind == "new_group":
@@ -158,7 +170,7 @@ class Capabilities:
             if not step.op:
                 continue
             op = ops.get(step.op)
-            if not op.available(self.dist):
+            if op.name not in self.facts.ops:
                 seen = f" (the harness has seen it from torch {op.seen_from})" if (
                     op.seen_from) else ""
                 return (f"torch {self.torch_version} has no torch.distributed."
@@ -169,12 +181,11 @@ class Capabilities:
             if missing:
                 return (f"torch {self.torch_version}'s {op.torch_name or op.name} has no "
                         f"{missing} parameter (group-local addressing)")
-        if any(s.kind == "wait_tensor" or s.register_work for s in flat_steps(inst.steps)):
-            funcol = _functional_collectives()
-            if not hasattr(funcol, "allow_inflight_collective_as_graph_input_ctx"):
-                return (f"torch {self.torch_version} has no allow_inflight_collective_as_"
-                        "graph_input_ctx (register_work / wait_tensor)")
-        if inst.reduce_op == "premul_sum" and not hasattr(self.dist, "_make_nccl_premul_sum"):
+        if not self.facts.inflight_ctx and any(s.kind == "wait_tensor" or s.register_work
+                                               for s in flat_steps(inst.steps)):
+            return (f"torch {self.torch_version} has no allow_inflight_collective_as_"
+                    "graph_input_ctx (register_work / wait_tensor)")
+        if inst.reduce_op == "premul_sum" and not self.facts.premul_sum:
             return f"torch {self.torch_version} has no PREMUL_SUM"
         return ""
 
@@ -187,46 +198,39 @@ class Capabilities:
             "cuda_devices": self.cuda_devices,
             "cuda_device_names": self.cuda_names,
             "nccl_version": self.nccl_version,
-            "gloo_available": bool(self.dist.is_gloo_available()),
+            "gloo_available": self.facts.gloo_available,
         }
 
-
-def _functional_collectives() -> Any:
-    """torch.distributed._functional_collectives, or None where torch lacks it."""
-    try:
-        return importlib.import_module("torch.distributed._functional_collectives")
-    except ImportError:
-        return None
+    def _registered(self, backend: str) -> bool:
+        return backend.upper() in self.facts.plugins or backend in self.facts.backend_list
 
 
-def _registered(dist: Any, backend: str) -> bool:
-    plugins = getattr(dist.Backend, "_plugins", {})
-    return backend.upper() in plugins or backend in getattr(dist.Backend, "backend_list", [])
+
+_probe_lock = threading.Lock()
+_probed: dict[tuple[str, ...], Capabilities | torchfacts.ProbeError] = {}
 
 
-@functools.cache
 def probe(backend_modules: tuple[str, ...]) -> Capabilities:
-    """Import torch (and the user's backend modules) in the parent and read what is there."""
-    import torch
-    import torch.distributed as dist
+    """What torch (with the user's backend modules imported) offers, read once per session in
+    a process forked from the pools' forkserver (see :mod:`harness.run.torchfacts`)."""
+    with _probe_lock:  # ahead-runner threads may ask at the same time
+        got = _probed.get(backend_modules)
+        if got is None:
+            try:
+                got = Capabilities.from_facts(
+                    torchfacts.probe_child(start_child, backend_modules))
+            except torchfacts.ProbeError as exc:
+                got = exc  # every later test gets the same answer, without another wait
+            _probed[backend_modules] = got
+    if isinstance(got, torchfacts.ProbeError):
+        raise got
+    return got
 
-    errors: dict[str, str] = {}
-    for mod in backend_modules:
-        try:
-            importlib.import_module(mod)
-        except Exception as exc:  # every test of that backend will skip with this reason
-            errors["*"] = f"--backend-module {mod} failed to import: {type(exc).__name__}: {exc}"
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    names = [torch.cuda.get_device_name(i) for i in range(count)]
-    nccl = ""
-    if count and dist.is_nccl_available():
-        v = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
-        nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-    caps = Capabilities(torch_version=str(torch.__version__), cuda_devices=count,
-                        cuda_names=names, nccl_version=nccl, dist=dist, torch=torch)
-    if "*" in errors:
-        caps.backend_errors = _AllBackends(errors["*"])
-    return caps
+
+def probe_here(backend_modules: tuple[str, ...]) -> Capabilities:
+    """:func:`probe` in this process (which imports torch): for processes that have it
+    loaded anyway, such as the ranks of external-ranks mode."""
+    return Capabilities.from_facts(torchfacts.gather(backend_modules))
 
 
 class _AllBackends(dict[str, str]):

@@ -47,7 +47,7 @@ from ..report.jsonfile import unwritable
 from ..report.records import build_report, instance_record, json_text, skipped_record, write_all
 from ..verdict.outcome import judge
 from . import schedule
-from .capabilities import Capabilities, probe
+from .capabilities import Capabilities, probe_here
 from .launch import StepTrace, Watchdog, env_int, join
 from .progress import State, StateError, recovered_run
 
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         importlib.import_module(mod)
     instances = [i for i in load_instances(args.paths, args.backend, world)
                  if args.keyword in i.key and (args.full or "full" not in i.marks)]
-    caps = probe(tuple(args.backend_module))
+    caps = probe_here(tuple(args.backend_module))
     instances = [overrides.resolve(i, caps.torch_version, caps.nccl_version) for i in instances]
     if plan is not None:
         instances = [dataclasses.replace(i, perf=plan) if not not_timed(i) else i

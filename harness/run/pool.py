@@ -92,6 +92,15 @@ def preload(modules: Iterator[str] | tuple[str, ...] | list[str]) -> bool:
         return True
 
 
+def start_child(target: Callable[..., None], args: tuple[Any, ...]) -> Any:
+    """Start a daemon process forked from the forkserver (torch already imported there),
+    without re-importing ``__main__``; the caller joins (or kills) it."""
+    proc = forkserver_context().Process(target=target, args=args, daemon=True)
+    with _without_main_module():
+        proc.start()
+    return proc
+
+
 def forkserver_context() -> Any:
     """The forkserver context every pool starts its ranks from (torch preloaded once)."""
     global _ctx
