@@ -187,6 +187,11 @@ def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None
         from ..program.perf import time_instance
         from ..program.reruns import run as run_instance
 
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0:
+            # OpenMP read the variable when the forkserver loaded torch, before this rank's
+            # environment was set (harness.run.pool chooses the value).
+            torch.set_num_threads(int(threads))
         if any(k == "TORCH_DISTRIBUTED_DEBUG" for k, _ in cfg.env):
             # torch reads the debug level when torch.distributed is first imported, which may
             # have happened in the forkserver before this rank's environment was set.
