@@ -346,4 +346,4 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         return
     config = CONFIG.get("config")
     if config is not None:
-        harness_session(config).records.append(json.loads(text))
+        harness_session(config).add_record(json.loads(text))
