@@ -58,7 +58,11 @@ class Executor:
         self.backend_modules = backend_modules
         self.deadline_s = deadline_s
         self.known = known or KnownLibrary([])
-        self.manager = PoolManager(max_pools=max_pools, pg_timeout_s=max(30.0, deadline_s * 6))
+        # The plugin's process-group timeout (harness.plugin.state): an instance runs here as
+        # under pytest, and a timeout this long lets the pool end a fail-fast grace early
+        # when the other ranks are provably stranded (harness.run.stranded): Gloo's root-side
+        # rejection of uneven gather/scatter lists cost the whole 2 s grace each with 30 s.
+        self.manager = PoolManager(max_pools=max_pools, pg_timeout_s=max(600.0, deadline_s * 4))
         self.caps: Capabilities = probe(backend_modules)
         self.hangs = 0
 
