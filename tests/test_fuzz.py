@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -202,3 +203,48 @@ def test_known_overrides_naming_a_root_by_an_expression_absorb_the_number() -> N
     assert not override_applies(o, inst, "2.13.0")  # as written: the string is not 1
     assert override_applies(concrete(o, 2), inst, "2.13.0")
     assert dict(concrete(o, 3).when)["args.dst"] == (2,)
+
+
+def test_generated_documents_load_as_through_the_case_file_loader() -> None:
+    """The executor composes its own documents with libyaml (load_generated_text): for every
+    drawn document the values, positions and instances must be those of the case-file
+    loader, and a malformed one must fail with the loader's own message."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hyp_seed
+
+    from harness.casefile import expand, load, validate
+    from harness.errors import CaseFileError, CaseFileErrors
+    from harness.fuzz import space
+
+    def instances(doc: load.Document) -> str:
+        """The instances, every field (an expression's parsed tree has no equality of its
+        own: its source and names are compared), or the error."""
+        try:
+            found = [i for c in validate.load_cases(doc) for i in expand.expand(c, "gloo")]
+        except (CaseFileError, CaseFileErrors, ValueError) as exc:
+            return str(exc)
+        return re.sub(r" at 0x[0-9a-f]+", "", repr(found))
+
+    drawn = 0
+
+    @hyp_seed(0)
+    @settings(max_examples=300, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(space.cases(space.DEFAULT_OPS, (1, 2, 3, 4)))
+    def same(case: dict[str, object]) -> None:
+        nonlocal drawn
+        text = space.render_case(case)
+        fast, real = load.load_generated_text(text, "f.yaml"), load.load_text(text, "f.yaml")
+        assert (fast.data, fast.positions, fast.key_positions) == (
+            real.data, real.positions, real.key_positions)
+        assert instances(fast) == instances(real)
+        drawn += 1
+
+    same()
+    assert drawn >= 100
+    for bad in ("cases:\n  - name: a\n    name: b\n", "cases: [\n", "cases:\n  - x: yes\n"):
+        with pytest.raises(CaseFileError) as fast_err:
+            load.load_generated_text(bad, "f.yaml")
+        with pytest.raises(CaseFileError) as real_err:
+            load.load_text(bad, "f.yaml")
+        assert str(fast_err.value) == str(real_err.value)

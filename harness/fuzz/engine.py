@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hyp_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import HypothesisException
@@ -56,6 +56,10 @@ def outcome_class(ran: Ran) -> str:
 
 
 render = space.render_case
+# Not Phase.explain: it traces every line the property runs (sys.settrace: the loader, the
+# checks, the pool protocol) while shrinking, only to print which lines the failing examples
+# ran, which a finding does not use; nor Phase.target (no target() is ever called).
+PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
 
 
 @dataclass
@@ -226,7 +230,7 @@ class Fuzzer:
                         database=(DirectoryBasedExampleDatabase(str(self.database))
                                   if self.database else None),
                         suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-                        print_blob=True, derandomize=False)(test)
+                        print_blob=True, derandomize=False, phases=PHASES)(test)
         test = hyp_seed(round_seed)(test)
         try:
             test()
