@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.fuzz import space  # noqa: E402
 from harness.fuzz.engine import Budget, Fuzzer  # noqa: E402
-from harness.fuzz.execute import Executor  # noqa: E402
+from harness.fuzz.execute import Executor, limit_rank_threads  # noqa: E402
 from harness.fuzz.known import KnownLibrary, load_library  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -69,6 +69,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default="", help="write a cProfile of the fuzzing loop here")
     args = ap.parse_args()
+    threads = limit_rank_threads((2,))  # as collective-fuzz --world-size 2 does
     library, _ = load_library([str(ROOT / "cases")])
     ex = Executor("gloo", (), 5.0, KnownLibrary(library), max_pools=1)
     t0 = time.monotonic()
@@ -103,7 +104,7 @@ def main() -> int:
           f"{len(fz.findings)} finding(s), {took:.1f} s); pool start {start_s:.1f} s; with it "
           f"{s.tried / (took + start_s):.1f}/s; target 50/s")
     print(f"CPU per instance: parent {parent_ms:.1f} ms, ranks {ranks_ms:.1f} ms (all ranks "
-          f"together; {ex.manager.started} pool(s) started)")
+          f"together; {ex.manager.started} pool(s) started; OMP_NUM_THREADS={threads})")
     print("instances by op: " + ", ".join(f"{k} {v}" for k, v in sorted(s.by_op.items())))
     return 0
 
