@@ -30,6 +30,7 @@ from harness.fuzz import space  # noqa: E402
 from harness.fuzz.engine import Budget, Fuzzer  # noqa: E402
 from harness.fuzz.execute import Executor, limit_rank_threads  # noqa: E402
 from harness.fuzz.known import KnownLibrary, load_library  # noqa: E402
+from harness.fuzz.lanes import Lanes  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -68,18 +69,24 @@ def main() -> int:
     ap.add_argument("--examples", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default="", help="write a cProfile of the fuzzing loop here")
+    ap.add_argument("--lanes", type=int, default=1, help="collective-fuzz --lanes N")
     args = ap.parse_args()
     threads = limit_rank_threads((2,))  # as collective-fuzz --world-size 2 does
     library, _ = load_library([str(ROOT / "cases")])
-    ex = Executor("gloo", (), 5.0, KnownLibrary(library), max_pools=1)
+    known = KnownLibrary(library)
+    executors = [Executor("gloo", (), 5.0, known, max_pools=1) for _ in range(args.lanes)]
+    ex = executors[0]
+    lanes = Lanes(executors) if args.lanes > 1 else None
     t0 = time.monotonic()
-    ex.run_text(space.render_case({"name": "warm", "op": "barrier", "world_size": 2}))
+    for e in executors:
+        e.run_text(space.render_case({"name": "warm", "op": "barrier", "world_size": 2}))
     start_s = time.monotonic() - t0
     prof = cProfile.Profile() if args.profile else None
     try:
         with tempfile.TemporaryDirectory() as tmp:
             fz = Fuzzer(ex, space.DEFAULT_OPS, (2,), args.seed,
-                        Budget(examples=args.examples, shrink_s=10.0), Path(tmp) / "db")
+                        Budget(examples=args.examples, shrink_s=10.0), Path(tmp) / "db",
+                        lanes=lanes)
             c0, r0 = os.times(), ranks_cpu_s()
             t1 = time.monotonic()
             if prof is not None:
@@ -90,6 +97,8 @@ def main() -> int:
             took = time.monotonic() - t1
             c1, r1 = os.times(), ranks_cpu_s()
     finally:
+        if lanes is not None:
+            lanes.close()
         ex.close()
     if prof is not None:
         prof.dump_stats(args.profile)
@@ -104,7 +113,8 @@ def main() -> int:
           f"{len(fz.findings)} finding(s), {took:.1f} s); pool start {start_s:.1f} s; with it "
           f"{s.tried / (took + start_s):.1f}/s; target 50/s")
     print(f"CPU per instance: parent {parent_ms:.1f} ms, ranks {ranks_ms:.1f} ms (all ranks "
-          f"together; {ex.manager.started} pool(s) started; OMP_NUM_THREADS={threads})")
+          f"together; {sum(e.manager.started for e in executors)} pool(s) started; "
+          f"OMP_NUM_THREADS={threads}; {args.lanes} lane(s))")
     print("instances by op: " + ", ".join(f"{k} {v}" for k, v in sorted(s.by_op.items())))
     return 0
 

@@ -51,15 +51,17 @@ def test_bad_input_is_one_line_naming_the_option(tmp_path: Path, args: list[str]
     assert list(tmp_path.iterdir()) == []  # every option is checked before --out is made
 
 
-@pytest.mark.parametrize(("fault", "ops", "outcome"), [
-    ("nonzero_root_wrong", "broadcast", "wrong-values"),
-    ("dropped_contribution", "reduce_scatter_tensor", "wrong-values"),
+@pytest.mark.parametrize(("fault", "ops", "outcome", "lanes"), [
+    ("nonzero_root_wrong", "broadcast", "wrong-values", 1),
+    ("dropped_contribution", "reduce_scatter_tensor", "wrong-values", 1),
+    # Batches of instances run on two lanes: the shrinker still ends at the one that fails.
+    ("dropped_contribution", "reduce_scatter_tensor", "wrong-values", 2),
 ])
 def test_a_fault_is_found_shrunk_and_written_as_a_failing_case(
-        tmp_path: Path, fault: str, ops: str, outcome: str) -> None:
+        tmp_path: Path, fault: str, ops: str, outcome: str, lanes: int) -> None:
     out = tmp_path / "found"
     proc = _fuzz("--backend", BACKEND, "--backend-module", BACKEND_MODULE,
-                 "--overrides-for", "gloo",
+                 "--overrides-for", "gloo", "--lanes", str(lanes),
                  "--ops", ops, "--world-size", "2", "--examples", "300", "--seed", "3",
                  "--out", str(out), "--stop-at-first", "--shrink-time", "20s", "-q",
                  "--skip-signatures", f"{ops}:raise,{ops}:async-contract",
@@ -248,3 +250,35 @@ def test_generated_documents_load_as_through_the_case_file_loader() -> None:
         with pytest.raises(CaseFileError) as real_err:
             load.load_text(bad, "f.yaml")
         assert str(fast_err.value) == str(real_err.value)
+
+
+def test_lanes_run_a_batch_as_one_executor_runs_it_in_turn() -> None:
+    """Lanes (--lanes) run documents at once on pools of their own: every document gets the
+    verdict, absorption and output digests it gets alone, in the batch's order."""
+    from harness.fuzz import space
+    from harness.fuzz.execute import Executor
+    from harness.fuzz.known import KnownLibrary, load_library
+    from harness.fuzz.lanes import Lanes
+
+    library, _ = load_library([str(ROOT / "cases")])
+    known = KnownLibrary(library)
+    base = {"name": "x", "world_size": 2, "input": {"generator": "exact", "seed": 1},
+            "expected": "auto", "deadline": 5}
+    docs = [space.render_case({**base, **extra}) for extra in (
+        {"op": "all_reduce", "shape": [5], "reduce_op": "max"},
+        {"op": "broadcast", "shape": [3], "args": {"src": 1}, "async": True},
+        {"op": "all_reduce", "shape": [2], "dtype": "float32", "reduce_op": "bxor"},
+        {"op": "all_gather", "shape": [4], "dtype": "int32"},
+        {"op": "reduce_scatter_tensor", "shape": [2, 3], "reduce_op": "sum"})]
+    lanes = Lanes([Executor("gloo", (), 5.0, known, max_pools=1) for _ in range(2)])
+    alone = Executor("gloo", (), 5.0, KnownLibrary(library), max_pools=1)
+    try:
+        together = lanes.run(docs)
+        each = [alone.run_text(d) for d in docs]
+    finally:
+        lanes.close()
+        alone.close()
+    assert [(r.outcome, r.absorbed_by, r.digests) for r in together] == [
+        (r.outcome, r.absorbed_by, r.digests) for r in each]
+    assert [r.outcome for r in each][:2] == ["passed", "passed"]
+    assert each[2].outcome == "error" and each[2].absorbed_by  # a known rejection
