@@ -1,6 +1,6 @@
 """Benchmark: generated instances per second of collective-fuzz at world size 2 on Gloo.
 
-    python ci/fuzz_bench.py [--examples 1000] [--seed 0] [--profile OUT.pstats]
+    python ci/fuzz_bench.py [--examples 1000] [--seed 0] [--lanes 1] [--profile OUT.pstats]
 
 Runs the fuzzer in process (the CLI's own executor and engine, the bundled overrides
 applied) at ``--world-size 2`` with a warm pool, and prints instances per second, the
@@ -8,8 +8,9 @@ pool start excluded and included, with the machine's load (os.getloadavg) so the
 be read against it. Only instances actually run on the ranks and judged count (those run
 while shrinking included, and said). Also printed: the CPU time per instance of the parent
 (this process) and of the ranks (the forkserver's children: live ranks plus the ranks it
-has reaped), which depend far less on the machine's load than the rate. Target: at least
-50 per second. A benchmark, never a timed test.
+has reaped), which depend far less on the machine's load than the rate. ``--lanes N`` runs
+it as ``collective-fuzz --lanes N`` does (batches of instances on N executors at once).
+Target: at least 50 per second. A benchmark, never a timed test.
 """
 
 from __future__ import annotations
