@@ -133,9 +133,11 @@ def _children(pid: int) -> set[int]:
     return out
 
 
-def test_ctrl_c_prints_the_summary_and_leaves_no_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_ctrl_c_prints_the_summary_and_leaves_no_rank(tmp_path: Path, lanes: int) -> None:
     proc = subprocess.Popen([*FUZZ, "--backend", "gloo", "--time", "5m", "--world-size", "2",
-                             "--out", str(tmp_path / "o"), "--ops", "all_reduce"],
+                             "--out", str(tmp_path / "o"), "--ops", "all_reduce",
+                             "--lanes", str(lanes)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     assert proc.stderr is not None
