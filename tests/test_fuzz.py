@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,15 +51,17 @@ def test_bad_input_is_one_line_naming_the_option(tmp_path: Path, args: list[str]
     assert list(tmp_path.iterdir()) == []  # every option is checked before --out is made
 
 
-@pytest.mark.parametrize(("fault", "ops", "outcome"), [
-    ("nonzero_root_wrong", "broadcast", "wrong-values"),
-    ("dropped_contribution", "reduce_scatter_tensor", "wrong-values"),
+@pytest.mark.parametrize(("fault", "ops", "outcome", "lanes"), [
+    ("nonzero_root_wrong", "broadcast", "wrong-values", 1),
+    ("dropped_contribution", "reduce_scatter_tensor", "wrong-values", 1),
+    # Batches of instances run on two lanes: the shrinker still ends at the one that fails.
+    ("dropped_contribution", "reduce_scatter_tensor", "wrong-values", 2),
 ])
 def test_a_fault_is_found_shrunk_and_written_as_a_failing_case(
-        tmp_path: Path, fault: str, ops: str, outcome: str) -> None:
+        tmp_path: Path, fault: str, ops: str, outcome: str, lanes: int) -> None:
     out = tmp_path / "found"
     proc = _fuzz("--backend", BACKEND, "--backend-module", BACKEND_MODULE,
-                 "--overrides-for", "gloo",
+                 "--overrides-for", "gloo", "--lanes", str(lanes),
                  "--ops", ops, "--world-size", "2", "--examples", "300", "--seed", "3",
                  "--out", str(out), "--stop-at-first", "--shrink-time", "20s", "-q",
                  "--skip-signatures", f"{ops}:raise,{ops}:async-contract",
@@ -130,9 +133,11 @@ def _children(pid: int) -> set[int]:
     return out
 
 
-def test_ctrl_c_prints_the_summary_and_leaves_no_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_ctrl_c_prints_the_summary_and_leaves_no_rank(tmp_path: Path, lanes: int) -> None:
     proc = subprocess.Popen([*FUZZ, "--backend", "gloo", "--time", "5m", "--world-size", "2",
-                             "--out", str(tmp_path / "o"), "--ops", "all_reduce"],
+                             "--out", str(tmp_path / "o"), "--ops", "all_reduce",
+                             "--lanes", str(lanes)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     assert proc.stderr is not None
@@ -202,3 +207,80 @@ def test_known_overrides_naming_a_root_by_an_expression_absorb_the_number() -> N
     assert not override_applies(o, inst, "2.13.0")  # as written: the string is not 1
     assert override_applies(concrete(o, 2), inst, "2.13.0")
     assert dict(concrete(o, 3).when)["args.dst"] == (2,)
+
+
+def test_generated_documents_load_as_through_the_case_file_loader() -> None:
+    """The executor composes its own documents with libyaml (load_generated_text): for every
+    drawn document the values, positions and instances must be those of the case-file
+    loader, and a malformed one must fail with the loader's own message."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hyp_seed
+
+    from harness.casefile import expand, load, validate
+    from harness.errors import CaseFileError, CaseFileErrors
+    from harness.fuzz import space
+
+    def instances(doc: load.Document) -> str:
+        """The instances, every field (an expression's parsed tree has no equality of its
+        own: its source and names are compared), or the error."""
+        try:
+            found = [i for c in validate.load_cases(doc) for i in expand.expand(c, "gloo")]
+        except (CaseFileError, CaseFileErrors, ValueError) as exc:
+            return str(exc)
+        return re.sub(r" at 0x[0-9a-f]+", "", repr(found))
+
+    drawn = 0
+
+    @hyp_seed(0)
+    @settings(max_examples=300, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(space.cases(space.DEFAULT_OPS, (1, 2, 3, 4)))
+    def same(case: dict[str, object]) -> None:
+        nonlocal drawn
+        text = space.render_case(case)
+        fast, real = load.load_generated_text(text, "f.yaml"), load.load_text(text, "f.yaml")
+        assert (fast.data, fast.positions, fast.key_positions) == (
+            real.data, real.positions, real.key_positions)
+        assert instances(fast) == instances(real)
+        drawn += 1
+
+    same()
+    assert drawn >= 100
+    for bad in ("cases:\n  - name: a\n    name: b\n", "cases: [\n", "cases:\n  - x: yes\n"):
+        with pytest.raises(CaseFileError) as fast_err:
+            load.load_generated_text(bad, "f.yaml")
+        with pytest.raises(CaseFileError) as real_err:
+            load.load_text(bad, "f.yaml")
+        assert str(fast_err.value) == str(real_err.value)
+
+
+def test_lanes_run_a_batch_as_one_executor_runs_it_in_turn() -> None:
+    """Lanes (--lanes) run documents at once on pools of their own: every document gets the
+    verdict, absorption and output digests it gets alone, in the batch's order."""
+    from harness.fuzz import space
+    from harness.fuzz.execute import Executor
+    from harness.fuzz.known import KnownLibrary, load_library
+    from harness.fuzz.lanes import Lanes
+
+    library, _ = load_library([str(ROOT / "cases")])
+    known = KnownLibrary(library)
+    base = {"name": "x", "world_size": 2, "input": {"generator": "exact", "seed": 1},
+            "expected": "auto", "deadline": 5}
+    docs = [space.render_case({**base, **extra}) for extra in (
+        {"op": "all_reduce", "shape": [5], "reduce_op": "max"},
+        {"op": "broadcast", "shape": [3], "args": {"src": 1}, "async": True},
+        {"op": "all_reduce", "shape": [2], "dtype": "float32", "reduce_op": "bxor"},
+        {"op": "all_gather", "shape": [4], "dtype": "int32"},
+        {"op": "reduce_scatter_tensor", "shape": [2, 3], "reduce_op": "sum"})]
+    lanes = Lanes([Executor("gloo", (), 5.0, known, max_pools=1) for _ in range(2)])
+    alone = Executor("gloo", (), 5.0, KnownLibrary(library), max_pools=1)
+    try:
+        together = lanes.run(docs)
+        each = [alone.run_text(d) for d in docs]
+    finally:
+        lanes.close()
+        alone.close()
+    assert [(r.outcome, r.absorbed_by, r.digests) for r in together] == [
+        (r.outcome, r.absorbed_by, r.digests) for r in each]
+    assert [r.outcome for r in each][:2] == ["passed", "passed"]
+    assert each[2].outcome == "error" and each[2].absorbed_by  # a known rejection

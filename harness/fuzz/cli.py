@@ -25,9 +25,10 @@ from ..report.jsonfile import printable, unwritable
 from . import space
 from .differential import BadReport, Differ, load_digests, text_key, write_digests
 from .engine import AlsoFails, Budget, Finding, Fuzzer, Stats
-from .execute import Executor, Ran
+from .execute import Executor, Ran, limit_rank_threads
 from .findings import write_also, write_case
 from .known import KnownLibrary, load_library
+from .lanes import Lanes
 
 PROG = "collective-fuzz"
 UNITS = {"s": 1, "m": 60, "h": 3600, "": 1}
@@ -99,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--probe-every", type=int_in(1, 10**6), default=4, metavar="N",
                     help="run the ordering probes on one async instance in N, chosen by the "
                     "document's hash (default 4; 1: on every one)")
+    ap.add_argument("--lanes", type=int_in(1, 16), default=1, metavar="N",
+                    help="run up to N instances at once, each lane on rank pools of its own "
+                    "(an example is then a batch of 1 to 2N instances; default 1)")
     ap.add_argument("--against", default=None, metavar="NAME",
                     help="differential: compare passing instances bit for bit with backend NAME")
     ap.add_argument("--against-report", default=None, metavar="REPORT",
@@ -256,8 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     known = KnownLibrary(library, alias=args.overrides_for)
     out = Path(args.out)
     max_pools = len(args.world_size)
-    executor = Executor(args.backend, modules, args.deadline, known, max_pools,
-                        probe_every=args.probe_every)
+    limit_rank_threads(args.world_size)  # before the first pool: the forkserver reads it
+    executors = [Executor(args.backend, modules, args.deadline, known, max_pools,
+                          probe_every=args.probe_every) for _ in range(args.lanes)]
+    executor = executors[0]
+    lanes = Lanes(executors) if args.lanes > 1 else None
     differ: Differ | None = None
     if args.against:
         differ = Differ(Executor(args.against, modules, args.deadline, KnownLibrary([]),
@@ -294,13 +301,16 @@ def main(argv: list[str] | None = None) -> int:
                 database=out / ".hypothesis", on_finding=on_finding, on_progress=on_progress,
                 on_ran=on_ran, differ=differ.check if differ else None,
                 skip={x.strip() for x in args.skip_signatures.split(",") if x.strip()},
-                confirm=confirm.run_text if confirm is not None else None, on_also=on_also)
+                confirm=confirm.run_text if confirm is not None else None, on_also=on_also,
+                lanes=lanes)
     interrupted = False
     try:
         fz.run()
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        if lanes is not None:
+            lanes.close()
         executor.close()
         if confirm is not None:
             confirm.close()

@@ -27,13 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hyp_seed
+from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import HypothesisException
 
 from . import space
 from .execute import Executor, Ran
+from .lanes import Lanes
 
 BLOB = re.compile(r"@reproduce_failure\([^)]*\)")
 CLASSES = {"failed": "wrong-values", "error": "raise", "hang": "hang", "crash": "crash",
@@ -56,6 +58,13 @@ def outcome_class(ran: Ran) -> str:
 
 
 render = space.render_case
+# Not Phase.explain: it traces every line the property runs (sys.settrace: the loader, the
+# checks, the pool protocol) while shrinking, only to print which lines the failing examples
+# ran, which a finding does not use; nor Phase.target (no target() is ever called).
+PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
+# With lanes, an example is a batch of 1 to BATCH x lanes instances (about 1.25 x lanes on
+# average): enough to keep the lanes busy, small enough for Hypothesis to shrink cheaply.
+BATCH = 2
 
 
 @dataclass
@@ -127,8 +136,10 @@ class Fuzzer:
                  differ: Callable[[str, Ran], str] | None = None,
                  skip: set[str] | None = None,
                  confirm: Callable[[str], Ran] | None = None,
-                 on_also: Callable[[AlsoFails], None] = lambda a: None) -> None:
+                 on_also: Callable[[AlsoFails], None] = lambda a: None,
+                 lanes: Lanes | None = None) -> None:
         self.executor = executor
+        self.lanes = lanes  # several instances per example, run at once (--lanes)
         self.op_names = op_names
         self.world_sizes = world_sizes
         self.seed = seed
@@ -185,48 +196,45 @@ class Fuzzer:
         remaining = (self.budget.examples - (self.stats.tried - self.stats.shrinking)
                      if self.budget.examples is not None else 10**9)
 
-        def prop(case: dict[str, Any]) -> None:
-            text = render(case)
-            target = state["target"]
-            shrinking = target is not None
+        batch = self.lanes is not None and self.lanes.width > 1
+
+        def prop(drawn: Any) -> None:
+            cases: list[dict[str, Any]] = drawn if batch else [drawn]
+            texts = [render(c) for c in cases]
+            shrinking = state["target"] is not None
             if not shrinking and self._spent():
                 raise Stop()
-            ran = cache.get(text)
-            if ran is None:
-                if shrinking and time.monotonic() - state["t_shrink"] > self.budget.shrink_s:
-                    return  # past the shrink cap: only examples already seen can fail
-                ran = self.executor.run_text(text)
+            new = [t for t in dict.fromkeys(texts) if t not in cache]
+            if shrinking and time.monotonic() - state["t_shrink"] > self.budget.shrink_s:
+                new = []  # past the shrink cap: only examples already seen can fail
+            elif not shrinking and self.budget.examples is not None:
+                new = new[:self.budget.examples - (self.stats.tried - self.stats.shrinking)]
+            case_of = dict(zip(texts, cases, strict=True))
+            rans = (self.lanes.run(new) if self.lanes is not None
+                    else [self.executor.run_text(t) for t in new])
+            for text, ran in zip(new, rans, strict=True):
                 if self.differ is not None:
                     why = self.differ(text, ran)
                     if why:
                         ran.outcome, ran.message = "differs", why
                 cache[text] = ran
-                self._count(case, ran, shrinking)
+                self._count(case_of[text], ran, shrinking)
                 self.on_ran(text, ran)
-            if not ran.bad:
-                return
-            sig = f"{space.program_op(case)}:{outcome_class(ran)}"
-            if sig in known or (target is not None and sig != target):
-                if not shrinking:
-                    self.stats.repeats += 1
-                return
-            if self.confirm is not None and not self._fails_only_here(text, case, sig, ran,
-                                                                      shrinking):
-                return  # bad without the fault too: not this run's finding
-            if target is None:
-                state.update(target=sig, t_shrink=time.monotonic(),
-                             first=(time.monotonic() - self.stats.started,
-                                    self.stats.tried - self.stats.shrinking))
-                self._tick(f"found {sig}; shrinking")
-            state["last"] = (case, ran)
-            raise self._error_class(sig)(ran.message[:200])
+            for case, text in zip(cases, texts, strict=True):
+                seen = cache.get(text)
+                if seen is not None:  # None: not run (shrink cap, budget): counts as passing
+                    self._judge(case, text, seen, state, known)
 
-        test = given(space.cases(self.op_names, self.world_sizes))(prop)
+        strategy: st.SearchStrategy[Any] = space.cases(self.op_names, self.world_sizes)
+        if batch:  # a list shrinks like any value: down to the one instance that fails
+            assert self.lanes is not None
+            strategy = st.lists(strategy, min_size=1, max_size=BATCH * self.lanes.width)
+        test = given(strategy)(prop)
         test = settings(max_examples=max(1, min(remaining, 10**9)), deadline=None,
                         database=(DirectoryBasedExampleDatabase(str(self.database))
                                   if self.database else None),
                         suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-                        print_blob=True, derandomize=False)(test)
+                        print_blob=True, derandomize=False, phases=PHASES)(test)
         test = hyp_seed(round_seed)(test)
         try:
             test()
@@ -237,6 +245,30 @@ class Fuzzer:
                 raise
             return self._record(state, round_seed, exc)
         return None
+
+    def _judge(self, case: dict[str, Any], text: str, ran: Ran, state: dict[str, Any],
+               known: set[str]) -> None:
+        """Raise the finding's exception if ``ran`` is a bad instance of a signature this
+        round may report (the one being shrunk, or any new one before that)."""
+        if not ran.bad:
+            return
+        target = state["target"]
+        shrinking = target is not None
+        sig = f"{space.program_op(case)}:{outcome_class(ran)}"
+        if sig in known or (target is not None and sig != target):
+            if not shrinking:
+                self.stats.repeats += 1
+            return
+        if self.confirm is not None and not self._fails_only_here(text, case, sig, ran,
+                                                                  shrinking):
+            return  # bad without the fault too: not this run's finding
+        if target is None:
+            state.update(target=sig, t_shrink=time.monotonic(),
+                         first=(time.monotonic() - self.stats.started,
+                                self.stats.tried - self.stats.shrinking))
+            self._tick(f"found {sig}; shrinking")
+        state["last"] = (case, ran)
+        raise self._error_class(sig)(ran.message[:200])
 
     def _fails_only_here(self, text: str, case: dict[str, Any], sig: str, ran: Ran,
                          shrinking: bool) -> bool:

@@ -1,6 +1,7 @@
 """Run one generated case document exactly as the plugin runs a case instance, in process.
 
-The document (YAML text) goes through the case-file loader, the JSON Schema and semantic
+The document (YAML text) goes through the case-file loader (its values and positions composed
+by libyaml, as the fuzzer wrote the text itself), the JSON Schema and semantic
 checks and the expander (:mod:`harness.casefile`), then onto a warm rank pool
 (:mod:`harness.run.pool`) and through the verdict (:mod:`harness.verdict.outcome`), so a case
 file written from it is, by construction, what ran. No pytest per example: the pools stay
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -25,6 +27,22 @@ from .known import KnownLibrary
 BAD = ("failed", "error", "hang", "crash")
 PROBE_DELAY_S = 0.02  # the ordering probes' injected delay (the plugin's default)
 PROBE_EVERY = 4  # the ordering probes run on one async shorthand document in this many
+
+
+def limit_rank_threads(world_sizes: tuple[int, ...]) -> str:
+    """Give each rank's torch ``cores // largest world size`` intra-op threads (at least 1)
+    unless ``OMP_NUM_THREADS`` is set already; returns the value in effect ("" if unknown).
+
+    Call before the first pool starts: the forkserver that preloads torch reads it once, for
+    every rank it forks. Each rank's torch otherwise starts one OpenMP thread per core, so on
+    a small machine the ranks' threads (and the parent) oversubscribe the cores, and OpenMP's
+    spin-waiting made an instance with 1 MiB buffers take 3 to 10 times the CPU and wall time
+    at world size 2 on 2 cores. The backend under test is unaffected (Gloo does not use
+    torch's thread pool) and so is the reference model (elementwise across ranks)."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        cores = os.cpu_count() or 1
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // max(1, *world_sizes)))
+    return os.environ.get("OMP_NUM_THREADS", "")
 
 
 @dataclass
@@ -58,13 +76,20 @@ class Executor:
         self.backend_modules = backend_modules
         self.deadline_s = deadline_s
         self.known = known or KnownLibrary([])
-        self.manager = PoolManager(max_pools=max_pools, pg_timeout_s=max(30.0, deadline_s * 6))
+        # The plugin's process-group timeout (harness.plugin.state): an instance runs here as
+        # under pytest, and a timeout this long lets the pool end a fail-fast grace early
+        # when the other ranks are provably stranded (harness.run.stranded): Gloo's root-side
+        # rejection of uneven gather/scatter lists cost the whole 2 s grace each with 30 s.
+        self.manager = PoolManager(max_pools=max_pools, pg_timeout_s=max(600.0, deadline_s * 4))
         self.caps: Capabilities = probe(backend_modules)
         self.hangs = 0
 
     def instances(self, text: str, file: str = "fuzz.yaml") -> list[Instance]:
-        """The instances of a generated document (CaseFileError if it is not a valid case)."""
-        doc = load.load_text(text, file)
+        """The instances of a document the fuzzer generated (CaseFileError if it is not a
+        valid case). Composed by libyaml (:func:`~harness.casefile.load.load_generated_text`:
+        the same values and positions as the case-file loader, a tenth of its time), then the
+        same schema and semantic checks and expander; never give it a file someone wrote."""
+        doc = load.load_generated_text(text, file)
         return [i for c in validate.load_cases(doc) for i in expand.expand(c, self.backend)]
 
     def run_text(self, text: str) -> Ran:
