@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.fuzz import space  # noqa: E402
 from harness.fuzz.engine import Budget, Fuzzer  # noqa: E402
-from harness.fuzz.execute import Executor, limit_rank_threads  # noqa: E402
+from harness.fuzz.execute import Executor  # noqa: E402
 from harness.fuzz.known import KnownLibrary, load_library  # noqa: E402
 from harness.fuzz.lanes import Lanes  # noqa: E402
 
@@ -72,7 +72,7 @@ def main() -> int:
     ap.add_argument("--profile", default="", help="write a cProfile of the fuzzing loop here")
     ap.add_argument("--lanes", type=int, default=1, help="collective-fuzz --lanes N")
     args = ap.parse_args()
-    threads = limit_rank_threads((2,))  # as collective-fuzz --world-size 2 does
+    threads = os.environ.get("OMP_NUM_THREADS") or "1"  # the ranks' (harness.run.pool)
     library, _ = load_library([str(ROOT / "cases")])
     known = KnownLibrary(library)
     executors = [Executor("gloo", (), 5.0, known, max_pools=1) for _ in range(args.lanes)]

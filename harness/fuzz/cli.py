@@ -25,7 +25,7 @@ from ..report.jsonfile import printable, unwritable
 from . import space
 from .differential import BadReport, Differ, load_digests, text_key, write_digests
 from .engine import AlsoFails, Budget, Finding, Fuzzer, Stats
-from .execute import Executor, Ran, limit_rank_threads
+from .execute import Executor, Ran
 from .findings import write_also, write_case
 from .known import KnownLibrary, load_library
 from .lanes import Lanes
@@ -260,7 +260,6 @@ def main(argv: list[str] | None = None) -> int:
     known = KnownLibrary(library, alias=args.overrides_for)
     out = Path(args.out)
     max_pools = len(args.world_size)
-    limit_rank_threads(args.world_size)  # before the first pool: the forkserver reads it
     executors = [Executor(args.backend, modules, args.deadline, known, max_pools,
                           probe_every=args.probe_every) for _ in range(args.lanes)]
     executor = executors[0]

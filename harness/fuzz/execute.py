@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -27,22 +26,6 @@ from .known import KnownLibrary
 BAD = ("failed", "error", "hang", "crash")
 PROBE_DELAY_S = 0.02  # the ordering probes' injected delay (the plugin's default)
 PROBE_EVERY = 4  # the ordering probes run on one async shorthand document in this many
-
-
-def limit_rank_threads(world_sizes: tuple[int, ...]) -> str:
-    """Give each rank's torch ``cores // largest world size`` intra-op threads (at least 1)
-    unless ``OMP_NUM_THREADS`` is set already; returns the value in effect ("" if unknown).
-
-    Call before the first pool starts: the forkserver that preloads torch reads it once, for
-    every rank it forks. Each rank's torch otherwise starts one OpenMP thread per core, so on
-    a small machine the ranks' threads (and the parent) oversubscribe the cores, and OpenMP's
-    spin-waiting made an instance with 1 MiB buffers take 3 to 10 times the CPU and wall time
-    at world size 2 on 2 cores. The backend under test is unaffected (Gloo does not use
-    torch's thread pool) and so is the reference model (elementwise across ranks)."""
-    if "OMP_NUM_THREADS" not in os.environ:
-        cores = os.cpu_count() or 1
-        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // max(1, *world_sizes)))
-    return os.environ.get("OMP_NUM_THREADS", "")
 
 
 @dataclass
