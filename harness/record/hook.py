@@ -26,7 +26,7 @@ import torch
 import torch.distributed._functional_collectives as fc
 from torch._C import _distributed_c10d as c10d
 
-from harness.record.capture import capture_for, where
+from harness.record.capture import call_json, capture_for, where
 from harness.record.recorder import Recorder, install_signals, start_flusher
 
 _MAX_PENDING = 4096  # Works kept to match a later wait(); oldest forgotten past this
@@ -52,7 +52,7 @@ def _kernel(rec: Recorder, qualname: str, op: Any) -> Any:
         site, api = where()
         seq = next(rec.seq)
         rec.calls += 1
-        rec.emit((qualname, tuple(captured), api, site, current_thread().name, seq))
+        rec.emit((call_json(qualname, tuple(captured), api), site, current_thread().name, seq))
         local.depth = 1
         try:
             out = redispatch(below, *args, **kwargs)

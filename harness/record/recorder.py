@@ -39,7 +39,7 @@ SIGNALS = ("SIGTERM", "SIGHUP")  # flushed, then the default action (the process
 def _line(record: Any) -> str:
     if type(record) is dict:
         return format_other(record)
-    if len(record) == 6:
+    if type(record[0]) is str:  # a call starts with its JSON text, a wait with a seq or None
         return format_call(record)
     return format_wait(*record)
 
@@ -48,7 +48,8 @@ class Recorder:
     """Writes this process's calls as JSON lines, one record per line.
 
     ``buf`` holds records not written yet: a call tuple (:data:`capture.CallTuple`), a wait
-    tuple ``(call seq or None, "work" | "tensor", calls so far, site)``, or a header/end dict.
+    tuple ``(call seq or None, "work" | "tensor", calls so far, site JSON)``, or a header/end
+    dict: strings and ints, which the cyclic GC stops tracking (see :mod:`capture`).
     """
 
     def __init__(self, folder: str) -> None:
