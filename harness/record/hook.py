@@ -11,8 +11,8 @@ redispatches below Autograd, so the op itself runs unchanged. Ops issued beneath
 seen: the functional collectives' ``wait_tensor`` is caught by wrapping the Python function the
 async tensor calls instead.
 
-The kernel is on the rank's critical path, so it only captures (see
-:mod:`harness.record.capture`): formatting happens when a batch is written.
+The kernel is on the rank's critical path: it issues the op first, then captures compact,
+cached records (see :mod:`harness.record.capture`); a batch is written as JSON lines later.
 """
 
 from __future__ import annotations
@@ -42,10 +42,7 @@ def _kernel(rec: Recorder, qualname: str, op: Any) -> Any:
     local = rec.local
     current_thread = threading.current_thread
 
-    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-        below = keyset & _BELOW_AUTOGRAD
-        if getattr(local, "depth", 0) > 0:
-            return redispatch(below, *args, **kwargs)
+    def record(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         captured = [(name, cap(value)) for (name, cap), value in zip(plan, args, strict=False)]
         if kwargs:
             captured += [(by_name[k][0], by_name[k][1](v)) for k, v in kwargs.items()]
@@ -53,11 +50,26 @@ def _kernel(rec: Recorder, qualname: str, op: Any) -> Any:
         seq = next(rec.seq)
         rec.calls += 1
         rec.emit((call_json(qualname, tuple(captured), api), site, current_thread().name, seq))
+        return seq
+
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        below = keyset & _BELOW_AUTOGRAD
+        if getattr(local, "depth", 0) > 0:
+            return redispatch(below, *args, **kwargs)
+        # The op is issued first and recorded after: a collective only enqueues its work
+        # (Gloo's worker thread, NCCL's stream) and returns, so the recording overlaps the
+        # communication instead of delaying its start; nothing the capture reads (shapes,
+        # strides, dtypes, groups, the stack) changes meanwhile. A call that raises is
+        # recorded before the error propagates.
         local.depth = 1
         try:
             out = redispatch(below, *args, **kwargs)
-        finally:
+        except BaseException:
             local.depth = 0
+            record(args, kwargs)
+            raise
+        local.depth = 0
+        seq = record(args, kwargs)
         work = out[1] if type(out) is tuple and len(out) == 2 else out
         if isinstance(work, _WORK_TYPES):
             _remember_work(rec, work, seq)
@@ -123,12 +135,7 @@ def recorded_calls() -> int:
     return 0 if _REC is None else _REC.calls
 
 
-def install(folder: str) -> None:
-    """Start recording this process's collectives into ``folder`` (once per process)."""
-    global _REC
-    if _REC is not None:
-        return
-    rec = _REC = Recorder(folder)
+def _register(rec: Recorder) -> None:
     for ns in ("c10d", "_c10d_functional"):
         lib = torch.library.Library(ns, "IMPL")  # type: ignore[no-untyped-call]
         _LIBS.append(lib)
@@ -142,6 +149,30 @@ def install(folder: str) -> None:
             for key in ("AutogradCPU", "AutogradCUDA", "AutogradPrivateUse1"):
                 lib.impl(name, _kernel(rec, full, op), key,  # type: ignore[no-untyped-call]
                          with_keyset=True)
+
+
+def detach() -> None:
+    """Unregister the recorder's kernels: until :func:`attach`, collectives go through the
+    dispatcher exactly as without the recorder and are not recorded (ci/bench_record.py
+    alternates blocks of steps this way, to compare both in the same processes)."""
+    for lib in _LIBS:
+        lib._destroy()
+    _LIBS.clear()
+
+
+def attach() -> None:
+    """Register the kernels again after :func:`detach` (nothing when recording is off)."""
+    if _REC is not None and not _LIBS:
+        _register(_REC)
+
+
+def install(folder: str) -> None:
+    """Start recording this process's collectives into ``folder`` (once per process)."""
+    global _REC
+    if _REC is not None:
+        return
+    rec = _REC = Recorder(folder)
+    _register(rec)
     _patch_waits(rec)
     atexit.register(rec.close)
     install_signals(rec)
