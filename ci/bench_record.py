@@ -92,7 +92,7 @@ def _pairs(pairs: int, worker: str, args: list[str]
 def overhead(pairs: int, warmup: int, steps: int) -> dict[str, Any]:
     """The DDP step with and without the recorder: per pair, the ratio of rank 0's median step
     time (wall) and the ratio of the CPU time both rank processes spent per step."""
-    runs = _pairs(pairs, STEP, [str(warmup), str(steps)])
+    runs = _pairs(pairs, STEP, [str(warmup), str(steps), "0"])
     wall = [rec[0]["median_s"] / plain[0]["median_s"] for plain, rec in runs]
     cpu = [sum(r["cpu_s"] for r in rec) / sum(r["cpu_s"] for r in plain) for plain, rec in runs]
     return {"plain_step_ms": statistics.median(p[0]["median_s"] for p, _ in runs) * 1e3,
@@ -101,6 +101,21 @@ def overhead(pairs: int, warmup: int, steps: int) -> dict[str, Any]:
             "recorded_cpu_ms": statistics.median(sum(x["cpu_s"] for x in r) for _, r in runs)
             * 1e3,
             "calls_per_step": statistics.median(r[0]["calls"] for _, r in runs),
+            "wall_ratio": _spread(wall), "cpu_ratio": _spread(cpu)}
+
+
+def interleaved(pairs: int, warmup: int, steps: int) -> dict[str, Any]:
+    """The DDP step in one recorded launch, blocks of ``steps`` steps with the recorder's
+    kernels detached and attached in turn (adjacent blocks seconds apart, no process start
+    between them): per pair of blocks, the ratio of rank 0's median step time and of both
+    ranks' CPU time per step."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ranks = _run(Path(tmp), STEP, [str(warmup), str(steps), str(pairs)], True)
+    wall = [p[1] / p[0] for p in ranks[0]["pairs"]]
+    cpu = [(a[3] + b[3]) / (a[2] + b[2]) for a, b in zip(*(r["pairs"] for r in ranks),
+                                                         strict=True)]
+    return {"plain_step_ms": statistics.median(p[0] for p in ranks[0]["pairs"]) * 1e3,
+            "recorded_step_ms": statistics.median(p[1] for p in ranks[0]["pairs"]) * 1e3,
             "wall_ratio": _spread(wall), "cpu_ratio": _spread(cpu)}
 
 
@@ -194,12 +209,16 @@ def main() -> int:
     p.add_argument("--pairs", type=int, default=10, help="plain/recorded pairs of DDP runs")
     p.add_argument("--warmup", type=int, default=10, help="untimed DDP steps per run")
     p.add_argument("--steps", type=int, default=100, help="timed DDP steps per run")
+    p.add_argument("--block-pairs", type=int, default=20,
+                   help="detached/attached pairs of step blocks in one recorded launch")
+    p.add_argument("--block-steps", type=int, default=50, help="DDP steps per block")
     p.add_argument("--call-pairs", type=int, default=6, help="pairs of per-call runs")
     p.add_argument("--call-count", type=int, default=2000, help="all_reduces per way per run")
     p.add_argument("--numel", type=int, default=263168,
                    help="floats per all_reduce: the DDP example's larger bucket")
     p.add_argument("--calls", type=int, default=100_000, help="calls for the collapse")
-    p.add_argument("--skip", default="", help="comma list of: overhead, calls, collapse")
+    p.add_argument("--skip", default="",
+                   help="comma list of: overhead, blocks, calls, collapse")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
     skip = set(filter(None, a.skip.split(",")))
@@ -224,12 +243,24 @@ def main() -> int:
             print(f"  added, issuing thread: {_fmt(g['added_thread_us'])} us")
             print(f"  added, rank process:   {_fmt(g['added_process_us'])} us"
                   f"  [load {_load()}]")
+    if "blocks" not in skip:
+        b = interleaved(a.block_pairs, a.warmup, a.block_steps)
+        out["blocks"] = b
+        ok &= b["wall_ratio"]["median"] <= 1.05
+        print(f"overhead, one launch: DDP step, {a.block_pairs} pairs of {a.block_steps}-step "
+              f"blocks, recorder detached / attached: plain {b['plain_step_ms']:.2f} ms, "
+              f"recorded {b['recorded_step_ms']:.2f} ms")
+        print(f"  step time (rank 0 median per block), per pair: "
+              f"{_fmt(b['wall_ratio'], pct=True)}  budget <= +5 %")
+        print(f"  CPU per step (both ranks), per pair: {_fmt(b['cpu_ratio'], pct=True)}"
+              f"  [load {_load()}]")
     if "overhead" not in skip:
         o = overhead(a.pairs, a.warmup, a.steps)
         out["overhead"] = o
         ok &= o["wall_ratio"]["median"] <= 1.05
-        print(f"overhead: DDP step (examples/ddp_buckets.py's model, bucket_cap_mb=1, 2 ranks "
-              f"Gloo), {a.pairs} pairs x {a.steps} steps after {a.warmup}: plain "
+        print(f"overhead, separate launches: DDP step (examples/ddp_buckets.py's model, "
+              f"bucket_cap_mb=1, 2 ranks Gloo), {a.pairs} pairs x {a.steps} steps after "
+              f"{a.warmup}: plain "
               f"{o['plain_step_ms']:.2f} ms, recorded {o['recorded_step_ms']:.2f} ms; "
               f"{o['calls_per_step']:.1f} recorded calls per step")
         print(f"  step time (rank 0 median), recorded/plain per pair: "

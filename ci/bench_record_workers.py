@@ -16,7 +16,7 @@ def calls():
         return 0
     return recorded_calls()
 
-def run(rank, port, warmup, steps, out):
+def run(rank, port, warmup, steps, blocks, out):
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -35,6 +35,10 @@ def run(rank, port, warmup, steps, out):
 
     for _ in range(warmup):   # DDP rebuilds its buckets after the first iteration
         step()
+    if blocks:
+        json.dump(interleaved(step, blocks, steps), open(f"{out}.{rank}", "w"))
+        dist.destroy_process_group()
+        return
     dist.barrier()            # both ranks start the timed steps together; no sync inside
     times = []
     c0, p0, t0 = calls(), time.process_time(), time.perf_counter()
@@ -48,9 +52,31 @@ def run(rank, port, warmup, steps, out):
                "cpu_s": cpu / steps, "calls": (c1 - c0) / steps}, open(f"{out}.{rank}", "w"))
     dist.destroy_process_group()
 
+def interleaved(step, pairs, steps):
+    # One recorded launch: per pair, a block of steps with the recorder's kernels detached
+    # (the dispatcher as without it) and one attached, adjacent, in alternating order; both
+    # ranks switch at the same step (DDP keeps them in lockstep), a barrier after each switch.
+    from harness.record import hook
+    got = []
+    for i in range(pairs):
+        pair = {}
+        for attached in ((False, True) if i % 2 == 0 else (True, False)):
+            (hook.attach if attached else hook.detach)()
+            dist.barrier()
+            times = []
+            p0 = time.process_time()
+            for _ in range(steps):
+                s = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - s)
+            pair[attached] = (statistics.median(times), (time.process_time() - p0) / steps)
+        got.append([pair[False][0], pair[True][0], pair[False][1], pair[True][1]])
+    hook.attach()
+    return {"pairs": got}
+
 if __name__ == "__main__":
     s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-    mp.spawn(run, args=(port, int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]), nprocs=2)
+    mp.spawn(run, args=(port, *map(int, sys.argv[1:4]), sys.argv[4]), nprocs=2)
 '''
 
 CALLS = r'''
