@@ -18,6 +18,7 @@ cached records (see :mod:`harness.record.capture`); a batch is written as JSON l
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
 from typing import Any, NoReturn
@@ -66,7 +67,8 @@ def _kernel(rec: Recorder, qualname: str, op: Any) -> Any:
             out = redispatch(below, *args, **kwargs)
         except BaseException:
             local.depth = 0
-            record(args, kwargs)
+            with contextlib.suppress(Exception):  # the op's own error is the one to raise
+                record(args, kwargs)
             raise
         local.depth = 0
         seq = record(args, kwargs)
