@@ -12,11 +12,17 @@
   recorder's flusher included; much less sensitive to other processes than wall time). Each
   is reported as the median, interquartile range and range of the per-pair ratios. Budget:
   +5 % on the wall figure.
+* overhead, one launch (``--block-pairs``, ``--block-steps``): the same step in one recorded
+  launch, blocks of steps with the recorder's kernels detached (``hook.detach()``: the
+  dispatcher as without it) and attached in turn, adjacent blocks in alternating order: no
+  process start between the two sides of a pair.
 * per call: ``--call-count`` all_reduces of ``--numel`` floats (the DDP example's larger
   bucket) per rank, with and without the recorder, issued two ways (as DDP's Reducer does:
   ``ProcessGroup.allreduce`` waited on its future; and ``dist.all_reduce`` + ``Work.wait``,
   which adds a wait record). The added CPU time per call, of the issuing thread (where the
-  hook runs) and of the whole process, over ``--call-pairs`` alternating pairs. Times the
+  hook runs) and of the whole process, over ``--call-pairs`` alternating pairs. The process
+  figure includes Gloo's worker threads, whose time depends on how long each waits for the
+  other rank, and spreads over hundreds of us; the issuing thread's is the one used: times the
   DDP run's recorded calls per step over its plain step time, it is a second, independent
   estimate of the overhead.
 * collapse: ``--calls`` recorded calls (DDP-like all_reduces over a handful of bucket
@@ -126,6 +132,7 @@ def per_call(pairs: int, calls: int, numel: int) -> dict[str, Any]:
     included), averaged over the 2 ranks."""
     runs = _pairs(pairs, CALLS, [str(calls), str(numel)])
     got: dict[str, Any] = {}
+
     def each(way: str, key: str, side: int) -> list[float]:
         return [sum(r[way][key] for r in pair[side]) / 2 for pair in runs]
 
