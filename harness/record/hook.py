@@ -11,14 +11,13 @@ redispatches below Autograd, so the op itself runs unchanged. Ops issued beneath
 seen: the functional collectives' ``wait_tensor`` is caught by wrapping the Python function the
 async tensor calls instead.
 
-The kernel is on the rank's critical path: it issues the op first, then captures compact,
-cached records (see :mod:`harness.record.capture`); a batch is written as JSON lines later.
+The kernel is on the rank's critical path: it captures compact, cached records (see
+:mod:`harness.record.capture`) before issuing the op; a batch is written as JSON lines later.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import threading
 from typing import Any, NoReturn
@@ -57,21 +56,17 @@ def _kernel(rec: Recorder, qualname: str, op: Any) -> Any:
         below = keyset & _BELOW_AUTOGRAD
         if getattr(local, "depth", 0) > 0:
             return redispatch(below, *args, **kwargs)
-        # The op is issued first and recorded after: a collective only enqueues its work
-        # (Gloo's worker thread, NCCL's stream) and returns, so the recording overlaps the
-        # communication instead of delaying its start; nothing the capture reads (shapes,
-        # strides, dtypes, groups, the stack) changes meanwhile. A call that raises is
-        # recorded before the error propagates.
+        # Recorded before the op is issued, as the Flight Recorder does: a call that blocks
+        # inside the op (monitored_barrier waits in the call itself) or kills the process is
+        # then in the trace, which is what a partial recording must show. Issuing first and
+        # recording after overlapped the capture with Gloo's queued work, but did not bring
+        # the cost under the 5 % budget either (docs/record.md).
+        seq = record(args, kwargs)
         local.depth = 1
         try:
             out = redispatch(below, *args, **kwargs)
-        except BaseException:
+        finally:
             local.depth = 0
-            with contextlib.suppress(Exception):  # the op's own error is the one to raise
-                record(args, kwargs)
-            raise
-        local.depth = 0
-        seq = record(args, kwargs)
         work = out[1] if type(out) is tuple and len(out) == 2 else out
         if isinstance(work, _WORK_TYPES):
             _remember_work(rec, work, seq)
