@@ -195,8 +195,8 @@ def _caps(cuda_devices: int) -> capabilities.Capabilities:
     # A copy: probe() is cached for the process, and later tests (pytester runs in this
     # process) must still see this machine's real devices and backends.
     real = capabilities.probe(())
-    every = dataclasses.replace(real.facts, available=torchfacts.BUILTIN_BACKENDS)
-    return dataclasses.replace(real, cuda_devices=cuda_devices, facts=every)
+    return dataclasses.replace(real, facts=dataclasses.replace(
+        real.facts, available=torchfacts.BUILTIN_BACKENDS, cuda_devices=cuda_devices))
 
 
 def test_cuda_steps_skip_without_a_gpu_with_the_reason() -> None:

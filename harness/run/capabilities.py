@@ -28,31 +28,34 @@ CUDA_STEP_KINDS = ("capture", "replay", "wait_stream", "block_current_stream")
 NO_GRAPH_CAPTURE = ("gloo",)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Capabilities:
-    """What the installed torch and machine offer."""
+    """What the installed torch and machine offer: the skip rules over :class:`TorchFacts`,
+    which hold every fact once (versions and devices included)."""
 
-    torch_version: str
-    cuda_devices: int
-    cuda_names: list[str] = field(default_factory=list)
-    nccl_version: str = ""
-    backend_errors: dict[str, str] = field(default_factory=dict)
     facts: TorchFacts = field(default_factory=TorchFacts)
 
-    @classmethod
-    def from_facts(cls, facts: TorchFacts) -> Capabilities:
-        caps = cls(torch_version=facts.torch_version, cuda_devices=facts.cuda_devices,
-                   cuda_names=list(facts.cuda_names), nccl_version=facts.nccl_version,
-                   facts=facts)
-        if facts.module_error:
-            caps.backend_errors = _AllBackends(facts.module_error)
-        return caps
+    @property
+    def torch_version(self) -> str:
+        return self.facts.torch_version
+
+    @property
+    def cuda_devices(self) -> int:
+        return self.facts.cuda_devices
+
+    @property
+    def cuda_names(self) -> list[str]:
+        return list(self.facts.cuda_names)
+
+    @property
+    def nccl_version(self) -> str:
+        return self.facts.nccl_version
 
     @classmethod
     def of_modules(cls, torch_version: str, cuda_devices: int, dist: Any, torch: Any,
                    funcol: Any = None) -> Capabilities:
         """Capabilities read from module objects (or stand-ins for an older torch)."""
-        return cls.from_facts(torchfacts.of(dist, torch, funcol, torch_version=torch_version,
+        return cls(torchfacts.of(dist, torch, funcol, torch_version=torch_version,
                                             cuda_devices=cuda_devices))
 
     def _group_addressing_missing(self, op: ops.Op, args: dict[str, Any]) -> str:
@@ -118,8 +121,8 @@ class Capabilities:
         ``cuda:local_rank``), however many ranks the whole world has.
         """
         backend = inst.backend
-        if backend in self.backend_errors:
-            return self.backend_errors[backend]
+        if self.facts.module_error:  # a --backend-module failed: whichever backend is tested
+            return self.facts.module_error
         if backend in BUILTIN_BACKENDS and backend not in self.facts.available:
             return f"backend {backend!r} is not available in this torch build"
         if backend not in BUILTIN_BACKENDS and not self._registered(backend):
@@ -217,7 +220,7 @@ def probe(backend_modules: tuple[str, ...]) -> Capabilities:
         got = _probed.get(backend_modules)
         if got is None:
             try:
-                got = Capabilities.from_facts(
+                got = Capabilities(
                     torchfacts.probe_child(start_child, backend_modules))
             except torchfacts.ProbeError as exc:
                 got = exc  # every later test gets the same answer, without another wait
@@ -230,18 +233,5 @@ def probe(backend_modules: tuple[str, ...]) -> Capabilities:
 def probe_here(backend_modules: tuple[str, ...]) -> Capabilities:
     """:func:`probe` in this process (which imports torch): for processes that have it
     loaded anyway, such as the ranks of external-ranks mode."""
-    return Capabilities.from_facts(torchfacts.gather(backend_modules))
+    return Capabilities(torchfacts.gather(backend_modules))
 
-
-class _AllBackends(dict[str, str]):
-    """A backend-module import failure applies to whichever backend is being tested."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__()
-        self.message = message
-
-    def __contains__(self, key: object) -> bool:
-        return True
-
-    def __getitem__(self, key: str) -> str:
-        return self.message
