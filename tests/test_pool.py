@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import textwrap
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from harness.casefile import load as yamlload
 from harness.model import Instance
 from harness.run.pool import PoolKey, PoolManager
 
-from .helpers import load_report, pytest_argv, rank_pids, start, wait_for
+from .helpers import finish, load_report, pytest_argv, rank_pids, start, wait_for
 
 pytest_plugins = ["pytester"]
 
@@ -237,3 +238,78 @@ def test_two_sessions_at_once_do_not_collide(tmp_path: Path) -> None:
         assert "8 passed" in out
     for k in range(2):
         assert load_report(tmp_path / f"r{k}.json")["summary"]["passed"] == 8
+
+
+def test_kill_closes_each_pipe_once_whoever_calls_it() -> None:
+    """A run-ahead thread and the session's close may kill the same pool at once; a pipe
+    closed twice could close a descriptor that another thread opened in between (and raised
+    EBADF out of the session's end, which then lost its report)."""
+    manager = PoolManager(max_pools=1)
+    pool = manager.get(PoolKey("gloo", "cpu", 2))
+    pids = [p.pid for p in pool.procs]
+    conn = pool.conns[0]
+    real_close = conn.close
+    entered, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def slow_close() -> None:
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            entered.set()
+            release.wait(30)
+        real_close()
+
+    conn.close = slow_close
+    first = threading.Thread(target=pool.kill, name="first")
+    second = threading.Thread(target=pool.kill, name="second")
+    try:
+        first.start()
+        assert entered.wait(30)
+        second.start()
+        second.join(0.5)  # it must wait for the first kill, not close the pipe itself
+        assert calls == ["first"]
+        release.set()
+        first.join(30)
+        second.join(30)
+        pool.kill()  # and once more, later: nothing left to do
+        assert calls == ["first"]
+        assert not pool.alive
+    finally:
+        release.set()
+        manager.close()
+    wait_for(lambda: not any(_alive(p) for p in pids), 10, "the killed pool's ranks to exit")
+
+
+CLOSE_FAILS = """
+import harness.run.pool as pool
+
+def _fails(self):
+    raise OSError(9, "Bad file descriptor")
+
+pool.RankPool.close = _fails
+"""
+
+
+def test_a_session_whose_pools_fail_to_close_still_reports_and_leaves_nothing(
+        tmp_path: Path) -> None:
+    """Closing the pools raised at the session's end: the report is still written (with the
+    record of what ran), says the session did not end cleanly, is not PASS, and every rank
+    is killed anyway; no traceback."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    (tmp_path / "conftest.py").write_text(CLOSE_FAILS)
+    (tmp_path / "c.yaml").write_text(textwrap.dedent("""
+    cases:
+      - {name: a, op: all_reduce, world_size: 2, shape: [2], input: "rank"}
+    """))
+    proc = start(tmp_path, pytest_argv("c.yaml", "-q", "-p", "no:randomly",
+                                       "--report-json", "r.json"),
+                 merge_stderr=True, COLLECTIVE_TEST_MARKER=marker)
+    res = finish(proc, 120)
+    assert res.returncode not in (0, 1), res.stdout  # pytest's INTERNAL_ERROR
+    assert "Traceback" not in res.stdout, res.stdout
+    wait_for(lambda: not rank_pids(marker), 10, "the ranks to be killed anyway")
+    report = load_report(tmp_path / "r.json")
+    assert [r["outcome"] for r in report["records"]] == ["passed"]
+    assert report["session"]["complete"] is False
+    assert "harness error while stopping the ranks: OSError" in report["session"]["ended_by"]
+    assert report["summary"]["verdict"] != "PASS"

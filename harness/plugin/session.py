@@ -76,7 +76,7 @@ def _sigterm(signum: int, frame: Any) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     hs = config.stash.get(SESSION_KEY, None)
     if hs is not None:
-        hs.close()
+        hs.close()  # usually a no-op: pytest_sessionfinish closed it and said how that went
 
 
 def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
@@ -118,7 +118,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     hs = harness_session(session.config)
-    hs.close()
+    hs.close_failure = hs.close()
+    if hs.close_failure:
+        session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
     if hs.is_worker:
         return
     base = session.config.stash.get(BASELINE_KEY, None)
@@ -158,10 +160,15 @@ def session_info(session: pytest.Session, hs: HarnessSession, exitstatus: int
     if not ended and missing:
         ended = (f"finished, but {len(missing)} collected instance(s) produced no record "
                  "(a harness bug or a lost worker)")
+    if hs.close_failure:
+        # The records stand (each was judged before), but a session whose ranks could not
+        # be stopped as planned is not a clean run: never complete, never PASS.
+        ended = (f"{ended or 'finished'}; then a harness error while stopping the ranks: "
+                 f"{hs.close_failure}")[:600]
     # A session that pytest stopped (a collection error, Ctrl-C, an internal error) is not
     # complete even when every instance it collected has a record: it did not collect them
     # all, and a report of what it got must not read as the whole run.
-    stopped = bool(hs.ended_by) or exitstatus in (pytest.ExitCode.INTERRUPTED,
+    stopped = bool(hs.ended_by or hs.close_failure) or exitstatus in (pytest.ExitCode.INTERRUPTED,
                                                   pytest.ExitCode.INTERNAL_ERROR)
     bad_records = sum(r["outcome"] in BAD_OUTCOMES for r in hs.records)
     opt = session.config.option

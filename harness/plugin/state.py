@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from ..errors import quote
 from ..ordering import plan as ordering
 from ..perf import plan as perfplan
-from ..run.pool import PoolManager
+from ..run.pool import PoolManager, kill_leftovers
 from .ahead import Ahead
 from .options import operator_limits, parse_seconds, whole_number
 
@@ -71,6 +72,7 @@ class HarnessSession:
         self.deselected = 0
         self.deselected_full = 0  # of which: marked 'full' and left out without --full
         self.ended_by = ""  # set when pytest is interrupted or fails internally
+        self.close_failure = ""  # what went wrong stopping the ranks at the end (close())
         # The report paths were replaced by an INCOMPLETE report when the first case file was
         # collected: from then on only this session's own report may stand there.
         self.started_report = False
@@ -112,13 +114,23 @@ class HarnessSession:
                 "launched_world_size": self.launched,
                 **ordering.options(self.config), **perfplan.options(self.config)}
 
-    def close(self) -> None:
-        if self.ahead is not None:
-            self.ahead.close()
-            self.ahead = None
-        if self._manager is not None:
-            self._manager.close()
-            self._manager = None
+    def close(self) -> str:
+        """Stop every rank this session started; "" when that went as planned, else what
+        failed (the ranks are then killed anyway). Never raises: the session's report must
+        still be written, and say that its end was not clean."""
+        failures: list[str] = []
+        for part in ("ahead", "_manager"):
+            obj = getattr(self, part)
+            if obj is None:
+                continue
+            setattr(self, part, None)
+            try:
+                obj.close()
+            except Exception as exc:
+                failures.append(f"{type(exc).__name__}: {quote(str(exc))}")
+        if failures:
+            kill_leftovers()
+        return "; ".join(failures)
 
 
 SESSION_KEY = pytest.StashKey[HarnessSession]()

@@ -186,6 +186,10 @@ class RankPool:
         env = tuple(sorted({**dict(_backend_env(key.backend, pg_timeout_s)),
                             **dict(key.env)}.items()))
         self.fr_requests: list[Any] = []
+        # kill() runs once: a run-ahead thread and the session's close may both call it, and
+        # closing a pipe twice could close a descriptor another thread has opened since.
+        self._kill_lock = threading.Lock()
+        self._killed = False
         for r in range(key.world_size):
             parent_conn, child_conn = ctx.Pipe()
             fr_recv, fr_send = ctx.Pipe(duplex=False)
@@ -507,18 +511,23 @@ class RankPool:
         return ""
 
     def kill(self) -> None:
-        """Kill every rank now and remove the pool's files."""
-        self.alive = False
-        for p in self.procs:
-            if p.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGKILL)
-        for p in self.procs:
-            p.join(2.0)
-        for c in self.conns:
-            c.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-        _live_pools.discard(self)
+        """Kill every rank now and remove the pool's files; safe to call from several
+        threads at once (a second caller waits until the first is done) and again later."""
+        with self._kill_lock:
+            self.alive = False
+            if self._killed:
+                return
+            self._killed = True
+            for p in self.procs:
+                if p.pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, signal.SIGKILL)
+            for p in self.procs:
+                p.join(2.0)
+            for c in (*self.conns, *self.fr_requests):
+                c.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+            _live_pools.discard(self)
 
     def close(self) -> None:
         """Stop the ranks politely (destroy the process group), then make sure they are gone."""
@@ -688,9 +697,19 @@ class PoolManager:
             pool.kill()
 
     def close(self) -> None:
+        """Close every pool; one that fails to close does not keep the others running (its
+        ranks are killed, and the first failure is raised after all were tried)."""
+        failed: BaseException | None = None
         while self.pools:
             _, pool = self.pools.popitem()
-            pool.close()
+            try:
+                pool.close()
+            except Exception as exc:
+                failed = failed or exc
+                with contextlib.suppress(Exception):
+                    pool.kill()
+        if failed is not None:
+            raise failed
 
 
 def _raised(run: PoolRun) -> bool:
@@ -701,6 +720,9 @@ _live_pools: set[RankPool] = set()
 
 
 @atexit.register
-def _kill_leftovers() -> None:
+def kill_leftovers() -> None:
+    """Kill the ranks of every pool still alive in this process (the last resort of a
+    session whose orderly close failed, and of interpreter exit)."""
     for pool in list(_live_pools):
-        pool.kill()
+        with contextlib.suppress(Exception):
+            pool.kill()
