@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 
 from harness import ops
+from harness.bench.busbw import main as busbw_main
 from harness.casefile import expand, load, validate
 from harness.gate import cli
 from harness.gate import perf as perfgate
 from harness.model import RankResult
 from harness.perf import stats
+from harness.program.perf import wait_order
 from harness.report import html, markdown
 from harness.report.records import validate_report, write_json
 
@@ -346,3 +348,57 @@ def test_gate_cli_update_keeps_threshold_and_gates(perf_run: dict[str, Any], tmp
     assert cli.main(["--perf", good, str(tmp_path / "nope.json")]) == 2
     assert "--update" in capsys.readouterr().err
     assert math.isclose(perfgate.load(base).threshold, 0.25)
+
+
+def test_the_bare_loop_waits_in_the_order_of_the_case() -> None:
+    """collective-bench --busbw compares the harness with a bare loop of the same program:
+    the case's wait order (irecv first here), which on Gloo changes the time per call."""
+    inst = _instance("""
+    cases:
+      - name: ring
+        world_size: 2
+        tensors:
+          out: {shape: [4], init: "rank"}
+          got: {shape: [4], init: poison}
+        steps:
+          - {op: isend, tensor: out, dst: "(rank + 1) % world_size", handle: s}
+          - {op: irecv, tensor: got, src: "(rank - 1) % world_size", handle: r}
+          - {wait: [r, s]}
+        expected: {got: "(rank - 1) % world_size"}
+    """, ws=2)
+    assert wait_order(list(inst.steps)) == [1, 0]
+    assert wait_order([s for s in inst.steps if s.kind == "op"]) == [0, 1]
+
+
+def test_busbw_pairs_every_block_of_the_harness_with_one_of_the_bare_loop(
+        tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(textwrap.dedent("""
+    cases:
+      - name: ar
+        op: all_reduce
+        world_size: 2
+        params: {bytes: [4096]}
+        shape: ["bytes // 4"]
+        input: "rank + i"
+      - name: ring
+        world_size: 2
+        params: {bytes: [4096]}
+        tensors:
+          out: {shape: ["bytes // 4"], init: "rank + i"}
+          got: {shape: ["bytes // 4"], init: poison}
+        steps:
+          - {op: isend, tensor: out, dst: "(rank + 1) % world_size", handle: s}
+          - {op: irecv, tensor: got, src: "(rank - 1) % world_size", handle: r}
+          - {wait: [r, s]}
+        expected: {got: "(rank - 1) % world_size + i"}
+    """))
+    out = tmp_path / "b.json"
+    assert busbw_main(["--cases", str(tmp_path / "p.yaml"), "--world-sizes", "2",
+                       "--min-bytes", "0", "--runs", "1", "--repeats", "3", "--iters", "4",
+                       "--min-time", "0", "--warmup", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted(r["op"] for r in rows) == ["all_reduce", "isend+irecv"]
+    for r in rows:
+        assert r["pairs"] == 3 and len(r["ratios"]) == 3
+        assert all(math.isfinite(x) and x > 0 for x in r["ratios"])
+        assert r["harness_busbw_gbs"] > 0 and r["bare_busbw_gbs"] > 0
