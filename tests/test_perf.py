@@ -402,3 +402,4 @@ def test_busbw_pairs_every_block_of_the_harness_with_one_of_the_bare_loop(
         assert r["pairs"] == 3 and len(r["ratios"]) == 3
         assert all(math.isfinite(x) and x > 0 for x in r["ratios"])
         assert r["harness_busbw_gbs"] > 0 and r["bare_busbw_gbs"] > 0
+        assert math.isfinite(r["ratio_of_means"]) and len(r["ratios_of_means"]) == 3

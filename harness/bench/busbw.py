@@ -2,15 +2,18 @@
 
 For each op/size point of a case file (default ``cases/perf.yaml``, float32, sizes from
 ``--min-bytes`` up), on one rank pool per world size (Gloo/CPU by default; ``--backend``),
-it times the point twice per pair: through the perf mode (the step interpreter's
-``call_op``, as ``pytest --perf`` does) and as a bare loop of the plain ``torch.distributed``
-call on the same process group and the
-same buffers (:func:`harness.program.perf.bare_iteration`), block by block inside the ranks:
-each timed block of the harness is followed (or preceded, alternately) by a block of the bare
-loop with the same iteration count, so a change in the machine's load hits both sides of a
-pair. Both take the slowest rank's time per block, so the ratio harness/bare per pair
-isolates what the harness adds per call; the table gives its median over all pairs, the
-interquartile range and the extremes (how noisy the machine was).
+it times the point through the perf mode (the step interpreter's ``call_op``, as ``pytest
+--perf`` does) and as a bare loop of the plain ``torch.distributed`` calls on the same process
+group and the same buffers, waited in the case's order
+(:func:`harness.program.perf.bare_iteration`). Inside the ranks the two alternate call by
+call (:func:`harness.program.perf.timed_pair`), so a change in the machine's load hits both
+sides of a pair. Per pair, the ratio harness busbw / bare busbw is bare time / harness time,
+each the slowest rank's *median* time per call: on a shared machine a stall inside one call
+moves a block's mean by tens of percent and its median hardly at all (the ratio of the mean
+times, nccl-tests' definition of busbw, is kept beside it in the JSON and the table). The
+table gives each point's median over all pairs, the interquartile range and the extremes
+(how noisy the machine was), and per op the median over every pair of its sizes with a 95%
+confidence interval: the figure the speed budget reads (docs/explanation/process-model.md).
 """
 
 from __future__ import annotations
@@ -47,9 +50,10 @@ def points(path: str, backend: str, world_sizes: set[int], dtype: str, min_bytes
     return out
 
 
-def measure(pool: Any, inst: Instance) -> tuple[dict[str, Any], list[float]]:
-    """Run ``inst`` (checks, then timing) once: its perf section, and per timed block the
-    ratio harness busbw / bare busbw (= bare time / harness time, each the slowest rank's)."""
+def measure(pool: Any, inst: Instance) -> tuple[dict[str, Any], list[float], list[float]]:
+    """Run ``inst`` (checks, then timing) once: its perf section, and per timed block pair
+    the ratio harness busbw / bare busbw (= bare time / harness time, each the slowest
+    rank's), from the mean time per call and from the median time per call."""
     run = pool.run(inst, deadline_s=300)
     ok = run.kind == "done" and all(r.status == "ok" and all(c.ok for c in r.checks)
                                     for r in run.results.values())
@@ -60,20 +64,26 @@ def measure(pool: Any, inst: Instance) -> tuple[dict[str, Any], list[float]]:
         raise RuntimeError(f"{inst.key}: not timed: {perf.get('not_timed')}")
     raw = [r.perf for r in run.results.values()]
     blocks = len(raw[0]["times_s"])
-    ratios = [max(p["bare_times_s"][i] for p in raw) / max(p["times_s"][i] for p in raw)
-              for i in range(blocks)]
-    return perf, ratios
+
+    def ratios(bare: str, harness: str) -> list[float]:
+        return [max(p[bare][i] for p in raw) / max(p[harness][i] for p in raw)
+                for i in range(blocks)]
+
+    return perf, ratios("bare_times_s", "times_s"), ratios("bare_median_call_s",
+                                                           "median_call_s")
 
 
 def compare_point(pool: Any, inst: Instance, plan: PerfPlan, runs: int) -> dict[str, Any]:
-    """``runs`` runs of one point, each timing harness and bare blocks interleaved."""
+    """``runs`` runs of one point, each timing ``repeats`` pairs of alternating calls."""
     paired = dataclasses.replace(inst, perf=dataclasses.replace(plan, paired_bare=True))
     ratios: list[float] = []
+    means: list[float] = []
     h_bw: list[float] = []
     info: dict[str, Any] = {}
     for _ in range(runs):
-        info, got = measure(pool, paired)
-        ratios += got
+        info, by_mean, by_median = measure(pool, paired)
+        ratios += by_median
+        means += by_mean
         h_bw.append(info["busbw_gbs"])
     ratio = statistics.median(ratios)
     harness_bw = statistics.median(h_bw)
@@ -82,7 +92,16 @@ def compare_point(pool: Any, inst: Instance, plan: PerfPlan, runs: int) -> dict[
             "world_size": inst.world_size, "bytes": info["bytes"],
             "harness_busbw_gbs": harness_bw, "bare_busbw_gbs": harness_bw / ratio,
             "ratio": ratio, "ratio_q1": q[0], "ratio_q3": q[2], "ratio_min": min(ratios),
-            "ratio_max": max(ratios), "pairs": len(ratios), "ratios": ratios}
+            "ratio_max": max(ratios), "pairs": len(ratios), "ratios": ratios,
+            "ratio_of_means": statistics.median(means), "ratios_of_means": means}
+
+
+def by_op(rows: list[dict[str, Any]]) -> dict[tuple[int, str, str], list[float]]:
+    """Every pair's ratio, pooled over the sizes of each (world size, op, form)."""
+    out: dict[tuple[int, str, str], list[float]] = {}
+    for r in rows:
+        out.setdefault((r["world_size"], r["op"], r["form"]), []).extend(r["ratios"])
+    return out
 
 
 def median_interval(values: list[float]) -> tuple[float, float]:
@@ -147,17 +166,25 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     lines = [f"collective-bench --busbw: {args.backend}, torch {torch.__version__}, {args.dtype}, "
-             f"{args.runs} x {args.repeats} interleaved block pairs per point, loop: "
+             f"{args.runs} x {args.repeats} pairs of alternating calls per point, loop: "
              f"{args.warmup} warm-up, "
-             f"blocks of >= {args.iters} iterations and >= {args.min_time} s",
+             f"pairs of >= {args.iters} calls and >= {args.min_time} s each side",
              "", "| world size | op | form | size (B) | harness busbw (GB/s) | bare busbw (GB/s) "
-             "| harness/bare (median) | IQR over pairs | range |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| harness/bare (median call; median over pairs) | IQR over pairs | range "
+             "| of mean times |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['world_size']} | {r['op']} | {r['form']} | {r['bytes']} | "
                      f"{r['harness_busbw_gbs']:.4g} | {r['bare_busbw_gbs']:.4g} | "
                      f"{r['ratio']:.3f} | {r['ratio_q1']:.3f}..{r['ratio_q3']:.3f} | "
-                     f"{r['ratio_min']:.3f}..{r['ratio_max']:.3f} |")
+                     f"{r['ratio_min']:.3f}..{r['ratio_max']:.3f} | "
+                     f"{r['ratio_of_means']:.3f} |")
+    lines += ["", "| world size | op | form | pairs | harness/bare, median over the pairs of "
+              "every size | 95% CI of that median |", "|---|---|---|---|---|---|"]
+    for (ws, op, form), pooled in sorted(by_op(rows).items()):
+        lo, hi = median_interval(pooled)
+        lines.append(f"| {ws} | {op} | {form} | {len(pooled)} | "
+                     f"{statistics.median(pooled):.3f} | {lo:.3f}..{hi:.3f} |")
     ratios = [r["ratio"] for r in rows]
     lines += ["", f"median of the per-point ratios over {len(rows)} points: "
               f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})"]

@@ -16,8 +16,10 @@ failed, no rank times and the instance gets no bandwidth.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -222,18 +224,19 @@ def time_instance(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
         return {"not_timed": _over_budget(plan, predicted, f"{plan.repeats} blocks of {n:,} "
                                           "iterations")}
     times: list[float] = []
-    bare_times: list[float] = []
+    pairs: list[Pair] = []
     for r in range(plan.repeats):
         if callable(bare):
-            h, b = timed_pair(one, bare, n, renv, bare_first=r % 2 == 1)
-            times.append(h)
-            bare_times.append(b)
+            pairs.append(timed_pair(one, bare, n, renv, bare_first=r % 2 == 1))
+            times.append(pairs[-1].mean_s)
         else:
             times.append(timed_block(one, n, renv))
     out: dict[str, Any] = {"times_s": times, "iters": n, "warmup": plan.warmup,
                            "bytes": _message_bytes(inst, renv, env, bufs)}
-    if bare_times:
-        out["bare_times_s"] = bare_times
+    if pairs:
+        out["bare_times_s"] = [p.bare_mean_s for p in pairs]
+        out["median_call_s"] = [p.median_s for p in pairs]
+        out["bare_median_call_s"] = [p.bare_median_s for p in pairs]
     return out
 
 
@@ -243,30 +246,42 @@ def _over_budget(plan: PerfPlan, predicted_s: float, what: str) -> str:
             "--perf-repeats, or raise the deadline: the budget is part of it)")
 
 
+@dataclass(frozen=True)
+class Pair:
+    """One block of alternating harness and bare calls: seconds per call, mean and median."""
+
+    mean_s: float
+    bare_mean_s: float
+    median_s: float
+    bare_median_s: float
+
+
 def timed_pair(one: Iteration, bare: Iteration, n: int, renv: RankEnv, bare_first: bool
-               ) -> tuple[float, float]:
-    """Seconds per iteration of ``one`` and of ``bare`` over ``n`` calls of each, the calls
-    alternating (one, bare, one, bare, ...; bare first when ``bare_first``), each timed to its
-    completion.
+               ) -> Pair:
+    """``n`` calls of ``one`` and ``n`` of ``bare``, alternating (one, bare, one, ...; bare
+    first when ``bare_first``), each timed to its completion (a device synchronize after it
+    for CUDA tensors, on both sides alike).
 
     Two blocks timed one after the other (as :func:`timed_block` would) see the machine's
     load change between them: on a shared 2-core machine the ratio of a pair of 50 ms blocks
     spread from 0.5 to 3.5 while its median was 1.0. Alternating call by call puts both sides
-    under the same load, so the ratio measures what the harness adds per call. Each call is
-    timed to completion (a device synchronize after it for CUDA tensors), on both sides alike.
+    under the same load. The medians per call are also kept: a stall of the machine inside
+    one call (several ms, against 1 ms for a call at 1 MiB) moves a block's mean by tens of
+    percent and its median hardly at all.
     """
     _agree(0.0, renv, dist.ReduceOp.SUM)  # line the ranks up, as nccl-tests' barrier
     _sync(renv)
     order = ((bare, 1), (one, 0)) if bare_first else ((one, 0), (bare, 1))
-    spent = [0.0, 0.0]
+    spent: tuple[list[float], list[float]] = ([], [])
     clock = time.perf_counter
     for _ in range(n):
         for fn, side in order:
             t0 = clock()
             fn()
             _sync(renv)
-            spent[side] += clock() - t0
-    return spent[0] / n, spent[1] / n
+            spent[side].append(clock() - t0)
+    return Pair(sum(spent[0]) / n, sum(spent[1]) / n, statistics.median(spent[0]),
+                statistics.median(spent[1]))
 
 
 def timed_block(fn: Iteration, n: int, renv: RankEnv) -> float:
