@@ -304,8 +304,8 @@ class PerfPlan:
     iterations: at least ``iters`` and enough for ``min_time_s`` per block, estimated from the
     warm-up and agreed between ranks (the maximum), so every rank issues the same collectives.
     ``paired_bare``: also time a plain ``torch.distributed`` loop of the same op on the same
-    buffers, block by block interleaved with the harness's (the reference of
-    ``collective-bench --busbw``).
+    buffers, its calls alternating with the harness's in each block (the reference of
+    ``collective-bench --busbw``; see :func:`harness.program.perf.timed_pair`).
     ``budget_s``: the most the timing may take on top of the correctness run; a loop predicted
     (from the warm-up) to take longer is not run, and the record says ``not_timed`` with why,
     so a timing setting can never turn a passing instance into a hang.
