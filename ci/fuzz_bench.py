@@ -1,6 +1,7 @@
 """Benchmark: generated instances per second of collective-fuzz at world size 2 on Gloo.
 
-    python ci/fuzz_bench.py [--examples 1000] [--seed 0] [--lanes 1] [--profile OUT.pstats]
+    python ci/fuzz_bench.py [--examples 1000 | --time 60] [--seed 0] [--lanes 1]
+                            [--profile OUT.pstats]
 
 Runs the fuzzer as ``collective-fuzz --backend gloo --world-size 2 --shrink-time 10s`` runs
 it (the bundled overrides applied): one lane in this process, ``--lanes N`` as N worker
@@ -9,7 +10,10 @@ barrier in each lane; with lanes, they all start fuzzing together once every lan
 and instances per second are printed with the start excluded and included, with the
 machine's load (os.getloadavg) so the figure can be read against it. Only instances actually
 run on the ranks and judged count (those run while shrinking included, and said); with lanes
-the time ends when the last lane sends its final tally (before it closes its pools).
+the time ends when the last lane sends its final tally (before it closes its pools). With
+``--examples`` each lane has a fixed share, so the run lasts as long as its slowest lane (one
+that shrinks findings); ``--time S`` (seconds) gives every lane the same time instead, as a
+long ``collective-fuzz --time`` run does.
 
 Also printed: the CPU time per instance of the fuzzer processes (this one, plus every
 worker's from its start of fuzzing to its tally) and of the rank side (each fuzzer's
@@ -51,6 +55,7 @@ def one_lane(args: argparse.Namespace, profile: str) -> tuple[Tally, float, floa
     prof = cProfile.Profile() if profile else None
     try:
         session.warm()
+        session.start_clock()
         start_s = time.monotonic() - t0
         c0, r0 = _cpu(), descendants_cpu_s(os.getpid())
         t1 = time.monotonic()
@@ -96,6 +101,8 @@ def many_lanes(args: argparse.Namespace, argv: list[str]) -> tuple[Tally, float,
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--examples", type=int, default=1000)
+    ap.add_argument("--time", type=float, default=0.0, help="seconds per lane, instead of "
+                    "--examples")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default="", help="write a cProfile of the fuzzing loop here "
                     "(one lane only)")
@@ -105,9 +112,10 @@ def main() -> int:
         ap.error("--profile profiles this process: give it with one lane only")
     threads = os.environ.get("OMP_NUM_THREADS") or "1"  # the ranks' (harness.run.pool)
     with tempfile.TemporaryDirectory() as tmp:
-        argv = ["--backend", "gloo", "--world-size", "2", "--examples", str(opts.examples),
-                "--seed", str(opts.seed), "--shrink-time", "10s", "--out", tmp,
-                "--lanes", str(opts.lanes), "-q"]
+        budget = (["--time", f"{opts.time}s"] if opts.time
+                  else ["--examples", str(opts.examples)])
+        argv = ["--backend", "gloo", "--world-size", "2", *budget, "--seed", str(opts.seed),
+                "--shrink-time", "10s", "--out", tmp, "--lanes", str(opts.lanes), "-q"]
         args = parser().parse_args(argv)
         check(args)
         per_lane = ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -80,6 +81,10 @@ class Session:
         for ws in self.fuzzer.world_sizes:
             self.executor.run_text(space.render_case({"name": "warm", "op": "barrier",
                                                       "world_size": ws}))
+
+    def start_clock(self) -> None:
+        """Count the run's time (``--time``, the rate) from now: after a warm-up."""
+        self.fuzzer.stats.started = time.monotonic()
 
     def run(self) -> bool:
         """Fuzz until the budget is spent or the run is halted; True when interrupted

@@ -198,6 +198,7 @@ def main() -> int:
             session.warm()
             channel.send("ready")
             go.wait()
+            session.start_clock()  # every lane's --time from the common start
         times = os.times()
         cpu0, ranks0 = times.user + times.system, descendants_cpu_s(os.getpid())
         interrupted = session.run() or interrupt.seen
