@@ -79,6 +79,7 @@ class Lane:
 
     @property
     def name(self) -> str:
+        """How messages name it: ``lane 1 (pid 1234)``."""
         return f"lane {self.index} (pid {self.proc.pid})"
 
 
