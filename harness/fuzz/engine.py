@@ -29,13 +29,11 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hyp_seed
-from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import HypothesisException
 
 from . import space
 from .execute import Executor, Ran
-from .lanes import Lanes
 
 BLOB = re.compile(r"@reproduce_failure\([^)]*\)")
 CLASSES = {"failed": "wrong-values", "error": "raise", "hang": "hang", "crash": "crash",
@@ -62,9 +60,6 @@ render = space.render_case
 # checks, the pool protocol) while shrinking, only to print which lines the failing examples
 # ran, which a finding does not use; nor Phase.target (no target() is ever called).
 PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
-# With lanes, an example is a batch of 1 to BATCH x lanes instances (about 1.25 x lanes on
-# average): enough to keep the lanes busy, small enough for Hypothesis to shrink cheaply.
-BATCH = 2
 
 
 @dataclass
@@ -82,6 +77,8 @@ class Finding:
     found_after_examples: int
     shrink_s: float = 0.0
     path: str = ""
+    lane: int | None = None  # which worker process found it (--lanes N > 1)
+    again: int = 0  # how many times other lanes found the same signature
 
 
 @dataclass
@@ -137,19 +134,23 @@ class Fuzzer:
                  skip: set[str] | None = None,
                  confirm: Callable[[str], Ran] | None = None,
                  on_also: Callable[[AlsoFails], None] = lambda a: None,
-                 lanes: Lanes | None = None) -> None:
+                 seed_stride: int = 1, halt: Callable[[], bool] = lambda: False) -> None:
         self.executor = executor
-        self.lanes = lanes  # several instances per example, run at once (--lanes)
         self.op_names = op_names
         self.world_sizes = world_sizes
         self.seed = seed
+        # Round k runs with seed + k x seed_stride: one lane of N (harness.fuzz.lanes) takes
+        # seed + index and strides by N, so that no two lanes ever draw with the same seed.
+        self.seed_stride = seed_stride
+        self.halt = halt  # true: end now, even while shrinking (another lane found a bug)
         self.budget = budget
         self.database = database
         self.on_finding = on_finding
         self.on_progress = on_progress
         self.on_ran = on_ran
         self.differ = differ
-        self.skip = set(skip or ())
+        # Replaced, never changed in place: another thread may add a signature a lane found.
+        self.skip = frozenset(skip or ())
         self.confirm = confirm
         self.on_also = on_also
         self.also: dict[str, AlsoFails] = {}
@@ -182,8 +183,9 @@ class Fuzzer:
         """Fuzz until the budget is spent (KeyboardInterrupt passes through; the findings so
         far stay in ``self.findings``)."""
         rnd = 0
-        while not self._spent() and not (self.budget.stop_at_first and self.findings):
-            found = self._round(self.seed + rnd)
+        while (not self._spent() and not self.halt()
+               and not (self.budget.stop_at_first and self.findings)):
+            found = self._round(self.seed + rnd * self.seed_stride)
             rnd += 1
             if found is None and self.budget.seconds is None:
                 break  # the examples were spent without a new finding
@@ -196,39 +198,26 @@ class Fuzzer:
         remaining = (self.budget.examples - (self.stats.tried - self.stats.shrinking)
                      if self.budget.examples is not None else 10**9)
 
-        batch = self.lanes is not None and self.lanes.width > 1
-
-        def prop(drawn: Any) -> None:
-            cases: list[dict[str, Any]] = drawn if batch else [drawn]
-            texts = [render(c) for c in cases]
+        def prop(case: dict[str, Any]) -> None:
+            text = render(case)
             shrinking = state["target"] is not None
-            if not shrinking and self._spent():
+            if self.halt() or (not shrinking and self._spent()):
                 raise Stop()
-            new = [t for t in dict.fromkeys(texts) if t not in cache]
-            if shrinking and time.monotonic() - state["t_shrink"] > self.budget.shrink_s:
-                new = []  # past the shrink cap: only examples already seen can fail
-            elif not shrinking and self.budget.examples is not None:
-                new = new[:self.budget.examples - (self.stats.tried - self.stats.shrinking)]
-            case_of = dict(zip(texts, cases, strict=True))
-            rans = (self.lanes.run(new) if self.lanes is not None
-                    else [self.executor.run_text(t) for t in new])
-            for text, ran in zip(new, rans, strict=True):
+            ran = cache.get(text)
+            if ran is None:
+                if shrinking and time.monotonic() - state["t_shrink"] > self.budget.shrink_s:
+                    return  # past the shrink cap: an example not seen counts as passing
+                ran = self.executor.run_text(text)
                 if self.differ is not None:
                     why = self.differ(text, ran)
                     if why:
                         ran.outcome, ran.message = "differs", why
                 cache[text] = ran
-                self._count(case_of[text], ran, shrinking)
+                self._count(case, ran, shrinking)
                 self.on_ran(text, ran)
-            for case, text in zip(cases, texts, strict=True):
-                seen = cache.get(text)
-                if seen is not None:  # None: not run (shrink cap, budget): counts as passing
-                    self._judge(case, text, seen, state, known)
+            self._judge(case, text, ran, state, known)
 
-        strategy: st.SearchStrategy[Any] = space.cases(self.op_names, self.world_sizes)
-        if batch:  # a list shrinks like any value: down to the one instance that fails
-            assert self.lanes is not None
-            strategy = st.lists(strategy, min_size=1, max_size=BATCH * self.lanes.width)
+        strategy = space.cases(self.op_names, self.world_sizes)
         test = given(strategy)(prop)
         test = settings(max_examples=max(1, min(remaining, 10**9)), deadline=None,
                         database=(DirectoryBasedExampleDatabase(str(self.database))
@@ -255,7 +244,10 @@ class Fuzzer:
         target = state["target"]
         shrinking = target is not None
         sig = f"{space.program_op(case)}:{outcome_class(ran)}"
-        if sig in known or (target is not None and sig != target):
+        # A signature another lane found meanwhile (self.skip) is skipped, unless it is the
+        # one being shrunk: dropped halfway, Hypothesis's final replay would call it flaky.
+        if sig in known or (target is not None and sig != target) or (
+                target is None and sig in self.skip):
             if not shrinking:
                 self.stats.repeats += 1
             return
