@@ -233,17 +233,27 @@ def test_two_lanes_split_the_examples_between_two_processes(tmp_path: Path) -> N
     wait_for(lambda: _ours(marker) == set(), 30, "the lanes' processes to end")
 
 
+def _lanes(tmp_path: Path, marker: str, *args: str) -> subprocess.Popen[str]:
+    """collective-fuzz with two lanes on all_reduce at world size 2, started."""
+    return start(tmp_path, [*FUZZ, "--backend", "gloo", "--lanes", "2", "--world-size", "2",
+                            "--ops", "all_reduce", "--out", str(tmp_path / "o"), *args],
+                 env=_env(marker))
+
+
+def _await_progress(proc: subprocess.Popen[str]) -> None:
+    """Until the first progress line: the lanes are then fuzzing on live pools."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "instances (" in line:
+            return
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_an_interrupt_ends_every_lane_with_the_summary(tmp_path: Path, how: str) -> None:
     marker = uuid.uuid4().hex
-    proc = start(tmp_path, [*FUZZ, "--backend", "gloo", "--lanes", "2", "--time", "5m",
-                            "--world-size", "2", "--ops", "all_reduce", "--out",
-                            str(tmp_path / "o")], env=_env(marker))
+    proc = _lanes(tmp_path, marker, "--time", "5m")
     try:
-        assert proc.stderr is not None
-        for line in proc.stderr:  # a progress line: the lanes are fuzzing on live pools
-            if "instances (" in line:
-                break
+        _await_progress(proc)
         wait_for(lambda: len(_workers(proc.pid)) == 2, 60, "two worker processes")
         if how == "ctrl-c":  # the terminal signals the whole foreground process group
             os.killpg(proc.pid, signal.SIGINT)
@@ -260,14 +270,9 @@ def test_an_interrupt_ends_every_lane_with_the_summary(tmp_path: Path, how: str)
 
 def test_sigkill_of_the_coordinator_leaves_no_worker_or_rank(tmp_path: Path) -> None:
     marker = uuid.uuid4().hex
-    proc = start(tmp_path, [*FUZZ, "--backend", "gloo", "--lanes", "2", "--time", "5m",
-                            "--world-size", "2", "--ops", "all_reduce", "--out",
-                            str(tmp_path / "o")], env=_env(marker))
+    proc = _lanes(tmp_path, marker, "--time", "5m")
     try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if "instances (" in line:
-                break
+        _await_progress(proc)
         workers = _workers(proc.pid)
         assert len(workers) == 2
         proc.kill()  # the coordinator alone, as the OOM killer would
@@ -279,14 +284,9 @@ def test_sigkill_of_the_coordinator_leaves_no_worker_or_rank(tmp_path: Path) -> 
 
 def test_a_killed_worker_is_reported_and_the_run_says_incomplete(tmp_path: Path) -> None:
     marker = uuid.uuid4().hex
-    proc = start(tmp_path, [*FUZZ, "--backend", "gloo", "--lanes", "2", "--time", "10s",
-                            "--world-size", "2", "--ops", "all_reduce", "--shrink-time",
-                            "3s", "--out", str(tmp_path / "o")], env=_env(marker))
+    proc = _lanes(tmp_path, marker, "--time", "10s", "--shrink-time", "3s")
     try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if "instances (" in line:
-                break
+        _await_progress(proc)
         victim = _workers(proc.pid)[1]
         os.kill(victim, signal.SIGKILL)
         result = finish(proc, 120)
