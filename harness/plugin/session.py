@@ -168,8 +168,8 @@ def session_info(session: pytest.Session, hs: HarnessSession, exitstatus: int
     # A session that pytest stopped (a collection error, Ctrl-C, an internal error) is not
     # complete even when every instance it collected has a record: it did not collect them
     # all, and a report of what it got must not read as the whole run.
-    stopped = bool(hs.ended_by or hs.close_failure) or exitstatus in (pytest.ExitCode.INTERRUPTED,
-                                                  pytest.ExitCode.INTERNAL_ERROR)
+    stopped = bool(hs.ended_by or hs.close_failure) or exitstatus in (
+        pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
     bad_records = sum(r["outcome"] in BAD_OUTCOMES for r in hs.records)
     opt = session.config.option
     chosen = {**selection(session.config, hs), "deselected": hs.deselected,

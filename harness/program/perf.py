@@ -161,10 +161,12 @@ def bare_iteration(inst: Instance, renv: RankEnv, env: dict[str, Any],
 
 def wait_order(program: list[Step]) -> list[int]:
     """The indexes, among the op steps of ``program`` (one rank's steps), of their Works in
-    the order :func:`harness_iteration` waits them: the ``wait`` steps' handles in order,
-    then the rest. On Gloo, waiting an irecv before its isend cost about 5-15 % per call at
-    1 MiB: a bare loop that waited in another order than the case measured the case's
-    choice, not the harness."""
+    the order the case waits them: the ``wait`` steps' handles in order, then the rest (the
+    bare loop issues every call first, so a Work without a handle, which
+    :func:`harness_iteration` waits at once, is waited last there; the p2p cases of
+    ``cases/perf.yaml`` name every handle). On Gloo, waiting an irecv before its isend cost
+    about 5-15 % per call at 1 MiB: a bare loop that waited in another order than the case
+    measured the case's choice, not the harness."""
     op_steps = [s for s in program if s.kind == "op"]
     index = {s.handle: i for i, s in enumerate(op_steps) if s.handle}
     order: list[int] = []
