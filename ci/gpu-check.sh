@@ -8,6 +8,8 @@
 #   ordering-nccl       the ordering/p2p/cuda/all_reduce files on NCCL with every probe (--ordering all)
 #   ordering-gloo-cuda  the Gloo CUDA instances with every probe
 #   probes              host blocking of NCCL calls behind a sleep kernel (ci/gpu_probes.py)
+#   record-nccl         collective-record on the DDP example on CUDA/NCCL (ci/gpu/record_ddp.py)
+#   replay-nccl         the case file it wrote, run on NCCL
 #   perf-nccl           perf mode, 1 MiB .. 256 MiB, NCCL at world size 1 (ci/gpu/perf-large.yaml)
 #   perf-gloo-cuda      perf mode, 1 MiB .. 256 MiB, Gloo with CUDA tensors at world size 2
 #   backend-NAME        the library on each other NCCL-family backend torch registers
@@ -167,6 +169,8 @@ pytest_part ordering-nccl 60 cases/ordering.yaml cases/p2p.yaml cases/cuda.yaml 
   --backend nccl --world-size 1 --ordering all
 pytest_part ordering-gloo-cuda 60 cases/ --backend gloo --world-size 2,3,4 --full -k cuda --ordering all
 run_part probes 60 - "$py" ci/gpu_probes.py "$out/probes.json"
+run_part record-nccl 120 - "$py" ci/gpu/record_ddp.py "$out"
+pytest_part replay-nccl 60 "$out/record-nccl.yaml" --backend nccl
 pytest_part perf-nccl 90 ci/gpu/perf-large.yaml --perf --backend nccl "${big[@]}"
 pytest_part perf-gloo-cuda 90 ci/gpu/perf-large.yaml --perf --backend gloo "${big[@]}" \
   --perf-warmup 2 --perf-iters 5 --perf-repeats 3

@@ -24,7 +24,8 @@ OUTCOMES = ("passed", "failed", "error", "hang", "crash", "xfail", "xpass", "lim
             "skipped")
 NEVER_RUN_FILES = ("cuda.yaml", "sparse.yaml", "upstream.yaml")
 # What every run writes, dry or not (the check of the dry-run mode reads this list).
-EXPECTED_FILES = ("env.json", "parts.tsv", "probes.json", "summary.md", "summary.json")
+EXPECTED_FILES = ("env.json", "parts.tsv", "probes.json", "record.json", "summary.md",
+                  "summary.json")
 
 
 def _esc(text: str) -> str:
@@ -114,8 +115,9 @@ def main(argv: list[str]) -> int:
         rows.append(row)
     env = load(out / "env.json") or {}
     probes = load(out / "probes.json") or {}
+    recording = load(out / "record.json") or {}
     summary = {"env": env, "parts": rows, "never_run_cases": never_run(reports),
-               "probes": probes}
+               "probes": probes, "record": recording}
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     lines = [f"# GPU check: {_esc(env.get('device', '?'))}", "",
              f"torch {_esc(env.get('torch', '?'))}, CUDA {_esc(env.get('cuda', '?'))}, "
@@ -134,6 +136,8 @@ def main(argv: list[str]) -> int:
               for f, c in nr.items()] or ["- none collected"]
     lines += ["", "Host blocking (ci/gpu_probes.py):", "", "```",
               json.dumps(probes, indent=1), "```"]
+    lines += ["", "A CUDA DDP run recorded and replayed (ci/gpu/record_ddp.py, then the part "
+              "replay-nccl):", "", "```", json.dumps(recording, indent=1), "```"]
     (out / "summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     if "--expect" in argv[1:]:
         missing = [f for f in EXPECTED_FILES if not (out / f).is_file()]
