@@ -171,7 +171,7 @@ pytest_part ordering-gloo-cuda 60 cases/ --backend gloo --world-size 2,3,4 --ful
 run_part probes 60 - "$py" ci/gpu_probes.py "$out/probes.json"
 run_part record-nccl 120 - "$py" ci/gpu/record_ddp.py "$out"
 pytest_part replay-nccl 60 "$out/record-nccl.yaml" --backend nccl
-pytest_part perf-nccl 90 ci/gpu/perf-large.yaml --perf --backend nccl "${big[@]}"
+pytest_part perf-nccl 150 ci/gpu/perf-large.yaml --perf --backend nccl "${big[@]}"
 pytest_part perf-gloo-cuda 90 ci/gpu/perf-large.yaml --perf --backend gloo "${big[@]}" \
   --perf-warmup 2 --perf-iters 5 --perf-repeats 3
 for b in $("$py" -c "import json,sys; print(' '.join(json.load(open(sys.argv[1])).get('other_nccl_backends', [])))" "$out/env.json" 2>/dev/null); do
