@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("nccl-ws1", "gloo-cuda", "ordering-nccl", "ordering-gloo-cuda", "probes", "perf-nccl",
-         "perf-gloo-cuda")
+PARTS = ("nccl-ws1", "gloo-cuda", "ordering-nccl", "ordering-gloo-cuda", "probes", "record-nccl",
+         "replay-nccl", "perf-nccl", "perf-gloo-cuda")
+NO_REPORT = ("probes", "record-nccl")  # parts that write their own JSON, not a pytest report
 
 
 def _env() -> dict[str, str]:
@@ -98,8 +99,12 @@ def test_the_dry_run_installs_offline_runs_every_part_and_writes_the_folder(
     summary = json.loads((out / "summary.json").read_text())
     by_part = {p["part"]: p for p in summary["parts"]}
     assert set(PARTS) <= set(by_part)
+    # Without a GPU the record part records the Gloo/CPU run and still compares the parameters.
+    recording = json.loads((out / "record.json").read_text())
+    assert recording["gpu"] is False and recording["bit_identical"] is True
+    assert recording["devices"] == ["cpu"] and recording["cases"] > 0
     for part in PARTS:
-        if part == "probes":
+        if part in NO_REPORT:
             continue
         report = json.loads((out / f"{part}.json").read_text())
         assert report["session"]["complete"] is True
