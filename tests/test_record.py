@@ -276,3 +276,44 @@ def test_a_rank_killed_while_blocked_in_a_collective_leaves_its_trace(tmp_path: 
                 if t.rank == 0]
     assert [c["op"] for c in trace.calls] == ["c10d::allreduce_", "c10d::recv_"]
     assert not trace.ended
+
+
+LATE = r'''
+import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+def run(rank, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    a, b = torch.ones(4), torch.ones(2, 3)
+    w = dist.all_reduce(a, op=dist.ReduceOp.MAX, async_op=True)
+    dist.all_reduce(b, op=dist.ReduceOp.MIN)
+    w.wait()                                  # long before the flusher's first batch
+    v = dist.all_reduce(a, op=dist.ReduceOp.PRODUCT, async_op=True)
+    dist.barrier()
+    v.wait()
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    s.close()
+    mp.spawn(run, args=(port,), nprocs=2)
+'''
+
+
+def test_what_the_writer_thread_reads_later_is_what_each_call_had(tmp_path: Path) -> None:
+    """The hook keeps the ReduceOp and the returned Work as they are and the flusher thread
+    reads them: each call still gets its own reduce op, and a wait() issued right after the
+    call (before any batch) is matched to its call, not lost or given to another."""
+    script = tmp_path / "late.py"
+    script.write_text(LATE)
+    res = _record(tmp_path, PY, str(script))
+    assert res.returncode == 0, res.stderr
+    traces = [read_trace(p) for p in sorted((tmp_path / "traces").glob("trace-*.jsonl"))]
+    ranks = [t for t in traces if t.rank >= 0]
+    assert sorted(t.rank for t in ranks) == [0, 1]
+    for t in ranks:
+        calls = [(c["op"], c.get("reduce_op")) for c in t.calls]
+        assert calls == [("c10d::allreduce_", "max"), ("c10d::allreduce_", "min"),
+                         ("c10d::allreduce_", "product"), ("c10d::barrier", None)]
+        seqs = [c["seq"] for c in t.calls]
+        # the synchronous calls' own waits (inside torch.distributed) are recorded too
+        assert [(w["call"], w["after"]) for w in t.waits] == [
+            (seqs[1], 2), (seqs[0], 2), (seqs[3], 4), (seqs[2], 4)]

@@ -1,17 +1,21 @@
 """What the recorder keeps per call, and how it becomes a trace line.
 
 The capture runs inside every recorded collective, on the rank's critical path, so it reads
-the call's arguments into small tuples of objects the call already has (a tensor's
-``torch.Size``, stride tuple, dtype, device and layout objects; a group as its cached tuple of
-global ranks; a ReduceOp as an int) and looks that key up in a cache of JSON texts: a DDP
-run's thousands of identical bucket all_reduces are encoded once, and the call site once per
-(code, line). What is kept until the batch is written is then a tuple of strings and ints.
+only what cannot wait: a tensor's shape (as a plain tuple), strides, contiguity, dtype, device
+and layout; a group as its cached tuple of global ranks (the group may be destroyed before the
+batch is written); the call site as its cached JSON text. A ReduceOp is kept as the
+ScriptObject the dispatcher passed: its only accessor, ``op()``, is a TorchScript method call
+(measured 7 us of the 40 us the hook added per call at world size 1), so the writer thread
+reads it (:func:`resolve`). The writer then looks the call up in a cache of JSON texts: a DDP
+run's thousands of identical bucket all_reduces are encoded once.
 
-That matters more than the encoding: the kept records survive Python's young-generation
-collections, and survivors that hold GC-tracked objects (``torch.Size``, code objects, tuples
-of them) are promoted, until the cyclic GC runs a full collection of every object the process
-has (all of torch's: 0.1-0.2 s each on the development machine, measured 45 us per recorded
-call amortized). A tuple of strings and ints is untracked at its first collection instead.
+What is kept matters as much as what is computed: kept records survive Python's
+young-generation collections, and survivors that hold GC-tracked objects (``torch.Size``,
+code objects, tuples of them) are promoted, until the cyclic GC runs a full collection of
+every object the process has (all of torch's: 0.1-0.2 s each on the development machine,
+measured 45 us per recorded call amortized). So a kept call holds only strings, ints, plain
+tuples of them, and objects the GC does not track (dtype, device, layout, ScriptObject):
+untracked at its first collection.
 
 The JSON written is the same as the recorder wrote when it built the dicts per call.
 """
@@ -43,22 +47,23 @@ _STRIDED = torch.strided
 # A captured argument is (tag, payload); the tag says how the payload is written.
 # Plain values are tagged by type so that True, 1 and 1.0 (equal as dict keys) never share a
 # cached JSON text.
-TENSOR, TENSORS, NESTED, GROUP, REDUCE, INTS, NONE, BOOL, INT, FLOAT, STR = range(11)
+TENSOR, TENSORS, NESTED, GROUP, REDUCE, INTS, NONE, BOOL, INT, FLOAT, STR, REDUCE_OBJ = range(12)
 _PLAIN = {type(None): NONE, bool: BOOL, int: INT, float: FLOAT, str: STR}
 Captured = tuple[int, Any]
 Capture = Callable[[Any], Captured]
-# A kept call: the JSON text of op, arguments, group, reduce op and API (cached per distinct
-# call), the site's JSON text, thread name, sequence number. Only strings and ints: see above.
-CallTuple = tuple[str, str, str, int]
+# A kept call: op name, captured arguments, API function (or None), the site's JSON text,
+# thread name, sequence number. Nothing the GC keeps tracking: see above.
+CallTuple = tuple[str, tuple[tuple[str, Captured], ...], str | None, str, str, int]
 
 _GROUPS: dict[str, tuple[int, ...]] = {}  # group name -> its global ranks, once per group
 
 
 def tensor_meta(t: Any) -> tuple[Any, ...]:
-    """A tensor's layout as the objects it already holds (nothing formatted here)."""
+    """A tensor's layout as plain values and the objects it already holds (nothing formatted
+    here; the shape as a tuple, which the GC can stop tracking, unlike ``torch.Size``)."""
     layout = t.layout
-    return (t.shape, t.stride() if layout == _STRIDED else None, t.is_contiguous(), t.dtype,
-            t.device, layout)
+    return (tuple(t.shape), t.stride() if layout == _STRIDED else None, t.is_contiguous(),
+            t.dtype, t.device, layout)
 
 
 def _group_ranks(name: str, pg: Any) -> tuple[int, ...]:
@@ -85,8 +90,16 @@ def capture_group_name(value: Any) -> Captured:
 
 
 def capture_reduce_op(value: Any) -> Captured:
-    """A c10d ReduceOp (a ScriptObject: ``op()`` is its only accessor)."""
-    return REDUCE, int(value.op())
+    """A c10d ReduceOp, kept as it is: :func:`resolve` reads it on the writer's thread."""
+    return REDUCE_OBJ, value
+
+
+def resolve(args: tuple[tuple[str, Captured], ...]) -> tuple[tuple[str, Captured], ...]:
+    """The captured arguments with a kept ReduceOp read (``op()``, its only accessor)."""
+    if not any(tag == REDUCE_OBJ for _, (tag, _) in args):
+        return args
+    return tuple((name, (REDUCE, int(payload.op())) if tag == REDUCE_OBJ else (tag, payload))
+                 for name, (tag, payload) in args)
 
 
 def capture_reduce_name(value: Any) -> Captured:
@@ -249,7 +262,8 @@ def call_json(op: str, args: tuple[tuple[str, Captured], ...], api: str | None) 
 
 def format_call(c: CallTuple) -> str:
     """One kept call as its trace line (without the newline)."""
-    static, site, thread, seq = c
+    op, args, api, site, thread, seq = c
+    static = call_json(op, resolve(args), api)
     return f'{{"call":{static},"site":{site},"thread":{_ENC.encode(thread)},"seq":{seq}}}}}'
 
 

@@ -11,8 +11,10 @@ redispatches below Autograd, so the op itself runs unchanged. Ops issued beneath
 seen: the functional collectives' ``wait_tensor`` is caught by wrapping the Python function the
 async tensor calls instead.
 
-The kernel is on the rank's critical path: it captures compact, cached records (see
-:mod:`harness.record.capture`) before issuing the op; a batch is written as JSON lines later.
+The kernel is on the rank's critical path: it captures what cannot wait (see
+:mod:`harness.record.capture`) before issuing the op and appends it to the recorder's queue;
+everything else (reading the ReduceOp, unboxing the Work, encoding, writing) is done on the
+flusher thread, in batches.
 """
 
 from __future__ import annotations
@@ -26,10 +28,9 @@ import torch
 import torch.distributed._functional_collectives as fc
 from torch._C import _distributed_c10d as c10d
 
-from harness.record.capture import call_json, capture_for, where
-from harness.record.recorder import Recorder, install_signals, start_flusher
+from harness.record.capture import capture_for, where
+from harness.record.recorder import MAX_PENDING, Recorder, install_signals, start_flusher
 
-_MAX_PENDING = 4096  # Works kept to match a later wait(); oldest forgotten past this
 _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 _WORK_TYPES = (torch.ScriptObject, c10d.Work)
 
@@ -40,16 +41,18 @@ def _kernel(rec: Recorder, qualname: str, op: Any) -> Any:
     redispatch = op._handle.redispatch_boxed  # op.redispatch minus one Python frame
     functional = qualname.startswith("_c10d_functional::")
     local = rec.local
+    new_works = rec.new_works
     current_thread = threading.current_thread
 
     def record(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-        captured = [(name, cap(value)) for (name, cap), value in zip(plan, args, strict=False)]
+        captured = tuple([(name, cap(value))
+                          for (name, cap), value in zip(plan, args, strict=False)])
         if kwargs:
-            captured += [(by_name[k][0], by_name[k][1](v)) for k, v in kwargs.items()]
+            captured += tuple([(by_name[k][0], by_name[k][1](v)) for k, v in kwargs.items()])
         site, api = where()
         seq = next(rec.seq)
         rec.calls += 1
-        rec.emit((call_json(qualname, tuple(captured), api), site, current_thread().name, seq))
+        rec.emit((qualname, captured, api, site, current_thread().name, seq))
         return seq
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
@@ -69,7 +72,7 @@ def _kernel(rec: Recorder, qualname: str, op: Any) -> Any:
             local.depth = 0
         work = out[1] if type(out) is tuple and len(out) == 2 else out
         if isinstance(work, _WORK_TYPES):
-            _remember_work(rec, work, seq)
+            new_works.append((seq, work))  # unboxed later: Recorder.adopt_works
         elif functional:
             _remember_tensors(rec, out, seq)
         return out
@@ -77,21 +80,12 @@ def _kernel(rec: Recorder, qualname: str, op: Any) -> Any:
     return kernel
 
 
-def _remember_work(rec: Recorder, work: Any, seq: int) -> None:
-    # pybind returns the same Python object for the same C++ Work while one is alive, so
-    # holding it lets Work.wait() (patched below) find which call it belongs to.
-    pw = work if type(work) is c10d.Work else c10d.Work.unbox(work)
-    rec.works[id(pw)] = (seq, pw)
-    if len(rec.works) > _MAX_PENDING:
-        rec.works.popitem(last=False)
-
-
 def _remember_tensors(rec: Recorder, out: Any, seq: int) -> None:
     for t in out if isinstance(out, (list, tuple)) else [out]:
         if isinstance(t, torch.Tensor):
             rec.tensor_seq[id(t)] = seq
             rec.tensors[id(t)] = t
-    if len(rec.tensor_seq) > _MAX_PENDING:
+    if len(rec.tensor_seq) > MAX_PENDING:
         rec.tensor_seq.popitem(last=False)
 
 
@@ -102,6 +96,9 @@ def _patch_waits(rec: Recorder) -> None:
 
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         entry = works.pop(id(self), None)
+        if entry is None and rec.new_works:
+            rec.adopt_works()
+            entry = works.pop(id(self), None)
         if entry is not None and getattr(local, "depth", 0) == 0:
             rec.emit((entry[0], "work", rec.calls, where()[0]))
         return orig_wait(self, *args, **kwargs)

@@ -1,8 +1,10 @@
 """A rank's trace file: records kept in memory, written in batches, flushed on the way out.
 
-Records are kept in memory and written in batches (every ``FLUSH_RECORDS`` records, and by a
-daemon thread every ``FLUSH_SECONDS``), so a call costs a list append of a small tuple, not a
-write: the JSON text is made when a batch is written (see :mod:`harness.record.capture`). What
+Records are kept in memory and written in batches by a daemon thread every ``FLUSH_SECONDS``,
+so a call costs a deque append of a small tuple on the rank's own thread, not a write: the
+JSON text is made when a batch is written, on the writer's thread (see
+:mod:`harness.record.capture`). Only past ``MAX_KEPT`` waiting records does a recording thread
+write the batch itself, which bounds the memory when the writer falls behind. What
 a dying process has not written yet is written on the way out: at exit (atexit), in
 ``os._exit`` (wrapped by the hook), and on SIGTERM/SIGHUP (when their action is the default:
 the flusher thread is woken through the signal wakeup fd, so a rank blocked in a collective is
@@ -21,18 +23,20 @@ import sys
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
 
 from harness.record.capture import format_call, format_other, format_wait
 from harness.record.trace import FORMAT, VERSION
 
-FLUSH_RECORDS = 512  # a batch is written once this many records are waiting ...
-FLUSH_SECONDS = 0.5  # ... or by the flusher thread this often, whichever comes first
+FLUSH_SECONDS = 0.5  # the flusher thread writes what is waiting this often ...
+MAX_KEPT = 1 << 16  # ... and a recording thread writes it itself past this many records
+MAX_PENDING = 4096  # Works kept to match a later wait(); the oldest forgotten past this
 SIGNALS = ("SIGTERM", "SIGHUP")  # flushed, then the default action (the process dies)
 
 
@@ -49,19 +53,23 @@ class Recorder:
 
     ``buf`` holds records not written yet: a call tuple (:data:`capture.CallTuple`), a wait
     tuple ``(call seq or None, "work" | "tensor", calls so far, site JSON)``, or a header/end
-    dict: strings and ints, which the cyclic GC stops tracking (see :mod:`capture`).
+    dict: nothing the cyclic GC keeps tracking (see :mod:`capture`). Appends and pops of a
+    deque are atomic, so recording threads append without the lock; the lock orders writers.
     """
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self.out: TextIO | None = None
-        self.buf: list[Any] = []
+        self.buf: deque[Any] = deque()
+        self.started = False  # the header is taken at the first record
         self.seq = itertools.count()
         self.calls = 0
         self.lock = threading.Lock()
         self.local = threading.local()
         # id(pybind Work) -> (seq, the Work); an OrderedDict so forgetting the oldest is O(1)
         self.works: OrderedDict[int, tuple[int, Any]] = OrderedDict()
+        # (seq, the Work as the dispatcher returned it), not unboxed yet: see adopt_works
+        self.new_works: deque[tuple[int, Any]] = deque()
         # a functional collective's async output tensor -> its call, for wait_tensor
         self.tensors: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self.tensor_seq: OrderedDict[int, int] = OrderedDict()
@@ -73,13 +81,36 @@ class Recorder:
         return int(getattr(self.local, "depth", 0))
 
     def emit(self, record: Any) -> None:
-        """Keep one record; write the batch when it is full."""
+        """Keep one record (the flusher thread writes it)."""
+        if not self.started:
+            self._start()
+        self.buf.append(record)
+        if len(self.buf) >= MAX_KEPT:
+            self.flush()
+
+    def _start(self) -> None:
         with self.lock:
-            if not self.opened and not self.buf:
+            if not self.started:
                 self.buf.append({"header": self.header()})
-            self.buf.append(record)
-            if len(self.buf) >= FLUSH_RECORDS:
-                self._write()
+                self.started = True
+
+    def adopt_works(self) -> None:
+        """Unbox the Works recorded calls returned, so that a ``wait()`` on one finds its call.
+
+        Done off the recording thread (by the flusher, or by a ``wait()`` that finds no entry):
+        pybind hands out one Python object per C++ Work while one is alive, and the user's is
+        alive for as long as it can be waited, so unboxing later still finds the same object.
+        """
+        new, works = self.new_works, self.works
+        while new:
+            try:
+                seq, work = new.popleft()
+            except IndexError:  # another thread took the last one
+                break
+            pw = work if type(work) is c10d.Work else c10d.Work.unbox(work)
+            works[id(pw)] = (seq, pw)
+        while len(works) > MAX_PENDING:
+            works.popitem(last=False)
 
     def flush(self) -> None:
         """Write what is kept."""
@@ -87,14 +118,16 @@ class Recorder:
             self._write()
 
     def _write(self) -> None:  # the lock is held
-        if not self.buf:
+        buf = self.buf
+        # Only what is there now: threads that keep recording must not keep this one writing.
+        lines = [_line(buf.popleft()) + "\n" for _ in range(len(buf))]
+        if not lines:
             return
         if self.out is None:
             self.open()
         assert self.out is not None
-        self.out.write("".join(_line(r) + "\n" for r in self.buf))
+        self.out.write("".join(lines))
         self.out.flush()
-        self.buf.clear()
 
     def header(self) -> dict[str, Any]:
         """The header line, taken at the first record (the group may be gone by the time a
@@ -124,7 +157,9 @@ class Recorder:
         """A forked child writes its own trace: the parent's file and batch are not its; it
         gets its own wakeup pipe (the parent's is shared) and its own flusher thread."""
         self.lock = threading.Lock()
-        self.out, self.buf, self.opened = None, [], False
+        self.out, self.buf, self.opened, self.started = None, deque(), False, False
+        self.new_works.clear()
+        self.works.clear()
         if self.wake >= 0:
             os.close(self.wake)
             self.wake = -1
@@ -142,6 +177,7 @@ class Recorder:
             else:
                 ready = []
                 time.sleep(FLUSH_SECONDS)
+            self.adopt_works()
             self.flush()
             if ready:
                 got = os.read(self.wake, 64)
