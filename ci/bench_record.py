@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.record.cases import Recording, render  # noqa: E402
 from harness.record.cli import ENV, SITE, translate_traces  # noqa: E402
-from harness.record.trace import FORMAT, VERSION, read_folder  # noqa: E402
+from harness.record.trace import FORMAT, HOOK_ENV, VERSION, read_folder  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_record_workers import CALLS, STEP  # noqa: E402
@@ -226,11 +226,19 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=100_000, help="calls for the collapse")
     p.add_argument("--skip", default="",
                    help="comma list of: overhead, blocks, calls, collapse")
+    p.add_argument("--hook", choices=["native", "python"], default="native",
+                   help="the kernel the recorded ranks use (native: the C++ one, as "
+                        "collective-record uses where it builds)")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
+    if a.hook == "native":
+        from harness.record import native
+        native.load()  # built before any timing (cached after the first time)
+    os.environ[HOOK_ENV] = a.hook
     skip = set(filter(None, a.skip.split(",")))
-    out: dict[str, Any] = {"loadavg_before": list(os.getloadavg()), "cpus": os.cpu_count()}
-    print(f"load average before: {_load()} ({os.cpu_count()} CPUs)")
+    out: dict[str, Any] = {"loadavg_before": list(os.getloadavg()), "cpus": os.cpu_count(),
+                           "hook": a.hook}
+    print(f"load average before: {_load()} ({os.cpu_count()} CPUs); hook: {a.hook}")
     ok = True
     if "collapse" not in skip:
         c = collapse(a.calls)

@@ -317,3 +317,46 @@ def test_what_the_writer_thread_reads_later_is_what_each_call_had(tmp_path: Path
         # the synchronous calls' own waits (inside torch.distributed) are recorded too
         assert [(w["call"], w["after"]) for w in t.waits] == [
             (seqs[1], 2), (seqs[0], 2), (seqs[3], 4), (seqs[2], 4)]
+
+
+@pytest.mark.parametrize("program", ["examples/pipeline_p2p.py", "late"])
+def test_the_cpp_and_python_kernels_write_the_same_trace(tmp_path: Path, program: str) -> None:
+    """--hook native (the C++ kernel for c10d ops) and --hook python record the same calls,
+    arguments, sites, waits and case file: only the header's hook and pid differ."""
+    if program == "late":
+        (tmp_path / "late.py").write_text(LATE)
+        program = str(tmp_path / "late.py")
+    got = {}
+    for hook in ("native", "python"):
+        out = tmp_path / hook
+        out.mkdir()
+        res = _record(out, PY, program, extra=("--hook", hook))
+        assert res.returncode == 0, res.stderr
+        traces = sorted((read_trace(p) for p in (out / "traces").glob("trace-*.jsonl")),
+                        key=lambda t: t.rank)
+        assert {json.loads(p.read_text().split("\n", 1)[0])["header"]["hook"]
+                for p in (out / "traces").glob("trace-*.jsonl")} == {hook}
+        got[hook] = ([(t.rank, t.calls, t.waits, t.ended) for t in traces],
+                     (out / "out.yaml").read_text().split("\n", 1)[1])
+    assert got["native"] == got["python"]
+    assert got["native"][0] and all(calls for _, calls, _, _ in got["native"][0])
+
+
+def test_without_a_compiler_the_python_kernel_records_and_says_so(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CXX": str(tmp_path / "no-such-compiler"),
+           "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    base = [PY, "-m", "harness.record", "-o", str(tmp_path / "out.yaml"), "--trace-dir",
+            str(tmp_path / "traces")]
+    res = subprocess.run([*base, "--", PY, "examples/pipeline_p2p.py"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "recording with the Python kernel (the C++ one cannot be built here" in res.stderr
+    heads = [json.loads(p.read_text().split("\n", 1)[0])["header"]
+             for p in (tmp_path / "traces").glob("trace-*.jsonl")]
+    assert heads and all(h["hook"] == "python" for h in heads)
+    res = subprocess.run([*base, "--hook", "native", "--", PY, "examples/pipeline_p2p.py"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1
+    assert res.stderr.startswith("collective-record: error: --hook native: the C++ kernel "
+                                 "cannot be built:")

@@ -160,7 +160,9 @@ def capture_for(name: str, kind: str) -> Capture:
 _CODES: dict[CodeType, tuple[bool, str | None, bool]] = {}
 
 
-def _classify(code: CodeType) -> tuple[bool, str | None, bool]:
+def classify(code: CodeType) -> tuple[bool, str | None, bool]:
+    """Whether ``code`` is the user's (a call-site candidate), the torch.distributed function it
+    is (or None), and whether it is in a public API file; cached per code object."""
     name = code.co_filename
     user = not (name.startswith(_TORCH_DIR) or name.startswith(_HERE) or name.startswith("<"))
     dist_fn = code.co_name if code.co_name != "wrapper" and name.startswith(_DIST_DIR) else None
@@ -180,7 +182,7 @@ def where() -> tuple[str, str | None]:
     codes = _CODES
     while f is not None:
         code = f.f_code
-        kind = codes.get(code) or _classify(code)
+        kind = codes.get(code) or classify(code)
         if kind[0]:
             if site is None:
                 site = (code, f.f_lineno)
@@ -189,7 +191,7 @@ def where() -> tuple[str, str | None]:
             if kind[2]:
                 api = kind[1]
         f = f.f_back
-    return _site_json(site), api or outer
+    return site_json(site), api or outer
 
 
 # ---- JSON texts, cached ----
@@ -242,7 +244,8 @@ def _call_dict(op: str, args: tuple[tuple[str, Captured], ...], api: str | None
     return call
 
 
-def _site_json(site: tuple[CodeType, int] | None) -> str:
+def site_json(site: tuple[CodeType, int] | None) -> str:
+    """A call site, (code, line) or None, as its JSON text (cached)."""
     got = _SITES.get(site)
     if got is None:
         text = "?" if site is None else f"{site[0].co_filename}:{site[1]}"

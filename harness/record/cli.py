@@ -18,7 +18,7 @@ from harness.record.cases import Recording, build, render
 from harness.record.fromtrace import recording_from_files
 from harness.record.optable import WAIT_OPS, Call, UnknownOp, translate
 from harness.record.programs import build_programs
-from harness.record.trace import RankTrace, TraceError, read_folder
+from harness.record.trace import HOOK_ENV, RankTrace, TraceError, read_folder
 
 SITE = Path(__file__).resolve().parent / "site"
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="also replay at these world sizes where the pattern generalizes (every "
                         "group the world, shapes fixed or scaling with it); the other cases "
                         "say why they stay at the recorded size")
+    p.add_argument("--hook", choices=["auto", "native", "python"], default="auto",
+                   help="how the ranks record c10d calls: native = a C++ kernel, built once "
+                        "(needs a C++ compiler; much cheaper per call), python = the Python "
+                        "kernel; auto = native where it builds (default)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the launch command")
     return p
 
@@ -70,8 +74,27 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def _launch(command: list[str], folder: Path) -> int:
+def _hook(choice: str) -> str:
+    """The kernel the ranks use: the C++ one is built here first, so that the ranks only load
+    it (a build takes about 25 s once, then it is cached)."""
+    if choice == "python":
+        return "python"
+    from harness.record import native  # imports torch: only for a launch
+    try:
+        native.load()
+    except native.NativeUnavailable as exc:
+        if choice == "native":
+            raise RecordError(f"--hook native: the C++ kernel cannot be built: {exc}") from None
+        print(f"collective-record: recording with the Python kernel (the C++ one cannot be "
+              f"built here: {exc}); it costs the ranks more per call (docs/record.md)",
+              file=sys.stderr)
+        return "python"
+    return "native"
+
+
+def _launch(command: list[str], folder: Path, hook: str = "python") -> int:
     env = dict(os.environ)
+    env[HOOK_ENV] = hook
     path = [str(SITE), str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     env["PYTHONPATH"] = os.pathsep.join(path)
     env[ENV] = str(folder)
@@ -174,7 +197,7 @@ def _record(command: list[str], args: argparse.Namespace) -> Recording:
 
 
 def _record_into(command: list[str], args: argparse.Namespace, folder: Path) -> Recording:
-    rc = _launch(command, folder)
+    rc = _launch(command, folder, _hook(args.hook))
     traces = read_folder(folder)
     if not traces:
         raise RecordError(f"the launch command (exit status {rc}) made no collective call "

@@ -28,8 +28,10 @@ import torch
 import torch.distributed._functional_collectives as fc
 from torch._C import _distributed_c10d as c10d
 
+from harness.record import native
 from harness.record.capture import capture_for, where
 from harness.record.recorder import MAX_PENDING, Recorder, install_signals, start_flusher
+from harness.record.trace import HOOK_ENV
 
 _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 _WORK_TYPES = (torch.ScriptObject, c10d.Work)
@@ -42,6 +44,7 @@ def _kernel(rec: Recorder, qualname: str, op: Any) -> Any:
     functional = qualname.startswith("_c10d_functional::")
     local = rec.local
     new_works = rec.new_works
+    fast = rec.native
     current_thread = threading.current_thread
 
     def record(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
@@ -50,8 +53,8 @@ def _kernel(rec: Recorder, qualname: str, op: Any) -> Any:
         if kwargs:
             captured += tuple([(by_name[k][0], by_name[k][1](v)) for k, v in kwargs.items()])
         site, api = where()
-        seq = next(rec.seq)
-        rec.calls += 1
+        seq = rec.next_seq()
+        rec.count_call()
         rec.emit((qualname, captured, api, site, current_thread().name, seq))
         return seq
 
@@ -66,10 +69,14 @@ def _kernel(rec: Recorder, qualname: str, op: Any) -> Any:
         # the cost under the 5 % budget either (docs/record.md).
         seq = record(args, kwargs)
         local.depth = 1
+        if fast is not None:
+            fast.enter()  # the c10d ops this op issues are its own, not the user's calls
         try:
             out = redispatch(below, *args, **kwargs)
         finally:
             local.depth = 0
+            if fast is not None:
+                fast.leave()
         work = out[1] if type(out) is tuple and len(out) == 2 else out
         if isinstance(work, _WORK_TYPES):
             new_works.append((seq, work))  # unboxed later: Recorder.adopt_works
@@ -96,11 +103,13 @@ def _patch_waits(rec: Recorder) -> None:
 
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         entry = works.pop(id(self), None)
-        if entry is None and rec.new_works:
-            rec.adopt_works()
-            entry = works.pop(id(self), None)
+        if entry is None:
+            rec.take_works()
+            if rec.new_works:
+                rec.adopt_works()
+                entry = works.pop(id(self), None)
         if entry is not None and getattr(local, "depth", 0) == 0:
-            rec.emit((entry[0], "work", rec.calls, where()[0]))
+            rec.emit((entry[0], "work", rec.call_count(), where()[0]))
         return orig_wait(self, *args, **kwargs)
 
     setattr(c10d.Work, "wait", wait)  # noqa: B010  (a pybind method: mypy forbids =)
@@ -110,7 +119,7 @@ def _patch_waits(rec: Recorder) -> None:
         if getattr(local, "depth", 0) == 0:
             key = id(tensor)
             seq = rec.tensor_seq.pop(key, None) if rec.tensors.get(key) is tensor else None
-            rec.emit((seq, "tensor", rec.calls, where()[0]))
+            rec.emit((seq, "tensor", rec.call_count(), where()[0]))
         local.depth = getattr(local, "depth", 0) + 1
         try:
             return orig_wait_tensor(tensor)  # type: ignore[no-untyped-call]
@@ -122,25 +131,35 @@ def _patch_waits(rec: Recorder) -> None:
 
 _REC: Recorder | None = None
 _LIBS: list[Any] = []  # the Library objects must stay alive or their kernels are removed
+_ATTACHED: list[bool] = []  # one entry while the kernels are registered
 
 
 def recorded_calls() -> int:
     """How many calls this process has recorded so far (0 when not recording)."""
-    return 0 if _REC is None else _REC.calls
+    return 0 if _REC is None else _REC.call_count()
+
+
+_KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradPrivateUse1")
 
 
 def _register(rec: Recorder) -> None:
     for ns in ("c10d", "_c10d_functional"):
-        lib = torch.library.Library(ns, "IMPL")  # type: ignore[no-untyped-call]
-        _LIBS.append(lib)
+        names = []
         for full in torch._C._dispatch_get_all_op_names():
             name = full.split("::", 1)[1]
             # check_for_nan and _c10d_functional's _helpers move no data between ranks
             if not full.startswith(ns + "::") or full == "c10d::check_for_nan" or (
                     ns == "_c10d_functional" and name.startswith("_")):
                 continue
+            names.append((full, name))
+        if ns == "c10d" and rec.native is not None:
+            rec.native.attach([name for _, name in names], list(_KEYS))
+            continue
+        lib = torch.library.Library(ns, "IMPL")  # type: ignore[no-untyped-call]
+        _LIBS.append(lib)
+        for full, name in names:
             op = getattr(getattr(torch.ops, ns), name).default
-            for key in ("AutogradCPU", "AutogradCUDA", "AutogradPrivateUse1"):
+            for key in _KEYS:
                 lib.impl(name, _kernel(rec, full, op), key,  # type: ignore[no-untyped-call]
                          with_keyset=True)
 
@@ -152,12 +171,24 @@ def detach() -> None:
     for lib in _LIBS:
         lib._destroy()
     _LIBS.clear()
+    if _REC is not None and _REC.native is not None:
+        _REC.native.detach()
+    _ATTACHED.clear()
 
 
 def attach() -> None:
     """Register the kernels again after :func:`detach` (nothing when recording is off)."""
-    if _REC is not None and not _LIBS:
+    if _REC is not None and not _ATTACHED:
         _register(_REC)
+        _ATTACHED.append(True)
+
+
+def hook_kind() -> str:
+    """Which kernel records the c10d ops in this process: "native" (C++) or "python" (and,
+    for "python" when the C++ one was asked for, why it is not used)."""
+    if _REC is None:
+        return "none"
+    return "native" if _REC.native is not None else "python" + _REC.hook_note
 
 
 def install(folder: str) -> None:
@@ -166,7 +197,14 @@ def install(folder: str) -> None:
     if _REC is not None:
         return
     rec = _REC = Recorder(folder)
+    if os.environ.get(HOOK_ENV) == "native":
+        try:
+            rec.native = native.load()
+            native.install(rec.native, rec.start)
+        except native.NativeUnavailable as exc:
+            rec.hook_note = f" (the C++ kernel could not be loaded: {exc})"
     _register(rec)
+    _ATTACHED.append(True)
     _patch_waits(rec)
     atexit.register(rec.close)
     install_signals(rec)

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from harness.record.capture import format_call, format_other, format_wait
+from harness.record.native import records
 from harness.record.trace import FORMAT, VERSION
 
 FLUSH_SECONDS = 0.5  # the flusher thread writes what is waiting this often ...
@@ -64,8 +65,10 @@ class Recorder:
         self.started = False  # the header is taken at the first record
         self.seq = itertools.count()
         self.calls = 0
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # RLock: a pull while writing may take the header
         self.local = threading.local()
+        self.native: Any = None  # the C++ kernel's module, when it records the c10d ops
+        self.hook_note = ""  # why the C++ kernel was asked for and is not used, if it was
         # id(pybind Work) -> (seq, the Work); an OrderedDict so forgetting the oldest is O(1)
         self.works: OrderedDict[int, tuple[int, Any]] = OrderedDict()
         # (seq, the Work as the dispatcher returned it), not unboxed yet: see adopt_works
@@ -83,16 +86,49 @@ class Recorder:
     def emit(self, record: Any) -> None:
         """Keep one record (the flusher thread writes it)."""
         if not self.started:
-            self._start()
+            self.start()
+        if self.native is not None and type(record) is tuple and type(record[0]) is str:
+            self.pull()  # the calls the C++ kernel queued come first: calls stay in order
         self.buf.append(record)
         if len(self.buf) >= MAX_KEPT:
             self.flush()
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Take the header: at the first record, while the group still exists."""
         with self.lock:
             if not self.started:
                 self.buf.append({"header": self.header()})
                 self.started = True
+
+    def next_seq(self) -> int:
+        """The next call's sequence number (shared with the C++ kernel)."""
+        return int(self.native.next_seq()) if self.native is not None else next(self.seq)
+
+    def count_call(self) -> None:
+        """Count one recorded call."""
+        if self.native is not None:
+            self.native.count_call()
+        else:
+            self.calls += 1
+
+    def call_count(self) -> int:
+        """How many calls were recorded so far."""
+        return int(self.native.call_count()) if self.native is not None else self.calls
+
+    def pull(self) -> None:
+        """Move what the C++ kernel queued into ``buf`` (and its Works to adopt)."""
+        if self.native is None:
+            return
+        for call, seq, work in records(self.native):
+            if call is not None:
+                self.buf.append(call)
+            if work is not None:
+                self.new_works.append((seq, work))
+
+    def take_works(self) -> None:
+        """Move the Works of the calls the C++ kernel queued to ``new_works``."""
+        if self.native is not None:
+            self.new_works.extend(self.native.take_works())
 
     def adopt_works(self) -> None:
         """Unbox the Works recorded calls returned, so that a ``wait()`` on one finds its call.
@@ -118,6 +154,7 @@ class Recorder:
             self._write()
 
     def _write(self) -> None:  # the lock is held
+        self.pull()
         buf = self.buf
         # Only what is there now: threads that keep recording must not keep this one writing.
         lines = [_line(buf.popleft()) + "\n" for _ in range(len(buf))]
@@ -135,7 +172,8 @@ class Recorder:
         rank = dist.get_rank() if dist.is_initialized() else -1
         world = dist.get_world_size() if dist.is_initialized() else -1
         return {"format": FORMAT, "version": VERSION, "torch": torch.__version__, "rank": rank,
-                "world_size": world, "pid": os.getpid(), "argv": sys.argv[:8]}
+                "world_size": world, "pid": os.getpid(), "argv": sys.argv[:8],
+                "hook": "native" if self.native is not None else "python" + self.hook_note}
 
     def open(self) -> None:
         """Open this process's trace file (truncated the first time, appended after)."""
@@ -146,8 +184,9 @@ class Recorder:
     def close(self) -> None:
         """Write the end record and what is left, close the file."""
         with self.lock:
+            self.pull()
             if self.out is not None or self.buf:
-                self.buf.append({"end": {"calls": self.calls}})
+                self.buf.append({"end": {"calls": self.call_count()}})
                 self._write()
             if self.out is not None:
                 self.out.close()
@@ -156,8 +195,10 @@ class Recorder:
     def after_fork(self) -> None:
         """A forked child writes its own trace: the parent's file and batch are not its; it
         gets its own wakeup pipe (the parent's is shared) and its own flusher thread."""
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.out, self.buf, self.opened, self.started = None, deque(), False, False
+        if self.native is not None:
+            self.native.restart()
         self.new_works.clear()
         self.works.clear()
         if self.wake >= 0:
@@ -177,8 +218,8 @@ class Recorder:
             else:
                 ready = []
                 time.sleep(FLUSH_SECONDS)
-            self.adopt_works()
             self.flush()
+            self.adopt_works()
             if ready:
                 got = os.read(self.wake, 64)
                 for sig in (getattr(signal, n) for n in SIGNALS):

@@ -14,6 +14,8 @@ from typing import Any
 
 FORMAT = "collective-record-trace"
 VERSION = 1
+# The launcher sets this to "native" for the C++ kernel (harness/record/native), else "python".
+HOOK_ENV = "COLLECTIVE_RECORD_HOOK"
 MAX_TRACE_BYTES = 256 << 20
 MAX_LINE = 1 << 20
 

@@ -1,0 +1,471 @@
+// collective-record's kernel for c10d:: ops, in C++ (see harness/record/native/__init__.py).
+//
+// The Python kernel (harness/record/hook.py) costs the rank's thread tens of microseconds per
+// call: the dispatcher boxes every argument into a Python object, and the capture runs as
+// Python. This kernel reads the same facts from the IValues on the stack and keeps them in a
+// C++ queue; the only Python it runs per call is the stack walk for the call site (C API,
+// under the GIL), and a Python callback only the first time it meets a code object, a thread
+// or a group. The flusher thread drains the queue into the same tuples the Python kernel
+// makes, so the trace is the same.
+#include <Python.h>
+#include <frameobject.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// Argument tags: the same numbers as harness/record/capture.py's.
+enum Tag : int { TENSOR = 0, TENSORS = 1, NESTED = 2, GROUP = 3, REDUCE = 4, INTS = 5,
+                 NONE = 6, BOOL = 7, INT = 8, FLOAT = 9, STR = 10 };
+
+struct Meta {
+  std::vector<int64_t> shape, stride;
+  bool strided = true, contiguous = true;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  c10::Device device{c10::DeviceType::CPU};
+  c10::Layout layout = c10::Layout::Strided;
+};
+
+struct Arg {
+  int tag = NONE;
+  std::vector<Meta> metas;            // TENSOR (one), TENSORS
+  std::vector<std::vector<Meta>> nested;
+  std::vector<int64_t> ints;          // INTS
+  int64_t i = 0;                      // INT, BOOL, REDUCE
+  double f = 0;                       // FLOAT
+  std::string s;                      // STR, GROUP (its name)
+};
+
+struct Call {
+  const std::string* qualname;
+  std::vector<Arg> args;
+  std::vector<size_t> names;  // each captured argument's index in the schema
+  PyObject* code = nullptr;  // the site's code object: borrowed, the cache below owns it
+  int line = 0;
+  const std::string* api = nullptr;
+  const std::string* thread = nullptr;
+  int64_t seq = 0;
+  c10::IValue work;  // the Work the call returned, for wait() matching; None if none
+};
+
+struct CodeInfo {
+  bool user;
+  const std::string* dist_fn;  // torch.distributed function name, or null
+  bool api_file;
+};
+
+// Everything below lives until the process ends and is never destroyed: a static destructor
+// would run after Python and the dispatcher are gone (decrefs without an interpreter, Works
+// and registrations torn down in the wrong order), and the process is ending anyway.
+std::mutex& mu = *new std::mutex();  // the queue, the caches
+std::vector<Call>& queue = *new std::vector<Call>();
+std::atomic<int64_t> seq_counter{0};
+std::atomic<int64_t> calls{0};
+thread_local int depth = 0;
+auto& codes = *new std::unordered_map<PyObject*, CodeInfo>();  // owns a reference to each code
+auto& threads = *new std::unordered_map<unsigned long, std::unique_ptr<std::string>>();
+auto& strings = *new std::unordered_map<std::string, std::unique_ptr<std::string>>();
+auto& groups_seen = *new std::unordered_map<std::string, bool>();
+auto& opnames = *new std::unordered_map<c10::OperatorName, std::unique_ptr<std::string>>();
+// Python callbacks, set by install()
+py::object& classify_cb = *new py::object();
+py::object& thread_cb = *new py::object();
+py::object& group_cb = *new py::object();
+py::object& start_cb = *new py::object();
+std::atomic<bool> started{false};  // start_cb runs at the first recorded call
+auto& libs = *new std::vector<std::unique_ptr<torch::Library>>();
+
+const std::string* intern(const std::string& s) {  // mu held
+  auto it = strings.find(s);
+  if (it != strings.end()) return it->second.get();
+  auto p = std::make_unique<std::string>(s);
+  auto* raw = p.get();
+  strings.emplace(s, std::move(p));
+  return raw;
+}
+
+Meta meta_of(const at::Tensor& t) {
+  Meta m;
+  m.shape = t.sizes().vec();
+  m.layout = t.layout();
+  m.strided = m.layout == c10::Layout::Strided;
+  if (m.strided) m.stride = t.strides().vec();
+  m.contiguous = t.is_contiguous();
+  m.dtype = t.scalar_type();
+  m.device = t.device();
+  return m;
+}
+
+Arg capture(const c10::Argument& a, const c10::IValue& v) {
+  Arg out;
+  if (v.isTensor()) {
+    out.tag = TENSOR;
+    out.metas.push_back(meta_of(v.toTensor()));
+  } else if (v.isTensorList()) {
+    out.tag = TENSORS;
+    for (const at::Tensor& t : v.toTensorList().vec()) out.metas.push_back(meta_of(t));
+  } else if (v.isList()) {
+    auto list = v.toListRef();
+    if (!list.empty() && list[0].isTensorList()) {
+      out.tag = NESTED;
+      for (const auto& inner : list) {
+        std::vector<Meta> ms;
+        for (const at::Tensor& t : inner.toTensorList().vec()) ms.push_back(meta_of(t));
+        out.nested.push_back(std::move(ms));
+      }
+    } else if (!list.empty() && list[0].isTensor()) {
+      out.tag = TENSORS;
+      for (const auto& t : list) out.metas.push_back(meta_of(t.toTensor()));
+    } else {
+      out.tag = INTS;
+      for (const auto& x : list) out.ints.push_back(x.isInt() ? x.toInt() : 0);
+    }
+  } else if (v.isIntList()) {
+    out.tag = INTS;
+    out.ints = v.toIntVector();
+  } else if (v.isNone()) {
+    out.tag = NONE;
+  } else if (v.isBool()) {
+    out.tag = BOOL;
+    out.i = v.toBool();
+  } else if (v.isInt()) {
+    out.tag = INT;
+    out.i = v.toInt();
+  } else if (v.isDouble()) {
+    out.tag = FLOAT;
+    out.f = v.toDouble();
+  } else if (v.isString()) {
+    out.tag = STR;
+    out.s = v.toStringRef();
+  } else if (v.isCustomClass()) {
+    const std::string type = a.type()->str();
+    if (type.find("ProcessGroup") != std::string::npos) {
+      out.tag = GROUP;
+      out.s = v.toCustomClass<c10d::ProcessGroup>()->getGroupName();
+    } else if (type.find("ReduceOp") != std::string::npos) {
+      out.tag = REDUCE;
+      out.i = static_cast<int64_t>(v.toCustomClass<c10d::ReduceOp>()->op_);
+    } else {
+      out.tag = STR;
+      out.s = "<ScriptObject>";
+    }
+  } else {
+    out.tag = STR;
+    out.s = "<" + v.tagKind() + ">";
+  }
+  return out;
+}
+
+// The call site and API function, as harness/record/capture.py's where() finds them. The GIL
+// is held; mu is not (the classify callback may run Python that records).
+void where(Call& c) {
+  PyThreadState* ts = PyThreadState_Get();
+  PyFrameObject* f = PyThreadState_GetFrame(ts);  // new reference, or null
+  const std::string* api = nullptr;
+  const std::string* outer = nullptr;
+  bool have_site = false;
+  while (f != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(f);  // new reference
+    CodeInfo info;
+    bool known;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      auto it = codes.find(reinterpret_cast<PyObject*>(code));
+      known = it != codes.end();
+      if (known) info = it->second;
+    }
+    if (!known) {
+      py::tuple got = classify_cb(py::handle(reinterpret_cast<PyObject*>(code)));
+      info.user = got[0].cast<bool>();
+      info.api_file = got[2].cast<bool>();
+      std::lock_guard<std::mutex> g(mu);
+      info.dist_fn = got[1].is_none() ? nullptr : intern(got[1].cast<std::string>());
+      if (codes.emplace(reinterpret_cast<PyObject*>(code), info).second) Py_INCREF(code);
+    }
+    if (info.user) {
+      if (!have_site) {
+        c.code = reinterpret_cast<PyObject*>(code);
+        c.line = PyFrame_GetLineNumber(f);
+        have_site = true;
+      }
+    } else if (info.dist_fn != nullptr) {
+      outer = info.dist_fn;
+      if (info.api_file) api = info.dist_fn;
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(f);  // new reference, or null
+    Py_DECREF(f);
+    f = back;
+  }
+  c.api = api != nullptr ? api : outer;
+}
+
+const std::string* thread_name() {  // the GIL is held
+  unsigned long id = PyThread_get_thread_ident();
+  {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = threads.find(id);
+    if (it != threads.end()) return it->second.get();
+  }
+  std::string name = thread_cb().cast<std::string>();
+  std::lock_guard<std::mutex> g(mu);
+  auto& slot = threads[id];
+  if (!slot) slot = std::make_unique<std::string>(name);
+  return slot.get();
+}
+
+void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const auto below = ks & c10::after_autograd_keyset;
+  if (depth > 0) {
+    op.redispatchBoxed(below, stack);
+    return;
+  }
+  const auto& schema = op.schema();
+  const auto& arguments = schema.arguments();
+  const size_t n = arguments.size();
+  const size_t base = stack->size() - n;
+  // Arguments equal to their schema default are left out, trailing positional ones and
+  // keyword-only ones, as the dispatcher leaves them out when it calls a Python kernel: the
+  // trace is then the same whichever kernel recorded it.
+  const auto is_default = [&](size_t i) {
+    const auto& d = arguments[i].default_value();
+    return d.has_value() && *d == (*stack)[base + i];
+  };
+  size_t kw_start = n;
+  while (kw_start > 0 && arguments[kw_start - 1].kwarg_only()) --kw_start;
+  size_t pos_end = kw_start;
+  while (pos_end > 0 && is_default(pos_end - 1)) --pos_end;
+  Call c;
+  c.args.reserve(n);
+  c.names.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    if ((i >= pos_end && i < kw_start) || (i >= kw_start && is_default(i))) continue;
+    c.args.push_back(capture(arguments[i], (*stack)[base + i]));
+    c.names.push_back(i);
+  }
+  {
+    py::gil_scoped_acquire gil;
+    if (!started.exchange(true)) start_cb();  // the header: rank and world, taken now
+    where(c);
+    c.thread = thread_name();
+    for (const Arg& a : c.args) {
+      if (a.tag != GROUP) continue;
+      bool seen;
+      {
+        std::lock_guard<std::mutex> g(mu);
+        seen = groups_seen.count(a.s) > 0;
+      }
+      if (!seen) {  // the ranks are read now: the group may be gone when the batch is written
+        group_cb(a.s);
+        std::lock_guard<std::mutex> g(mu);
+        groups_seen[a.s] = true;
+      }
+    }
+  }
+  const int64_t seq = c.seq = seq_counter++;
+  calls++;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    auto& name = opnames[op.operator_name()];
+    if (!name) name = std::make_unique<std::string>(op.operator_name().name);
+    c.qualname = name.get();
+    queue.push_back(std::move(c));
+  }
+  ++depth;
+  try {
+    op.redispatchBoxed(below, stack);
+  } catch (...) {
+    --depth;
+    throw;
+  }
+  --depth;
+  // The outputs: a Work alone, or (outputs, Work).
+  c10::IValue work;
+  const size_t outs = schema.returns().size();
+  for (size_t i = stack->size() - outs; i < stack->size(); ++i) {
+    const auto& v = (*stack)[i];
+    if (v.isCustomClass() && schema.returns()[i - (stack->size() - outs)].type()->str().find(
+            "Work") != std::string::npos) {
+      work = v;
+    }
+  }
+  if (!work.isNone()) {
+    std::lock_guard<std::mutex> g(mu);
+    // The call is still queued unless the flusher drained it meanwhile: then the Work goes
+    // in a record of its own (seq only), which drain() hands over the same way.
+    for (auto it = queue.rbegin(); it != queue.rend(); ++it) {
+      if (it->seq == seq) {
+        it->work = work;
+        return;
+      }
+    }
+    Call late;
+    late.qualname = nullptr;
+    late.seq = seq;
+    late.work = work;
+    queue.push_back(std::move(late));
+  }
+}
+
+py::object meta_py(const Meta& m) {
+  py::tuple shape(m.shape.size());
+  for (size_t i = 0; i < m.shape.size(); ++i) shape[i] = m.shape[i];
+  py::object stride = py::none();
+  if (m.strided) {
+    py::tuple st(m.stride.size());
+    for (size_t i = 0; i < m.stride.size(); ++i) st[i] = m.stride[i];
+    stride = st;
+  }
+  // The same objects the Python capture holds (torch.dtype, torch.device, torch.layout), so
+  // that both kernels' records share one cache of JSON texts and are written alike.
+  auto dtype = py::reinterpret_borrow<py::object>(
+      reinterpret_cast<PyObject*>(torch::getTHPDtype(m.dtype)));
+  auto layout = py::reinterpret_borrow<py::object>(
+      reinterpret_cast<PyObject*>(torch::getTHPLayout(m.layout)));
+  auto device = py::reinterpret_steal<py::object>(THPDevice_New(m.device));
+  return py::make_tuple(shape, stride, m.contiguous, dtype, device, layout);
+}
+
+py::object arg_py(const Arg& a) {
+  switch (a.tag) {
+    case TENSOR: return py::make_tuple(a.tag, meta_py(a.metas[0]));
+    case TENSORS: {
+      py::tuple t(a.metas.size());
+      for (size_t i = 0; i < a.metas.size(); ++i) t[i] = meta_py(a.metas[i]);
+      return py::make_tuple(a.tag, t);
+    }
+    case NESTED: {
+      py::tuple t(a.nested.size());
+      for (size_t i = 0; i < a.nested.size(); ++i) {
+        py::tuple in(a.nested[i].size());
+        for (size_t j = 0; j < a.nested[i].size(); ++j) in[j] = meta_py(a.nested[i][j]);
+        t[i] = in;
+      }
+      return py::make_tuple(a.tag, t);
+    }
+    case INTS: {
+      py::tuple t(a.ints.size());
+      for (size_t i = 0; i < a.ints.size(); ++i) t[i] = a.ints[i];
+      return py::make_tuple(a.tag, t);
+    }
+    case NONE: return py::make_tuple(a.tag, py::none());
+    case BOOL: return py::make_tuple(a.tag, py::bool_(a.i != 0));
+    case INT: case REDUCE: return py::make_tuple(a.tag, a.i);
+    case FLOAT: return py::make_tuple(a.tag, a.f);
+    default: return py::make_tuple(a.tag, a.s);  // STR, GROUP (name: resolved in Python)
+  }
+}
+
+}  // namespace
+
+// What was recorded since the last drain: a list of (qualname or None, args, api, code, line,
+// thread, seq, work or None). args pairs each schema argument's name with (tag, payload).
+py::list drain() {
+  std::vector<Call> got;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    got.swap(queue);
+  }
+  py::list out;
+  for (const Call& c : got) {
+    py::object work = c.work.isNone() ? py::none() : torch::jit::toPyObject(c.work);
+    if (c.qualname == nullptr) {
+      out.append(py::make_tuple(py::none(), py::none(), py::none(), py::none(), 0, py::none(),
+                                c.seq, work));
+      continue;
+    }
+    const auto& op = c10::Dispatcher::singleton().findSchemaOrThrow(c.qualname->c_str(), "");
+    const auto& names = op.schema().arguments();
+    py::tuple args(c.args.size());
+    for (size_t i = 0; i < c.args.size(); ++i) {
+      args[i] = py::make_tuple(names[c.names[i]].name(), arg_py(c.args[i]));
+    }
+    py::object code = c.code ? py::reinterpret_borrow<py::object>(c.code) : py::none();
+    out.append(py::make_tuple(*c.qualname, args, c.api ? py::object(py::str(*c.api)) : py::none(),
+                              code, c.line, *c.thread, c.seq, work));
+  }
+  return out;
+}
+
+// The Works of queued calls, as (seq, Work), taken out of their records: what a wait() that
+// finds no entry needs, without converting the rest of the queue on the waiting thread.
+py::list take_works() {
+  std::vector<std::pair<int64_t, c10::IValue>> got;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    for (Call& c : queue) {
+      if (!c.work.isNone()) {
+        got.emplace_back(c.seq, std::move(c.work));
+        c.work = c10::IValue();
+      }
+    }
+  }
+  py::list out;
+  for (const auto& [seq, work] : got) out.append(py::make_tuple(seq, torch::jit::toPyObject(work)));
+  return out;
+}
+
+void install(py::object classify, py::object thread, py::object group, py::object start) {
+  classify_cb = std::move(classify);
+  thread_cb = std::move(thread);
+  group_cb = std::move(group);
+  start_cb = std::move(start);
+}
+
+// In a forked child: the parent's queued records are not the child's, and its header is new.
+void restart() {
+  std::lock_guard<std::mutex> g(mu);
+  queue.clear();
+  threads.clear();
+  started = false;
+}
+
+void attach(const std::vector<std::string>& names, const std::vector<std::string>& keys) {
+  for (const auto& key : keys) {
+    auto lib = std::make_unique<torch::Library>(
+        torch::Library::IMPL, "c10d", c10::parseDispatchKey(key), __FILE__, __LINE__);
+    for (const auto& name : names) {
+      lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+    }
+    libs.push_back(std::move(lib));
+  }
+}
+
+void detach() { libs.clear(); }
+int64_t next_seq() { return seq_counter++; }
+int64_t call_count() { return calls.load(); }
+void count_call() { calls++; }
+int64_t get_depth() { return depth; }
+void enter() { ++depth; }
+void leave() { --depth; }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("drain", &drain);
+  m.def("take_works", &take_works);
+  m.def("install", &install);
+  m.def("restart", &restart);
+  m.def("attach", &attach);
+  m.def("detach", &detach);
+  m.def("next_seq", &next_seq);
+  m.def("call_count", &call_count);
+  m.def("count_call", &count_call);
+  m.def("depth", &get_depth);
+  m.def("enter", &enter);
+  m.def("leave", &leave);
+}
