@@ -18,6 +18,8 @@ Python tensor objects.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import threading
 import warnings
 from pathlib import Path
@@ -40,6 +42,7 @@ def load(verbose: bool = False) -> Any:
     if _MODULE:
         return _MODULE[0]
     from torch.utils import cpp_extension
+    _ninja_on_path()
     log = logging.getLogger(cpp_extension.__name__)
     level = log.level
     log.setLevel(logging.ERROR)  # its compiler warnings would be lines a user cannot act on
@@ -55,6 +58,18 @@ def load(verbose: bool = False) -> Any:
         log.setLevel(level)
     _MODULE.append(mod)
     return mod
+
+
+def _ninja_on_path() -> None:
+    """torch's builder runs ``ninja`` from PATH; the ``ninja`` package (a dependency) puts it
+    in the environment's scripts folder, which is not on PATH unless the venv is activated."""
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = os.pathsep.join([str(ninja.BIN_DIR), os.environ.get("PATH", "")])
 
 
 def _thread_name() -> str:

@@ -54,6 +54,7 @@ struct Arg {
 
 struct Call {
   const std::string* qualname;
+  const c10::FunctionSchema* schema = nullptr;  // the op's, registered for the process' life
   std::vector<Arg> args;
   std::vector<size_t> names;  // each captured argument's index in the schema
   PyObject* code = nullptr;  // the site's code object: borrowed, the cache below owns it
@@ -261,21 +262,31 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
   }
   {
     py::gil_scoped_acquire gil;
-    if (!started.exchange(true)) start_cb();  // the header: rank and world, taken now
-    where(c);
-    c.thread = thread_name();
-    for (const Arg& a : c.args) {
-      if (a.tag != GROUP) continue;
-      bool seen;
-      {
-        std::lock_guard<std::mutex> g(mu);
-        seen = groups_seen.count(a.s) > 0;
+    // A failure of the recorder's own Python must never fail the user's call: the call is
+    // then recorded with what was read (site "?" at worst).
+    try {
+      if (!started.exchange(true)) start_cb();  // the header: rank and world, taken now
+      where(c);
+      c.thread = thread_name();
+      for (const Arg& a : c.args) {
+        if (a.tag != GROUP) continue;
+        bool seen;
+        {
+          std::lock_guard<std::mutex> g(mu);
+          seen = groups_seen.count(a.s) > 0;
+        }
+        if (!seen) {  // the ranks are read now: the group may be gone when the batch is written
+          group_cb(a.s);
+          std::lock_guard<std::mutex> g(mu);
+          groups_seen[a.s] = true;
+        }
       }
-      if (!seen) {  // the ranks are read now: the group may be gone when the batch is written
-        group_cb(a.s);
-        std::lock_guard<std::mutex> g(mu);
-        groups_seen[a.s] = true;
-      }
+    } catch (const std::exception&) {
+      PyErr_Clear();
+    }
+    if (c.thread == nullptr) {
+      std::lock_guard<std::mutex> g(mu);
+      c.thread = intern("?");
     }
   }
   const int64_t seq = c.seq = seq_counter++;
@@ -285,6 +296,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
     auto& name = opnames[op.operator_name()];
     if (!name) name = std::make_unique<std::string>(op.operator_name().name);
     c.qualname = name.get();
+    c.schema = &schema;
     queue.push_back(std::move(c));
   }
   ++depth;
@@ -390,8 +402,7 @@ py::list drain() {
                                 c.seq, work));
       continue;
     }
-    const auto& op = c10::Dispatcher::singleton().findSchemaOrThrow(c.qualname->c_str(), "");
-    const auto& names = op.schema().arguments();
+    const auto& names = c.schema->arguments();
     py::tuple args(c.args.size());
     for (size_t i = 0; i < c.args.size(); ++i) {
       args[i] = py::make_tuple(names[c.names[i]].name(), arg_py(c.args[i]));
@@ -429,6 +440,8 @@ void install(py::object classify, py::object thread, py::object group, py::objec
 }
 
 // In a forked child: the parent's queued records are not the child's, and its header is new.
+// (A fork while another thread held mu would leave it held in the child, as with any lock;
+// the kernel holds it only for a push or a lookup.)
 void restart() {
   std::lock_guard<std::mutex> g(mu);
   queue.clear();
