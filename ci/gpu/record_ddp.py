@@ -5,7 +5,8 @@
 Runs ``examples/ddp_buckets.py --backend nccl --world-size 1`` twice, plain and under
 ``collective-record``, writes ``OUT_DIR/record-nccl.yaml`` (the case file, which the next part
 replays with ``pytest --backend nccl``) and ``OUT_DIR/record.json``: the recorder's summary
-line, the number of cases, the device kinds the cases declare, and whether the final parameters
+line, the number of cases, the device kinds the cases declare, which kernel recorded (the
+C++ one, or the Python one where it could not be built), and whether the final parameters
 are bit-identical with and without recording (issue 28 point 7, on the GPU). Exit 1 when
 anything of that does not hold.
 
@@ -47,8 +48,10 @@ def main(argv: list[str]) -> int:
         if run.returncode != 0:
             summary["error"] = f"plain run exited {run.returncode}"
             return _finish(out, summary)
+        traces = Path(tmp, "traces")
         rec = subprocess.run([sys.executable, "-m", "harness.record",
-                              "-o", str(out / "record-nccl.yaml"), "--",
+                              "-o", str(out / "record-nccl.yaml"), "--trace-dir", str(traces),
+                              "--",
                               *example, "--out", str(recorded)],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
         print(rec.stdout + rec.stderr)
@@ -58,6 +61,9 @@ def main(argv: list[str]) -> int:
             summary["error"] = f"collective-record exited {rec.returncode}"
             return _finish(out, summary)
         summary["bit_identical"] = plain.read_bytes() == recorded.read_bytes()
+        # which kernel recorded (the C++ one where it builds): the trace headers say
+        summary["hook"] = sorted({json.loads(t.read_text().split("\n", 1)[0])["header"]
+                                  .get("hook", "?") for t in traces.glob("trace-*.jsonl")})
         summary["parameter_bytes"] = plain.stat().st_size
     cases = yaml.safe_load((out / "record-nccl.yaml").read_text())["cases"]
     summary["cases"] = len(cases)
