@@ -360,3 +360,45 @@ def test_without_a_compiler_the_python_kernel_records_and_says_so(tmp_path: Path
     assert res.stderr.count("\n") == 1
     assert res.stderr.startswith("collective-record: error: --hook native: the C++ kernel "
                                  "cannot be built:")
+
+
+REUSE = r'''
+import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+def run(rank, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    g = dist.new_group([0, 1])
+    dist.all_reduce(torch.ones(2), group=g)
+    i = torch.sparse_coo_tensor([[0, 1]], [1.0, 2.0], (3,))
+    dist.all_reduce(i)                                     # sparse: no strides
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", rank=rank, world_size=2,
+                            init_method=f"tcp://127.0.0.1:{port + 1}")
+    h = dist.new_group([1])                                # torch may reuse the name of g
+    if rank == 1:
+        dist.all_reduce(torch.ones(2), group=h)
+    dist.barrier()
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    s.close()
+    mp.spawn(run, args=(port,), nprocs=2)
+'''
+
+
+@pytest.mark.parametrize("hook", ["native", "python"])
+def test_a_sparse_call_and_a_reused_group_name_are_recorded_right(tmp_path: Path,
+                                                                   hook: str) -> None:
+    """A sparse tensor is recorded with its layout and no strides; a group created after
+    destroy_process_group gets its own ranks even where torch reuses a name."""
+    script = tmp_path / "reuse.py"
+    script.write_text(REUSE)
+    res = _record(tmp_path, PY, str(script), extra=("--hook", hook))
+    assert res.returncode == 0, res.stderr
+    traces = {t.rank: t for t in (read_trace(p) for p in
+                                  (tmp_path / "traces").glob("trace-*.jsonl"))}
+    groups = [c["group"] for c in traces[1].calls if c["op"] == "c10d::allreduce_"]
+    assert groups == [[0, 1], [0, 1], [1]]
+    sparse = [c for c in traces[1].calls if c["op"] == "c10d::allreduce_"][1]
+    assert sparse["args"]["tensors"][0]["layout"] == "sparse_coo"
+    assert sparse["args"]["tensors"][0]["stride"] is None

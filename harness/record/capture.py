@@ -62,8 +62,13 @@ def tensor_meta(t: Any) -> tuple[Any, ...]:
     """A tensor's layout as plain values and the objects it already holds (nothing formatted
     here; the shape as a tuple, which the GC can stop tracking, unlike ``torch.Size``)."""
     layout = t.layout
-    return (tuple(t.shape), t.stride() if layout == _STRIDED else None, t.is_contiguous(),
-            t.dtype, t.device, layout)
+    if layout == _STRIDED:
+        return (tuple(t.shape), t.stride(), t.is_contiguous(), t.dtype, t.device, layout)
+    try:  # some sparse layouts raise on is_contiguous(): never fail the user's call for it
+        contiguous = t.is_contiguous()
+    except RuntimeError:
+        contiguous = False
+    return (tuple(t.shape), None, contiguous, t.dtype, t.device, layout)
 
 
 def _group_ranks(name: str, pg: Any) -> tuple[int, ...]:
@@ -77,6 +82,11 @@ def capture_group(value: Any) -> Captured:
     """A ProcessGroup argument (boxed as a ScriptObject by the dispatcher) as its ranks."""
     pg = value if type(value) is c10d.ProcessGroup else c10d.ProcessGroup.unbox(value)
     return GROUP, _group_ranks(pg.group_name, pg)
+
+
+def forget_groups() -> None:
+    """Drop the cached ranks: after destroy_process_group torch may reuse a group's name."""
+    _GROUPS.clear()
 
 
 def capture_group_name(value: Any) -> Captured:

@@ -25,11 +25,12 @@ import threading
 from typing import Any, NoReturn
 
 import torch
+import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 from torch._C import _distributed_c10d as c10d
 
 from harness.record import native
-from harness.record.capture import capture_for, where
+from harness.record.capture import capture_for, forget_groups, where
 from harness.record.recorder import MAX_PENDING, Recorder, install_signals, start_flusher
 from harness.record.trace import HOOK_ENV
 
@@ -104,10 +105,7 @@ def _patch_waits(rec: Recorder) -> None:
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         entry = works.pop(id(self), None)
         if entry is None:
-            rec.take_works()
-            if rec.new_works:
-                rec.adopt_works()
-                entry = works.pop(id(self), None)
+            entry = rec.find_work(id(self))
         if entry is not None and getattr(local, "depth", 0) == 0:
             rec.emit((entry[0], "work", rec.call_count(), where()[0]))
         return orig_wait(self, *args, **kwargs)
@@ -217,3 +215,23 @@ def install(folder: str) -> None:
         orig_exit(status)
 
     os._exit = _exit
+    _patch_destroy(rec)
+
+
+def _patch_destroy(rec: Recorder) -> None:
+    """After ``destroy_process_group`` torch may give a new group a destroyed one's name
+    (its name counter restarts): what is queued is written first, then the cached ranks go."""
+    c10d_py = dist.distributed_c10d
+    orig = c10d_py.destroy_process_group
+
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        rec.flush()
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            forget_groups()
+            if rec.native is not None:
+                rec.native.forget_groups()
+
+    c10d_py.destroy_process_group = destroy_process_group
+    dist.destroy_process_group = destroy_process_group

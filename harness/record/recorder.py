@@ -69,6 +69,8 @@ class Recorder:
         self.local = threading.local()
         self.native: Any = None  # the C++ kernel's module, when it records the c10d ops
         self.hook_note = ""  # why the C++ kernel was asked for and is not used, if it was
+        self.failures = 0  # the flusher's failed batches (kept and retried), for a post-mortem
+        self.last_failure = ""
         # id(pybind Work) -> (seq, the Work); an OrderedDict so forgetting the oldest is O(1)
         self.works: OrderedDict[int, tuple[int, Any]] = OrderedDict()
         # (seq, the Work as the dispatcher returned it), not unboxed yet: see adopt_works
@@ -88,8 +90,11 @@ class Recorder:
         if not self.started:
             self.start()
         if self.native is not None and type(record) is tuple and type(record[0]) is str:
-            self.pull()  # the calls the C++ kernel queued come first: calls stay in order
-        self.buf.append(record)
+            with self.lock:  # the calls the C++ kernel queued come first: calls stay in order
+                self.pull()
+                self.buf.append(record)
+        else:
+            self.buf.append(record)
         if len(self.buf) >= MAX_KEPT:
             self.flush()
 
@@ -130,6 +135,15 @@ class Recorder:
         if self.native is not None:
             self.new_works.extend(self.native.take_works())
 
+    def find_work(self, key: int) -> tuple[int, Any] | None:
+        """The call of a Work whose ``wait()`` found no entry: the Works still queued or being
+        moved are adopted first, under the lock the writer holds while it moves them (a wait
+        between the two steps would otherwise find the Work in neither place)."""
+        with self.lock:
+            self.take_works()
+            self.adopt_works()
+            return self.works.pop(key, None)
+
     def adopt_works(self) -> None:
         """Unbox the Works recorded calls returned, so that a ``wait()`` on one finds its call.
 
@@ -157,7 +171,9 @@ class Recorder:
         self.pull()
         buf = self.buf
         # Only what is there now: threads that keep recording must not keep this one writing.
-        lines = [_line(buf.popleft()) + "\n" for _ in range(len(buf))]
+        # Formatted and written before they leave the queue: a failed write loses nothing.
+        n = len(buf)
+        lines = [_line(r) + "\n" for r in itertools.islice(buf, n)]
         if not lines:
             return
         if self.out is None:
@@ -165,6 +181,8 @@ class Recorder:
         assert self.out is not None
         self.out.write("".join(lines))
         self.out.flush()
+        for _ in range(n):
+            buf.popleft()
 
     def header(self) -> dict[str, Any]:
         """The header line, taken at the first record (the group may be gone by the time a
@@ -218,8 +236,13 @@ class Recorder:
             else:
                 ready = []
                 time.sleep(FLUSH_SECONDS)
-            self.flush()
-            self.adopt_works()
+            try:
+                with self.lock:
+                    self._write()
+                    self.adopt_works()
+            except Exception as exc:  # a full disk, say: kept, tried again next time
+                self.failures += 1
+                self.last_failure = f"{type(exc).__name__}: {exc}"
             if ready:
                 got = os.read(self.wake, 64)
                 for sig in (getattr(signal, n) for n in SIGNALS):

@@ -86,6 +86,13 @@ def install(mod: Any, start: Any) -> None:
     mod.install(classify, _thread_name, _group, start)
 
 
+def _group_of(name: str) -> Any:
+    try:  # cached when the kernel first met the group, while it existed
+        return capture_group_name(name)
+    except Exception:  # the group was never resolvable: said, not fatal to the writer
+        return (GROUP, ())
+
+
 def records(mod: Any) -> list[tuple[CallTuple | None, int, Any]]:
     """What the C++ kernel queued since the last call: (the call as the Python kernel records
     it, or None when only its Work came later; its seq; the Work it returned, or None)."""
@@ -94,7 +101,7 @@ def records(mod: Any) -> list[tuple[CallTuple | None, int, Any]]:
         if qualname is None:
             out.append((None, seq, work))
             continue
-        captured = tuple((name, capture_group_name(payload) if tag == GROUP else (tag, payload))
+        captured = tuple((name, _group_of(payload) if tag == GROUP else (tag, payload))
                          for name, (tag, payload) in args)
         site = site_json(None if code is None else (code, line))
         out.append(((qualname, captured, api, site, thread, seq), seq, work))

@@ -19,6 +19,8 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -80,7 +82,6 @@ std::atomic<int64_t> seq_counter{0};
 std::atomic<int64_t> calls{0};
 thread_local int depth = 0;
 auto& codes = *new std::unordered_map<PyObject*, CodeInfo>();  // owns a reference to each code
-auto& threads = *new std::unordered_map<unsigned long, std::unique_ptr<std::string>>();
 auto& strings = *new std::unordered_map<std::string, std::unique_ptr<std::string>>();
 auto& groups_seen = *new std::unordered_map<std::string, bool>();
 auto& opnames = *new std::unordered_map<c10::OperatorName, std::unique_ptr<std::string>>();
@@ -107,7 +108,11 @@ Meta meta_of(const at::Tensor& t) {
   m.layout = t.layout();
   m.strided = m.layout == c10::Layout::Strided;
   if (m.strided) m.stride = t.strides().vec();
-  m.contiguous = t.is_contiguous();
+  try {  // some sparse layouts raise on is_contiguous(): never fail the user's call for it
+    m.contiguous = t.is_contiguous();
+  } catch (const std::exception&) {
+    m.contiguous = false;
+  }
   m.dtype = t.scalar_type();
   m.device = t.device();
   return m;
@@ -177,12 +182,17 @@ Arg capture(const c10::Argument& a, const c10::IValue& v) {
 // is held; mu is not (the classify callback may run Python that records).
 void where(Call& c) {
   PyThreadState* ts = PyThreadState_Get();
-  PyFrameObject* f = PyThreadState_GetFrame(ts);  // new reference, or null
+  // Owned handles: a callback that raises must not leak the frames (and the user's locals).
+  auto f = py::reinterpret_steal<py::object>(
+      reinterpret_cast<PyObject*>(PyThreadState_GetFrame(ts)));  // null when no frame
   const std::string* api = nullptr;
   const std::string* outer = nullptr;
   bool have_site = false;
-  while (f != nullptr) {
-    PyCodeObject* code = PyFrame_GetCode(f);  // new reference
+  while (f) {
+    auto* frame = reinterpret_cast<PyFrameObject*>(f.ptr());
+    auto code_ref = py::reinterpret_steal<py::object>(
+        reinterpret_cast<PyObject*>(PyFrame_GetCode(frame)));
+    auto* code = reinterpret_cast<PyCodeObject*>(code_ref.ptr());
     CodeInfo info;
     bool known;
     {
@@ -202,33 +212,29 @@ void where(Call& c) {
     if (info.user) {
       if (!have_site) {
         c.code = reinterpret_cast<PyObject*>(code);
-        c.line = PyFrame_GetLineNumber(f);
+        c.line = PyFrame_GetLineNumber(frame);
         have_site = true;
       }
     } else if (info.dist_fn != nullptr) {
       outer = info.dist_fn;
       if (info.api_file) api = info.dist_fn;
     }
-    Py_DECREF(code);
-    PyFrameObject* back = PyFrame_GetBack(f);  // new reference, or null
-    Py_DECREF(f);
-    f = back;
+    f = py::reinterpret_steal<py::object>(
+        reinterpret_cast<PyObject*>(PyFrame_GetBack(frame)));  // null at the outermost
   }
   c.api = api != nullptr ? api : outer;
 }
 
+// Asked once per thread (a thread_local, not a map by thread id: ids are reused).
+thread_local const std::string* my_thread_name = nullptr;
+
 const std::string* thread_name() {  // the GIL is held
-  unsigned long id = PyThread_get_thread_ident();
-  {
+  if (my_thread_name == nullptr) {
+    std::string name = thread_cb().cast<std::string>();
     std::lock_guard<std::mutex> g(mu);
-    auto it = threads.find(id);
-    if (it != threads.end()) return it->second.get();
+    my_thread_name = intern(name);
   }
-  std::string name = thread_cb().cast<std::string>();
-  std::lock_guard<std::mutex> g(mu);
-  auto& slot = threads[id];
-  if (!slot) slot = std::make_unique<std::string>(name);
-  return slot.get();
+  return my_thread_name;
 }
 
 void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -257,7 +263,14 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
   c.names.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     if ((i >= pos_end && i < kw_start) || (i >= kw_start && is_default(i))) continue;
-    c.args.push_back(capture(arguments[i], (*stack)[base + i]));
+    try {
+      c.args.push_back(capture(arguments[i], (*stack)[base + i]));
+    } catch (const std::exception&) {  // never fail the user's call for the recording's sake
+      Arg unreadable;
+      unreadable.tag = STR;
+      unreadable.s = "<unreadable>";
+      c.args.push_back(std::move(unreadable));
+    }
     c.names.push_back(i);
   }
   {
@@ -265,7 +278,10 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
     // A failure of the recorder's own Python must never fail the user's call: the call is
     // then recorded with what was read (site "?" at worst).
     try {
-      if (!started.exchange(true)) start_cb();  // the header: rank and world, taken now
+      if (!started.load()) {  // the header: rank and world, taken now (idempotent in Python)
+        start_cb();
+        started = true;
+      }
       where(c);
       c.thread = thread_name();
       for (const Arg& a : c.args) {
@@ -281,8 +297,9 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
           groups_seen[a.s] = true;
         }
       }
+    } catch (py::error_already_set& e) {
+      if (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) throw;
     } catch (const std::exception&) {
-      PyErr_Clear();
     }
     if (c.thread == nullptr) {
       std::lock_guard<std::mutex> g(mu);
@@ -440,12 +457,9 @@ void install(py::object classify, py::object thread, py::object group, py::objec
 }
 
 // In a forked child: the parent's queued records are not the child's, and its header is new.
-// (A fork while another thread held mu would leave it held in the child, as with any lock;
-// the kernel holds it only for a push or a lookup.)
 void restart() {
   std::lock_guard<std::mutex> g(mu);
   queue.clear();
-  threads.clear();
   started = false;
 }
 
@@ -461,6 +475,13 @@ void attach(const std::vector<std::string>& names, const std::vector<std::string
 }
 
 void detach() { libs.clear(); }
+
+// After destroy_process_group: torch names groups by a counter it restarts, so a new group
+// may reuse a name; its ranks must be read again.
+void forget_groups() {
+  std::lock_guard<std::mutex> g(mu);
+  groups_seen.clear();
+}
 int64_t next_seq() { return seq_counter++; }
 int64_t call_count() { return calls.load(); }
 void count_call() { calls++; }
@@ -469,6 +490,10 @@ void enter() { ++depth; }
 void leave() { --depth; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // A fork while another thread holds mu must not leave it held in the child: the forking
+  // thread takes it first (whoever holds it never waits for the GIL, so this cannot block).
+  pthread_atfork([] { mu.lock(); }, [] { mu.unlock(); }, [] { mu.unlock(); });
+  m.def("forget_groups", &forget_groups);
   m.def("drain", &drain);
   m.def("take_works", &take_works);
   m.def("install", &install);
