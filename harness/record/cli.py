@@ -76,7 +76,7 @@ def _sizes(text: str) -> list[int]:
 
 def _hook(choice: str) -> str:
     """The kernel the ranks use: the C++ one is built here first, so that the ranks only load
-    it (a build takes about 25 s once, then it is cached)."""
+    it (a build takes about 30 s once, then it is cached)."""
     if choice == "python":
         return "python"
     from harness.record import native  # imports torch: only for a launch

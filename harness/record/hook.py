@@ -181,13 +181,6 @@ def attach() -> None:
         _ATTACHED.append(True)
 
 
-def hook_kind() -> str:
-    """Which kernel records the c10d ops in this process: "native" (C++) or "python" (and,
-    for "python" when the C++ one was asked for, why it is not used)."""
-    if _REC is None:
-        return "none"
-    return "native" if _REC.native is not None else "python" + _REC.hook_note
-
 
 def install(folder: str) -> None:
     """Start recording this process's collectives into ``folder`` (once per process)."""

@@ -69,8 +69,6 @@ class Recorder:
         self.local = threading.local()
         self.native: Any = None  # the C++ kernel's module, when it records the c10d ops
         self.hook_note = ""  # why the C++ kernel was asked for and is not used, if it was
-        self.failures = 0  # the flusher's failed batches (kept and retried), for a post-mortem
-        self.last_failure = ""
         # id(pybind Work) -> (seq, the Work); an OrderedDict so forgetting the oldest is O(1)
         self.works: OrderedDict[int, tuple[int, Any]] = OrderedDict()
         # (seq, the Work as the dispatcher returned it), not unboxed yet: see adopt_works
@@ -240,9 +238,8 @@ class Recorder:
                 with self.lock:
                     self._write()
                     self.adopt_works()
-            except Exception as exc:  # a full disk, say: kept, tried again next time
-                self.failures += 1
-                self.last_failure = f"{type(exc).__name__}: {exc}"
+            except Exception:  # a full disk, say: the batch is kept and tried again next time;
+                pass  # close() at exit writes it, and raises there if it still cannot
             if ready:
                 got = os.read(self.wake, 64)
                 for sig in (getattr(signal, n) for n in SIGNALS):

@@ -76,20 +76,17 @@ def _thread_name() -> str:
     return threading.current_thread().name
 
 
-def _group(name: str) -> None:
-    capture_group_name(name)  # caches the group's ranks by name while the group exists
-
-
 def install(mod: Any, start: Any) -> None:
     """Give the module the Python it calls the first time it meets a code object, a thread
     or a group, and ``start`` at its first recorded call."""
-    mod.install(classify, _thread_name, _group, start)
+    # capture_group_name caches the group's ranks by name while the group exists
+    mod.install(classify, _thread_name, capture_group_name, start)
 
 
 def _group_of(name: str) -> Any:
     try:  # cached when the kernel first met the group, while it existed
         return capture_group_name(name)
-    except Exception:  # the group was never resolvable: said, not fatal to the writer
+    except Exception:  # never resolvable: written with no ranks rather than stop the writer
         return (GROUP, ())
 
 

@@ -58,8 +58,8 @@ struct Arg {
 };
 
 struct Call {
-  const std::string* qualname;
-  const c10::FunctionSchema* schema = nullptr;  // the op's, registered for the process' life
+  // the op's (registered for the process' life); null in a record that carries only a Work
+  const c10::FunctionSchema* schema = nullptr;
   std::vector<Arg> args;
   std::vector<size_t> names;  // each captured argument's index in the schema
   PyObject* code = nullptr;  // the site's code object: borrowed, the cache below owns it
@@ -87,7 +87,6 @@ thread_local int depth = 0;
 auto& codes = *new std::unordered_map<PyObject*, CodeInfo>();  // owns a reference to each code
 auto& strings = *new std::unordered_map<std::string, std::unique_ptr<std::string>>();
 auto& groups_seen = *new std::unordered_map<std::string, bool>();
-auto& opnames = *new std::unordered_map<c10::OperatorName, std::unique_ptr<std::string>>();
 // Python callbacks, set by install()
 py::object& classify_cb = *new py::object();
 py::object& thread_cb = *new py::object();
@@ -311,12 +310,9 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
   }
   const int64_t seq = c.seq = seq_counter++;
   calls++;
+  c.schema = &schema;
   {
     std::lock_guard<std::mutex> g(mu);
-    auto& name = opnames[op.operator_name()];
-    if (!name) name = std::make_unique<std::string>(op.operator_name().name);
-    c.qualname = name.get();
-    c.schema = &schema;
     queue.push_back(std::move(c));
   }
   ++depth;
@@ -348,7 +344,6 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
       }
     }
     Call late;
-    late.qualname = nullptr;
     late.seq = seq;
     late.work = work;
     queue.push_back(std::move(late));
@@ -417,7 +412,7 @@ py::list drain() {
   py::list out;
   for (const Call& c : got) {
     py::object work = c.work.isNone() ? py::none() : torch::jit::toPyObject(c.work);
-    if (c.qualname == nullptr) {
+    if (c.schema == nullptr) {
       out.append(py::make_tuple(py::none(), py::none(), py::none(), py::none(), 0, py::none(),
                                 c.seq, work));
       continue;
@@ -428,7 +423,7 @@ py::list drain() {
       args[i] = py::make_tuple(names[c.names[i]].name(), arg_py(c.args[i]));
     }
     py::object code = c.code ? py::reinterpret_borrow<py::object>(c.code) : py::none();
-    out.append(py::make_tuple(*c.qualname, args, c.api ? py::object(py::str(*c.api)) : py::none(),
+    out.append(py::make_tuple(c.schema->name(), args, c.api ? py::object(py::str(*c.api)) : py::none(),
                               code, c.line, *c.thread, c.seq, work));
   }
   return out;
