@@ -20,6 +20,7 @@ import pytest
 
 from .. import ops
 from ..gate import baseline, compare, versions
+from ..model import BAD_OUTCOMES
 from ..perf import plan as perfplan
 from ..report import html, markdown
 from ..report import paths as report_paths_mod
@@ -29,7 +30,6 @@ from ..report.records import build_report, json_text, write_all
 from ..run.capabilities import probe
 from ..run.torchfacts import ProbeError
 from .state import (
-    BAD_OUTCOMES,
     BASELINE_KEY,
     CONFIG,
     GATE_KEY,

@@ -19,9 +19,6 @@ from ..run.pool import PoolManager, kill_leftovers
 from .ahead import Ahead
 from .options import operator_limits, parse_seconds, whole_number
 
-BAD_OUTCOMES = ("failed", "error", "hang", "crash")
-
-
 RECORD_ATTR = "collective_record"
 
 
