@@ -19,7 +19,6 @@ import pytest
 from ..casefile import expand, load, validate
 from ..errors import CaseFileError, CaseFileErrors, Pos, clip
 from ..model import TORCH_MODE_IMPORTS, Instance
-from ..perf import plan as perfplan
 from ..run import pool
 from .items import CaseItem
 from .session import mark_started
@@ -153,7 +152,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 dropped.append(item)
                 hs.deselected_full += 1
                 continue
-            if "perf" in inst.marks and not perfplan.enabled(config):
+            if "perf" in inst.marks and not harness_session(config).settings.perf.enabled:
                 dropped.append(item)
                 continue
         keep.append(item)

@@ -21,7 +21,6 @@ import pytest
 from .. import ops
 from ..gate import baseline, compare, versions
 from ..model import BAD_OUTCOMES
-from ..perf import plan as perfplan
 from ..report import html, markdown
 from ..report import paths as report_paths_mod
 from ..report.headline import verdict as report_verdict
@@ -46,8 +45,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = HarnessSession(config)
     check_report_paths(config)
     try:
-        if perfplan.enabled(config):
-            perfplan.settings(config)  # a bad setting is a usage error now, not per instance
+        # A bad ordering or perf setting is a usage error now, not per instance.
+        harness_session(config).read_settings()
         load_baseline(config)
     except pytest.UsageError as exc:
         # A harness option is wrong, so this was meant to be a harness run: an earlier
