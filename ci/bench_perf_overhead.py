@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 import torch.distributed as dist  # noqa: E402
 
-from harness.casefile import expand, load, validate  # noqa: E402
+from harness.casefile import collect  # noqa: E402
 from harness.program import perf  # noqa: E402
 from harness.program.interpreter import RankEnv, build_buffers  # noqa: E402
 
@@ -42,8 +42,7 @@ def main() -> int:
         dist.init_process_group("gloo", store=dist.FileStore(f"{tmp}/store", 1), rank=0,
                                 world_size=1)
         path = str(REPO / "cases" / "perf.yaml")
-        doc = load.load_file(path, "cases/perf.yaml")
-        insts = [i for c in validate.load_cases(doc) for i in expand.expand(c, "gloo")]
+        insts = collect.from_file(path, "gloo", "cases/perf.yaml")
         renv = RankEnv(rank=0, world_size=1, device="cpu")
         for name in CASES:
             inst = next(i for i in insts if i.case == name and dict(i.params)["bytes"] == 8)

@@ -17,7 +17,7 @@ import pytest
 from harness.casefile import expand, validate
 from harness.casefile import load as yamlload
 from harness.model import Instance
-from harness.run import schedule
+from harness.external import schedule
 
 from .helpers import (
     PYTHON,
@@ -132,7 +132,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 def torchrun(tmp_path: Path, *launcher: str, report: str = "r", timeout: float = 240
              ) -> subprocess.Popen[str]:
     return start(tmp_path, [
-        PYTHON, "-m", "torch.distributed.run", *launcher, "-m", "harness.run.external",
+        PYTHON, "-m", "torch.distributed.run", *launcher, "-m", "harness.external",
         "c.yaml", "--report-json", f"{report}.json", "--report-md", f"{report}.md",
         "--deadline", "20"])
 
@@ -261,7 +261,7 @@ def test_slurm_environment_and_resume_by_hand(tmp_path: Path) -> None:
                       "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE"):
                 env.pop(k, None)
             procs.append(start(tmp_path, [
-                PYTHON, "-m", "harness.run.external", "c.yaml", "--report-json", "r.json",
+                PYTHON, "-m", "harness.external", "c.yaml", "--report-json", "r.json",
                 "--report-md", "r.md", "--deadline", "20", *extra], env=env))
         return [finish(p, 180) for p in procs]
 
@@ -291,7 +291,7 @@ def test_perf_mode_under_a_launcher(tmp_path: Path) -> None:
     _write(tmp_path, BASIC)
     res = finish(start(tmp_path, [
         PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-        "-m", "harness.run.external", "c.yaml", "--report-json", "r.json", "--report-md",
+        "-m", "harness.external", "c.yaml", "--report-json", "r.json", "--report-md",
         "r.md", "--perf", "--perf-warmup", "1", "--perf-iters", "2", "--perf-min-time", "0",
         "--perf-repeats", "2", "-k", "ar["]), 240)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
@@ -312,7 +312,7 @@ def test_external_module_needs_a_launcher(tmp_path: Path) -> None:
     env = subprocess_env()
     for k in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
         env.pop(k, None)
-    res = subprocess.run([PYTHON, "-m", "harness.run.external", "c.yaml"], cwd=tmp_path,
+    res = subprocess.run([PYTHON, "-m", "harness.external", "c.yaml"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode != 0
     assert "start it with torchrun, srun or mpirun" in res.stderr

@@ -77,9 +77,11 @@ class Runner:
                                         pg_timeout_s=self.settings.pg_timeout_s)
         return self._manager
 
-    def prepare(self, inst: Instance, local_rank: int | None = None) -> Prepared:
-        """``inst`` as it runs here (:func:`harness.runner.prepare.prepare`)."""
-        return prepare(inst, self.settings, self.caps, local_rank)
+    def prepare(self, inst: Instance, local_rank: int | None = None,
+                settings: RunSettings | None = None) -> Prepared:
+        """``inst`` as it runs here (:func:`harness.runner.prepare.prepare`); ``settings``:
+        other settings for this one instance (the fuzzer probes a sample of its documents)."""
+        return prepare(inst, settings or self.settings, self.caps, local_rank)
 
     def key(self, inst: Instance) -> PoolKey:
         """The pool ``inst`` runs on."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..casefile import expand, load, validate
+from ..casefile import collect as casefile
 from ..errors import CaseFileError, CaseFileErrors
 from .table import Library, TableError
 
@@ -19,13 +19,12 @@ def collect(case_dir: Path) -> Library:
     instances: dict[tuple[str, str], set[str]] = {}
     for path in sorted(case_dir.glob("*.yaml")):
         try:
-            doc = load.load_file(str(path), str(path))
-            cases = validate.load_cases(doc)
+            cases = casefile.cases_of_file(str(path), str(path))
             for case in cases:
                 descriptions[(path.name, case.name)] = case.description
                 instances.setdefault((path.name, case.name), set())
             for backend in BACKENDS:
-                for inst in expand.expand_all(cases, backend):
+                for inst in casefile.instances(cases, backend, str(path)):
                     instances[(path.name, inst.case)].add(inst.id)
         except (CaseFileError, CaseFileErrors) as exc:
             first = str(exc).splitlines()[0]

@@ -1,6 +1,6 @@
 """What a rank started by a cluster launcher needs: its place, a process group, a watchdog.
 
-Used by :mod:`harness.run.external`. The launcher (torchrun / torch.distributed.elastic,
+Used by :mod:`harness.external`. The launcher (torchrun / torch.distributed.elastic,
 SLURM's srun, mpirun) says who a rank is through environment variables; the rank joins a
 process group through a store of this launch's own; a watchdog ends a rank whose instance
 outlives its deadline, since there is no pool around it to do so.

@@ -1,6 +1,6 @@
 """Packing instances onto the ranks a launcher gave: rounds of disjoint subgroups.
 
-External-ranks mode (:mod:`harness.run.external`) runs every instance whose world size fits
+External-ranks mode (:mod:`harness.external`) runs every instance whose world size fits
 in the launched world. An instance of world size ``k`` runs on a block of ``k`` consecutive
 global ranks (launchers number a node's ranks consecutively, so a block stays on as few nodes
 as it can); blocks of one *round* are disjoint, so their instances run at the same time, and

@@ -18,7 +18,7 @@ failed. Two kinds of files make that possible, all under the state directory:
   long as the nodes are the same).
 
 Nothing here judges: :func:`recovered_run` turns the files into the raw run of a failed
-instance, and :mod:`harness.run.external` has it judged like any other.
+instance, and :mod:`harness.external` has it judged like any other.
 """
 
 from __future__ import annotations
