@@ -237,3 +237,34 @@ def test_the_checker_sees_what_it_must(tmp_path: Path) -> None:
     graph = {m.name: m.top | m.lazy for m in fake.values()}
     assert _cycles(graph) == [["harness.a", "harness.b"]]
     assert not _imports_torch("harness.a", fake)
+
+
+def _imported_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_only_the_plugin_imports_pytest(mods: dict[str, Module]) -> None:
+    """The stages below the plugin take plain settings values (harness.runner.settings), so
+    every front end (pytest, the fuzzer, external mode, the benchmarks) can drive them."""
+    bad = [m.name for m in mods.values()
+           if not m.name.startswith("harness.plugin") and "pytest" in _imported_names(m.path)]
+    assert bad == []
+
+
+def test_a_pool_key_is_built_in_one_place(mods: dict[str, Module]) -> None:
+    """Every front end gets an instance's pool from harness.runner.prepare.pool_key: a key
+    built elsewhere drifts (it once missed the case's env and device binding)."""
+    builders = sorted(
+        m.name for m in mods.values()
+        for node in ast.walk(ast.parse(m.path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and node.func.id == "PoolKey")
+    assert set(builders) <= {"harness.runner.prepare", "harness.run.pool"}, builders
+    assert "harness.runner.prepare" in builders

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from harness.model import RankResult, StepEvent, TensorCheck
 from harness.external.progress import State, StateError, recovered_run
 from harness.external.resultfile import Pending, ResultFileError, dump_result, load_result
+from harness.model import RankResult, StepEvent, TensorCheck
 
 from .helpers import PYTHON, case_instances, free_port, load_report, subprocess_env, write_case_file
 
