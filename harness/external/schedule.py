@@ -48,13 +48,6 @@ class Round:
     slots: tuple[Slot, ...]
     alone: str = ""  # "", ALONE_GROUPS or ALONE_RESTART
 
-    def slot_of(self, rank: int) -> Slot | None:
-        """The slot global rank ``rank`` takes part in this round, if any."""
-        for s in self.slots:
-            if rank in s.members:
-                return s
-        return None
-
     def blocks(self) -> list[tuple[int, ...]]:
         """The rank blocks of this round, in slot order (the order subgroups are made in)."""
         return [s.members for s in self.slots]

@@ -124,6 +124,11 @@ class HarnessSession:
         return self._runner
 
     @property
+    def has_pools(self) -> bool:
+        """Whether this session asked for any rank pool."""
+        return self._runner is not None and self._runner.has_pools
+
+    @property
     def manager(self) -> PoolManager:
         """The session's rank pools (the runner's)."""
         return self.runner.manager

@@ -77,6 +77,11 @@ class Runner:
                                         pg_timeout_s=self.settings.pg_timeout_s)
         return self._manager
 
+    @property
+    def has_pools(self) -> bool:
+        """Whether any pool was asked for (a session whose instances all skip starts none)."""
+        return self._manager is not None
+
     def prepare(self, inst: Instance, local_rank: int | None = None,
                 settings: RunSettings | None = None) -> Prepared:
         """``inst`` as it runs here (:func:`harness.runner.prepare.prepare`); ``settings``:
