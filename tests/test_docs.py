@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.docs_reference import render_all
+from harness.docsgen.reference import render_all
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -108,8 +108,8 @@ def test_readme_is_short() -> None:
 
 # Every section of the README before issue 27 (git show 25ac40d:README.md), and where it went.
 MOVED = {
-    "Two commands": ("install.md", "two-commands"),
-    "Requirements": ("install.md", "requirements"),
+    "Two commands": ("howto/install.md", "two-commands"),
+    "Requirements": ("howto/install.md", "requirements"),
     "Running": ("reference/running.md", "running"),
     "Which files are case files": ("reference/running.md", "which-files-are-case-files"),
     "Limits": ("reference/limits.md", ""),
@@ -202,7 +202,7 @@ def test_generated_reference_is_current() -> None:
     for name, text in render_all().items():
         path = ROOT / "docs" / "reference" / "generated" / name
         assert path.read_text("utf-8") == text, (
-            f"{path.relative_to(ROOT)} is not current: run python ci/gen_reference.py")
+            f"{path.relative_to(ROOT)} is not current: run python ci/docs/gen_reference.py")
 
 
 def test_generated_reference_covers_every_op_and_option() -> None:
