@@ -198,6 +198,21 @@ def test_every_page_is_in_the_nav() -> None:
         assert re.search(rf"^\s+- [^#\n]*: {re.escape(rel)}$", nav, re.M), rel
 
 
+def test_the_folder_maps_name_every_file() -> None:
+    """tests/README.md names every Python file of tests/, ci/README.md every file of ci/."""
+    tests_map = (ROOT / "tests" / "README.md").read_text("utf-8")
+    unnamed = [p.name for p in sorted((ROOT / "tests").glob("*.py"))
+               if p.name != "__init__.py" and f"`{p.name}`" not in tests_map]
+    ci_map = (ROOT / "ci" / "README.md").read_text("utf-8")
+    for p in sorted((ROOT / "ci").rglob("*")):
+        rel = p.relative_to(ROOT / "ci")
+        if (p.is_file() and p.name != "README.md" and "__pycache__" not in rel.parts
+                and rel.parts[0] != "baselines"):
+            named = f"`{p.name}" in ci_map
+            unnamed += [] if named else [f"ci/{rel.as_posix()}"]
+    assert unnamed == []
+
+
 def test_generated_reference_is_current() -> None:
     for name, text in render_all().items():
         path = ROOT / "docs" / "reference" / "generated" / name
