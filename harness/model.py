@@ -322,7 +322,7 @@ class PerfPlan:
 
 @dataclass(frozen=True)
 class NumericsPlan:
-    """FP64 error bounds, runs and invariances a case requires (docs/numerics.md)."""
+    """FP64 error bounds, runs and invariances a case requires (docs/howto/numerics.md)."""
 
     error: tuple[tuple[str, float], ...] = ()
     deterministic: int = 1

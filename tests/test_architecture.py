@@ -9,6 +9,7 @@ the pytest process.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,6 +207,29 @@ def test_every_package_says_what_it_takes_gives_and_must_not_do(mods: dict[str, 
             assert len(doc) > 80, f"{m.name} needs a docstring"
             if m.name != "harness.ops":
                 assert "Must not" in doc or "must not" in doc, m.name
+
+
+ARCHITECTURE = ROOT / "docs" / "explanation" / "architecture.md"
+
+
+def test_every_package_is_described_in_both_maps(mods: dict[str, Module]) -> None:
+    """harness/__init__.py and docs/explanation/architecture.md each name every package."""
+    init = ast.get_docstring(ast.parse((PKG / "__init__.py").read_text())) or ""
+    tree = ARCHITECTURE.read_text("utf-8").split("```")[1]
+    packages = sorted(m.name.split(".")[1] for m in mods.values()
+                      if m.is_pkg and m.name.count(".") == 1)
+    assert "docsgen" in packages
+    missing_init = [p for p in packages if f"``{p}/``" not in init]
+    missing_page = [p for p in packages if not re.search(rf"^  {p}/ ", tree, re.M)]
+    assert missing_init == [], "not described in harness/__init__.py"
+    assert missing_page == [], "not in the tree of docs/explanation/architecture.md"
+
+
+def test_no_stage_imports_the_docs_generators(mods: dict[str, Module]) -> None:
+    """docsgen renders pages from the pipeline's code; the pipeline never depends on it."""
+    bad = [m.name for m in mods.values() if _stage(m.name) != "harness.docsgen"
+           and any(_stage(t) == "harness.docsgen" for t in m.top | m.lazy)]
+    assert bad == []
 
 
 LONG_MODULE = 500  # lines; a module past it says at its top why it stays whole

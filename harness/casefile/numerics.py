@@ -1,5 +1,5 @@
 """The numerics keys of a case: ``error``, ``deterministic``, ``offset``, ``offset_invariant``,
-``fusion_invariant``, ``size_invariant``, ``same_bits`` (docs/numerics.md).
+``fusion_invariant``, ``size_invariant``, ``same_bits`` (docs/howto/numerics.md).
 
 :func:`check` finds what the schema cannot (non-finite bounds, properties with nothing to
 compare, an offset on a layout it cannot apply to); :func:`plan` turns the keys into the

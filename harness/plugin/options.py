@@ -42,7 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--check-iters", dest="collective_check_iters", default="1",
                     metavar="N", help="run each instance whose expected values the reference "
                     "model computes N times on fresh inputs, checking every iteration "
-                    "(docs/numerics.md)")
+                    "(docs/howto/numerics.md)")
     group.addoption("--report-json", dest="collective_report_json", default=None,
                     metavar="PATH", help="JSON report path (default reports/conformance.json)")
     group.addoption("--report-md", dest="collective_report_md", default=None, metavar="PATH",

@@ -14,7 +14,7 @@ Writes one JSON file; each measurement says what was observed and the figures it
 Whether the first ``recv`` blocks until the data arrived needs two NCCL ranks, so two GPUs:
 on one GPU that measurement is recorded as not run, with the reason.
 
-    python ci/gpu_probes.py OUT.json
+    python ci/gpu/gpu_probes.py OUT.json
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def run(backend: str, fn: Any, cycles_per_s: float) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python ci/gpu_probes.py OUT.json", file=sys.stderr)
+        print("usage: python ci/gpu/gpu_probes.py OUT.json", file=sys.stderr)
         return 2
     result: dict[str, Any] = {"sleep_s": SLEEP_S}
     if not torch.cuda.is_available():

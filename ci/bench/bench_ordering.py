@@ -1,6 +1,6 @@
 """Benchmark: what the automatic ordering probes add per instance and to the bundled suite.
 
-    .venv/bin/python ci/bench_ordering.py [--repeat 8] [--delay 0.02]
+    .venv/bin/python ci/bench/bench_ordering.py [--repeat 8] [--delay 0.02]
 
 Runs a generated file of async shorthand cases (several ops, world sizes 2 and 4, each
 repeated through a ``params`` axis) once with ``--ordering none`` and once with ``--ordering
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 OPS = {
     "all_reduce": "",
     "all_gather": "",

@@ -1,6 +1,6 @@
 """The cost of collective-record (issue 28 point 6), measured.
 
-    python ci/bench_record.py [--pairs 10] [--steps 100] [--call-pairs 6] [--json PATH]
+    python ci/bench/bench_record.py [--pairs 10] [--steps 100] [--call-pairs 6] [--json PATH]
 
 * overhead: a DDP training step (the model of ``examples/ddp_buckets.py`` as shipped, Gloo,
   2 ranks, ``bucket_cap_mb=1``) with and without the recorder. Each run starts 2 fresh ranks,
@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness.record.cases import Recording, render  # noqa: E402

@@ -1,4 +1,4 @@
-"""The rank programs ci/bench_record.py runs (as scripts, with and without the recorder).
+"""The rank programs ci/bench/bench_record.py runs (as scripts, with and without the recorder).
 
 Each prints nothing and writes one JSON object per rank to ``<out>.<rank>``. Both use
 ``mp.spawn`` with 2 ranks on Gloo, ``torch.set_num_threads(1)`` (a 2-core machine runs both).

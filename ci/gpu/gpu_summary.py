@@ -8,8 +8,8 @@ skipped says so (it verified nothing). Part (d), the cases written for NCCL and 
 never run, is derived from the reports of (a) and (b): their instances from cuda.yaml,
 sparse.yaml and upstream.yaml.
 
-    python ci/gpu_summary.py OUT_DIR          # prints the lines, writes summary.{md,json}
-    python ci/gpu_summary.py OUT_DIR --expect # also fail (exit 1) if a file a run writes is missing
+    python ci/gpu/gpu_summary.py OUT_DIR           # prints the lines, writes summary.{md,json}
+    python ci/gpu/gpu_summary.py OUT_DIR --expect  # also exit 1 if a file a run writes is missing
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def main(argv: list[str]) -> int:
     lines += ["", "Cases written for NCCL/CUDA that had never run (from the parts above):", ""]
     lines += [f"- {f}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
               for f, c in nr.items()] or ["- none collected"]
-    lines += ["", "Host blocking (ci/gpu_probes.py):", "", "```",
+    lines += ["", "Host blocking (ci/gpu/gpu_probes.py):", "", "```",
               json.dumps(probes, indent=1), "```"]
     lines += ["", "A CUDA DDP run recorded and replayed (ci/gpu/record_ddp.py, then the part "
               "replay-nccl):", "", "```", json.dumps(recording, indent=1), "```"]

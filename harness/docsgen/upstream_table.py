@@ -1,4 +1,6 @@
-"""Load and check the upstream-parity table (docs/upstream/behaviours.yaml).
+"""Load and check the upstream-parity table (docs/upstream/behaviours.yaml) against the
+bundled case library (``collect``: every case's description and the instance ids it expands to
+on Gloo and on NCCL, with the harness's own loader).
 
 A row maps one group of upstream assertions to the cases that check them. A row that was
 re-audited against upstream's source lists each assertion with the case and instance ids that
@@ -16,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from ..errors import quote
+from ..casefile import collect as casefile
+from ..errors import CaseFileError, CaseFileErrors, quote
 
 STATUSES = ("covered", "expressible", "partly", "no")
 ROW_ID = re.compile(r"U\d{3}\Z")
@@ -261,3 +264,26 @@ def problems(table: Table, lib: Library) -> list[str]:
             if named and not cited:
                 out.append(f"{r.id}: no named case's description cites {sorted(tests)}")
     return out
+
+
+BACKENDS = ("gloo", "nccl")  # the backends a row may name
+
+
+def collect(case_dir: Path) -> Library:
+    """The cases under ``case_dir`` (every ``*.yaml`` holding ``cases:``), expanded for each
+    backend the table's rows name; TableError if a case file does not load."""
+    descriptions: dict[tuple[str, str], str] = {}
+    instances: dict[tuple[str, str], set[str]] = {}
+    for path in sorted(case_dir.glob("*.yaml")):
+        try:
+            cases = casefile.cases_of_file(str(path), str(path))
+            for case in cases:
+                descriptions[(path.name, case.name)] = case.description
+                instances.setdefault((path.name, case.name), set())
+            for backend in BACKENDS:
+                for inst in casefile.instances(cases, backend, str(path)):
+                    instances[(path.name, inst.case)].add(inst.id)
+        except (CaseFileError, CaseFileErrors) as exc:
+            first = str(exc).splitlines()[0]
+            raise TableError(f"{path}: the case file does not load: {first}") from None
+    return Library(descriptions, {k: frozenset(v) for k, v in instances.items()})

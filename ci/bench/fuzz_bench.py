@@ -1,6 +1,6 @@
 """Benchmark: generated instances per second of collective-fuzz at world size 2 on Gloo.
 
-    python ci/fuzz_bench.py [--examples 1000 | --time 60] [--seed 0] [--lanes 1]
+    python ci/bench/fuzz_bench.py [--examples 1000 | --time 60] [--seed 0] [--lanes 1]
                             [--profile OUT.pstats]
 
 Runs the fuzzer as ``collective-fuzz --backend gloo --world-size 2 --shrink-time 10s`` runs
@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness.fuzz.lanes import Coordinator  # noqa: E402

@@ -1,7 +1,7 @@
 """Write the generated reference pages of the docs site from the code (issue 27).
 
-    python ci/gen_reference.py           # (re)write docs/reference/generated/*.md
-    python ci/gen_reference.py --check   # exit 1 naming each page that is not current
+    python ci/docs/gen_reference.py           # (re)write docs/reference/generated/*.md
+    python ci/docs/gen_reference.py --check   # exit 1 naming each page that is not current
 
 The pages are never edited by hand: the case format and the report format come from the JSON
 schemas in harness/schemas/, the op table from harness/ops, the options from the plugin's own
@@ -13,10 +13,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from harness.docs_reference import PAGES, render_all  # noqa: E402
+from harness.docsgen.reference import PAGES, render_all  # noqa: E402
 
 OUT = ROOT / "docs" / "reference" / "generated"
 
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     if "--check" in argv:
         for name in stale:
             print(f"gen_reference: docs/reference/generated/{name} is not current; "
-                  "run python ci/gen_reference.py", file=sys.stderr)
+                  "run python ci/docs/gen_reference.py", file=sys.stderr)
         return 1 if stale else 0
     OUT.mkdir(parents=True, exist_ok=True)
     for name, text in pages.items():

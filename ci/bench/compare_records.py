@@ -1,6 +1,6 @@
 """Compare two conformance reports record by record, timings aside.
 
-    python ci/compare_records.py BEFORE.json[.gz] AFTER.json[.gz] [--show N]
+    python ci/bench/compare_records.py BEFORE.json[.gz] AFTER.json[.gz] [--show N]
 
 Used to show that a restructure or a faster path changed nothing a report says: the same
 instances (by key), and for each the same outcome, expectation, reason, message, pool

@@ -1,12 +1,30 @@
-"""Render the upstream-parity table to Markdown (docs/upstream.md). The counts, the lists of
-rows not covered and every row come from the data, so the page cannot drift from it."""
+"""Render the upstream-parity table to Markdown (docs/reference/upstream.md), and the command
+``python ci/docs/upstream_table.py [--check]`` that validates the data against the bundled case
+files and writes (or, with --check, compares) the page. The counts, the lists of rows not
+covered and every row come from the data, so the page cannot drift from it."""
 
 from __future__ import annotations
 
-from .table import STATUSES, Assertion, Row, Table, counts
+import argparse
+import sys
+from pathlib import Path
+
+from .upstream_table import (
+    STATUSES,
+    Assertion,
+    Row,
+    Table,
+    TableError,
+    collect,
+    counts,
+    load,
+    problems,
+)
 
 SOURCE = "docs/upstream/behaviours.yaml"
-COMMAND = "python ci/upstream_table.py"
+PAGE = "docs/reference/upstream.md"
+COMMAND = "python ci/docs/upstream_table.py"
+ROOT = Path(__file__).resolve().parents[2]
 SHOWN_IDS = 3  # instance ids a cell lists before it only counts the rest
 
 
@@ -58,7 +76,7 @@ def _missing(table: Table) -> list[str]:
 
 
 def render(table: Table) -> str:
-    """The whole page, byte for byte what ``docs/upstream.md`` must hold."""
+    """The whole page, byte for byte what ``docs/reference/upstream.md`` must hold."""
     lines = ["# Upstream parity: PyTorch's own collective tests, case by case", "",
              f"<!-- Generated from {SOURCE} by `{COMMAND}`; edit the data, not this page. -->",
              "", _counts_line(table), "", table.preamble.rstrip(), "",
@@ -79,3 +97,42 @@ def render(table: Table) -> str:
               "assertion with the case and instance ids that check it, or its status and the",
               "reason; its status is derived: covered only when every assertion is."]
     return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """0 when the data is true (and the page written or current), 1 when it is not, 2 when
+    the data or a case file cannot be read."""
+    ap = argparse.ArgumentParser(prog="upstream_table", description=__doc__)
+    ap.add_argument("--data", type=Path, default=ROOT / SOURCE)
+    ap.add_argument("--cases", type=Path, default=ROOT / "cases")
+    ap.add_argument("--page", type=Path, default=ROOT / PAGE)
+    ap.add_argument("--check", action="store_true",
+                    help="do not write; fail if the page differs from what the data renders")
+    args = ap.parse_args(argv)
+    try:
+        data = load(args.data)
+        lib = collect(args.cases)
+    except TableError as exc:
+        print(f"upstream_table: {exc}", file=sys.stderr)
+        return 2
+    found = problems(data, lib)
+    for p in found:
+        print(f"upstream_table: {args.data}: {p}", file=sys.stderr)
+    page = render(data)
+    if args.check:
+        try:
+            current = args.page.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"upstream_table: {args.page}: cannot read: {exc}", file=sys.stderr)
+            return 2
+        if current != page:
+            print(f"upstream_table: {args.page} is not what {args.data} renders: run "
+                  f"`{COMMAND}`", file=sys.stderr)
+            return 1
+    elif not found:
+        try:
+            args.page.write_text(page, encoding="utf-8")
+        except OSError as exc:
+            print(f"upstream_table: {args.page}: cannot write: {exc}", file=sys.stderr)
+            return 2
+    return 1 if found else 0

@@ -1,12 +1,12 @@
 """The wheels a GPU device machine needs to run the harness, and a check that they are complete.
 
 The lent GPU machines run Python 3.12 on x86-64 with torch, NCCL and most of our dependencies
-already installed (``ci/gpu-image-packages.txt``), and reach no package index. What the image
+already installed (``ci/gpu/gpu-image-packages.txt``), and reach no package index. What the image
 lacks travels in the checkout as wheels (an ignored folder, ``.whl/`` by default) and is
 installed there with ``pip install --no-index``. This script runs on a CPU machine with network:
 
-    python ci/gpu_wheels.py download [--dest .whl]   # fetch them, then check
-    python ci/gpu_wheels.py check [--dest .whl]      # check only (no network)
+    python ci/gpu/gpu_wheels.py download [--dest .whl]   # fetch them, then check
+    python ci/gpu/gpu_wheels.py check [--dest .whl]      # check only (no network)
 
 ``check`` fails (exit 1, each problem on a line) when a requirement of the project or of a wheel
 is met neither by a wheel nor by the image, when a package has two wheels (the install there
@@ -33,7 +33,7 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYTHON_VERSION = "3.12"
 # The platforms pip may pick for the device (glibc 2.35 there); the order is pip's preference.
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=("download", "check"))
     ap.add_argument("--dest", default=str(ROOT / ".whl"), help="wheel folder (default .whl)")
-    ap.add_argument("--image", default=str(ROOT / "ci" / "gpu-image-packages.txt"),
+    ap.add_argument("--image", default=str(ROOT / "ci" / "gpu" / "gpu-image-packages.txt"),
                     help="the packages the device image has, one a line")
     args = ap.parse_args(argv)
     dest, image = Path(args.dest), image_packages(Path(args.image))

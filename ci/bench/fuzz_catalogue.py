@@ -1,6 +1,6 @@
 """Proof that collective-fuzz finds real faults: every fault of collective-mutate's catalogue.
 
-    python ci/fuzz_catalogue.py [--per-fault 300] [--faults a,b] [--seed 0] [--json PATH]
+    python ci/bench/fuzz_catalogue.py [--per-fault 300] [--faults a,b] [--seed 0] [--json PATH]
 
 For each fault class of harness/mutate/faults.py, runs ``collective-fuzz --backend mutant``
 (the fault-injecting Gloo wrapper, the fault named in COLLECTIVE_MUTANT) with no bundled case
@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness.fuzz import space  # noqa: E402

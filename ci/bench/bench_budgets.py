@@ -1,6 +1,6 @@
 """The speed budgets of docs/explanation/process-model.md, measured (issue 25 point 5).
 
-    python ci/bench_budgets.py [--skip suite,recovery,overhead,busbw] [--json PATH]
+    python ci/bench/bench_budgets.py [--skip suite,recovery,overhead,busbw] [--json PATH]
                                [--suite-runs N] [--keep-report PATH]
 
 Measures, on this machine as it is (run it idle for figures to compare with that page):
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness.bench.busbw import by_op, median_interval  # noqa: E402

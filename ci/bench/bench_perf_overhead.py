@@ -1,6 +1,6 @@
 """Benchmark: what the perf mode's loop adds per call, measured where it is not drowned.
 
-    .venv/bin/python ci/bench_perf_overhead.py [--calls 2000] [--rounds 30]
+    .venv/bin/python ci/bench/bench_perf_overhead.py [--calls 2000] [--rounds 30]
 
 One process, a Gloo group of world size 1 (no peer, so no network wait), an 8-byte message:
 the call itself is as cheap as it gets, so the difference between an iteration of the perf
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import torch.distributed as dist  # noqa: E402
