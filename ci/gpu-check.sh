@@ -2,12 +2,12 @@
 # Verify the harness on a GPU machine in one run: install from the checkout and the wheels of
 # ci/gpu-wheels.sh without network (the machine's own torch is left alone), then run each part
 # under its own time limit, keep going when one fails or hangs, and write reports, env.json,
-# probes.json, summary.md and summary.json into one folder. Parts (docs/gpu.md says more):
+# probes.json, summary.md and summary.json into one folder. Parts (docs/howto/gpu.md says more):
 #   nccl-ws1            the whole bundled library (--full) on NCCL at world size 1
 #   gloo-cuda           Gloo with CUDA tensors at world sizes 2-4 (the `device: cuda` instances)
 #   ordering-nccl       the ordering/p2p/cuda/all_reduce files on NCCL with every probe (--ordering all)
 #   ordering-gloo-cuda  the Gloo CUDA instances with every probe
-#   probes              host blocking of NCCL calls behind a sleep kernel (ci/gpu_probes.py)
+#   probes              host blocking of NCCL calls behind a sleep kernel (ci/gpu/gpu_probes.py)
 #   record-nccl         collective-record on the DDP example on CUDA/NCCL (ci/gpu/record_ddp.py)
 #   replay-nccl         the case file it wrote, run on NCCL
 #   perf-nccl           perf mode, 1 MiB .. 256 MiB, NCCL at world size 1 (ci/gpu/perf-large.yaml)
@@ -94,7 +94,7 @@ start=$(date +%s)
 rc=$?
 if [ "$rc" -eq 0 ]; then
   export PYTHONPATH="$site/lib${PYTHONPATH:+:$PYTHONPATH}"
-  "$py" ci/gpu_wheels.py check --dest "$wheels" >> "$out/install.log" 2>&1 || rc=1
+  "$py" ci/gpu/gpu_wheels.py check --dest "$wheels" >> "$out/install.log" 2>&1 || rc=1
   # Every module the harness imports, and the plugin through its pytest11 entry point.
   "$py" -c "import importlib.metadata as m, yaml, jsonschema, re2, packaging, numpy, pytest, xdist, torch
 eps = [e for e in m.entry_points(group='pytest11') if e.name == 'collective_harness']
@@ -105,7 +105,7 @@ printf 'install\t%s\t%s\t-\t%s\n' "$rc" "$(( $(date +%s) - start ))" 0 >> "$out/
 if [ "$rc" -ne 0 ]; then
   echo "gpu-check: install failed (exit $rc); see $out/install.log" >&2
   tail -5 "$out/install.log" >&2
-  "$py" ci/gpu_summary.py "$out" || true
+  "$py" ci/gpu/gpu_summary.py "$out" || true
   exit 2
 fi
 
@@ -168,7 +168,7 @@ pytest_part gloo-cuda 90 cases/ --backend gloo --world-size 2,3,4 --full -k cuda
 pytest_part ordering-nccl 60 cases/ordering.yaml cases/p2p.yaml cases/cuda.yaml cases/all_reduce.yaml \
   --backend nccl --world-size 1 --ordering all
 pytest_part ordering-gloo-cuda 60 cases/ --backend gloo --world-size 2,3,4 --full -k cuda --ordering all
-run_part probes 60 - "$py" ci/gpu_probes.py "$out/probes.json"
+run_part probes 60 - "$py" ci/gpu/gpu_probes.py "$out/probes.json"
 run_part record-nccl 120 - "$py" ci/gpu/record_ddp.py "$out"
 pytest_part replay-nccl 60 "$out/record-nccl.yaml" --backend nccl
 pytest_part perf-nccl 150 ci/gpu/perf-large.yaml --perf --backend nccl "${big[@]}"
@@ -180,10 +180,10 @@ done
 
 # ---- the summary ---------------------------------------------------------------------------
 if [ "$dry" -eq 1 ]; then
-  "$py" ci/gpu_summary.py "$out" --expect
+  "$py" ci/gpu/gpu_summary.py "$out" --expect
   exit $?
 fi
-"$py" ci/gpu_summary.py "$out" || exit 1
+"$py" ci/gpu/gpu_summary.py "$out" || exit 1
 "$py" - "$out/summary.json" <<'EOF'
 import json, sys
 bad = [p["part"] for p in json.load(open(sys.argv[1]))["parts"]

@@ -7,4 +7,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash ci/setup.sh
-exec .venv/bin/python ci/gpu_wheels.py download "$@"
+exec .venv/bin/python ci/gpu/gpu_wheels.py download "$@"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# System packages some tests need (see docs/install.md): Chromium renders the HTML
+# System packages some tests need (see docs/howto/install.md): Chromium renders the HTML
 # report in a browser test; a C++ compiler builds collective-record's C++ kernel
 # (harness/record/native), which the recorder tests compare with the Python one.
 # Installs only what is missing; needs root (or sudo).

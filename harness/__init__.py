@@ -7,14 +7,27 @@ The tree is the pipeline (docs/explanation/architecture.md; data flows one way, 
 - ``casefile/``: YAML case files -> validated cases -> instances (collection, no torch);
 - ``ops/``: the op table, one entry per op (call, reference, bus factor, arguments);
 - ``ordering/``: the async-contract checks: plan (parent), probes (rank), verdicts (parent);
+- ``perf/``: performance mode: which instances are timed, and the statistics (parent);
 - ``program/``: the rank-side step interpreter (buffers, steps, checks);
-- ``run/``: rank pools and capability checks (parent), the rank process, external ranks;
+- ``run/``: pools and ranks only: capabilities, pool, rank process; must not judge;
 - ``verdict/``: what the ranks did -> outcome and message (the instance, per-step checks);
+- ``runner/``: one path to a verdict: prepare an instance (overrides for this torch/NCCL,
+  ordering and perf plans, ``--check-iters``, capability skip) and run and judge it (the pool
+  by its key, one retry after a foreign answer, the verdict, the perf aggregate, pool settle,
+  phase timings); every front end (pytest items, the fuzzer, external mode, the benchmarks)
+  calls it;
 - ``report/``: JSON, Markdown, HTML, step summary writers;
-- ``gate/``: baselines, comparison, the ``collective-gate`` command;
-- ``plugin``: the pytest integration;
-- beside the pipeline: ``perf/`` (bandwidth mode), ``bench/`` (``collective-bench``),
-  ``mutate/`` (``collective-mutate``), ``backends/`` (the wrapping-backend base).
+- ``gate/``: baselines, comparison, the ``collective-gate``, ``collective-versions`` and
+  ``collective-diff`` commands;
+- ``plugin/``: the pytest integration;
+- ``external/``: external-ranks mode (torchrun/srun/mpirun): ``python -m harness.external``;
+  schedule (packing instances onto rank blocks), progress (resume after a hang or crash),
+  launch (launcher environment, watchdog); a front end over the runner's prepare and verdict;
+- beside the pipeline: ``bench/`` (``collective-bench``), ``backends/`` (the wrapping-backend
+  base), ``mutate/`` (``collective-mutate``), ``fuzz/`` (``collective-fuzz``: generated
+  instances, shrunk findings as case files), ``record/`` (``collective-record``: a real run's
+  collectives as case files) and ``docsgen/`` (the docs pages rendered from code and data;
+  imported by no stage).
 
 Nothing imported at package import time touches torch; only code that runs inside rank
 processes does.

@@ -322,7 +322,7 @@ class PerfPlan:
 
 @dataclass(frozen=True)
 class NumericsPlan:
-    """FP64 error bounds, runs and invariances a case requires (docs/numerics.md)."""
+    """FP64 error bounds, runs and invariances a case requires (docs/howto/numerics.md)."""
 
     error: tuple[tuple[str, float], ...] = ()
     deterministic: int = 1
@@ -394,6 +394,11 @@ class Instance:
         """Stable identity for baselines: case id plus axes, independent of pytest."""
         return f"{self.case_id}[{self.id}]"
 
+    def where(self, line: int | None = None) -> str:
+        """``file:line: case[id]``, the label every message about this instance starts with
+        (``line``: a step's or a buffer's line instead of the case's)."""
+        return f"{self.file}:{line or self.line}: {self.case}[{self.id}]"
+
     def group_size(self, world_size: int | None = None) -> int:
         """How many ranks the first step's collective spans: its ``group`` if it names one,
         else the world (``world_size``, by default the instance's)."""
@@ -406,6 +411,15 @@ class Instance:
 # contract says.
 Outcome = Literal["passed", "failed", "error", "hang", "crash", "skipped", "xfail", "xpass",
                   "limitation", "uncheckable"]  # uncheckable: verdict.numerics
+# Reductions whose result in floats depends on the order of the operations (rounding).
+ORDER_SENSITIVE = ("sum", "avg", "premul_sum", "product")
+# Every outcome, in the order reports list them.
+OUTCOMES: tuple[str, ...] = ("passed", "failed", "error", "hang", "crash", "skipped", "xfail",
+                             "xpass", "limitation", "uncheckable")
+# The backend did not do what the case says: each one fails a session, a gate and a mutant.
+BAD_OUTCOMES: tuple[str, ...] = ("failed", "error", "hang", "crash")
+# What nobody declared: the bad outcomes, and a known divergence that went away.
+UNEXPECTED_OUTCOMES: tuple[str, ...] = (*BAD_OUTCOMES, "xpass")
 
 
 @dataclass

@@ -9,6 +9,7 @@ the pytest process.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,6 +209,29 @@ def test_every_package_says_what_it_takes_gives_and_must_not_do(mods: dict[str, 
                 assert "Must not" in doc or "must not" in doc, m.name
 
 
+ARCHITECTURE = ROOT / "docs" / "explanation" / "architecture.md"
+
+
+def test_every_package_is_described_in_both_maps(mods: dict[str, Module]) -> None:
+    """harness/__init__.py and docs/explanation/architecture.md each name every package."""
+    init = ast.get_docstring(ast.parse((PKG / "__init__.py").read_text())) or ""
+    tree = ARCHITECTURE.read_text("utf-8").split("```")[1]
+    packages = sorted(m.name.split(".")[1] for m in mods.values()
+                      if m.is_pkg and m.name.count(".") == 1)
+    assert "docsgen" in packages
+    missing_init = [p for p in packages if f"``{p}/``" not in init]
+    missing_page = [p for p in packages if not re.search(rf"^  {p}/ ", tree, re.M)]
+    assert missing_init == [], "not described in harness/__init__.py"
+    assert missing_page == [], "not in the tree of docs/explanation/architecture.md"
+
+
+def test_no_stage_imports_the_docs_generators(mods: dict[str, Module]) -> None:
+    """docsgen renders pages from the pipeline's code; the pipeline never depends on it."""
+    bad = [m.name for m in mods.values() if _stage(m.name) != "harness.docsgen"
+           and any(_stage(t) == "harness.docsgen" for t in m.top | m.lazy)]
+    assert bad == []
+
+
 LONG_MODULE = 500  # lines; a module past it says at its top why it stays whole
 
 
@@ -237,3 +261,34 @@ def test_the_checker_sees_what_it_must(tmp_path: Path) -> None:
     graph = {m.name: m.top | m.lazy for m in fake.values()}
     assert _cycles(graph) == [["harness.a", "harness.b"]]
     assert not _imports_torch("harness.a", fake)
+
+
+def _imported_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_only_the_plugin_imports_pytest(mods: dict[str, Module]) -> None:
+    """The stages below the plugin take plain settings values (harness.runner.settings), so
+    every front end (pytest, the fuzzer, external mode, the benchmarks) can drive them."""
+    bad = [m.name for m in mods.values()
+           if not m.name.startswith("harness.plugin") and "pytest" in _imported_names(m.path)]
+    assert bad == []
+
+
+def test_a_pool_key_is_built_in_one_place(mods: dict[str, Module]) -> None:
+    """Every front end gets an instance's pool from harness.runner.prepare.pool_key: a key
+    built elsewhere drifts (it once missed the case's env and device binding)."""
+    builders = sorted(
+        m.name for m in mods.values()
+        for node in ast.walk(ast.parse(m.path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and node.func.id == "PoolKey")
+    assert set(builders) <= {"harness.runner.prepare", "harness.run.pool"}, builders
+    assert "harness.runner.prepare" in builders

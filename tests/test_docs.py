@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.docs_reference import render_all
+from harness.docsgen.reference import render_all
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -108,8 +108,8 @@ def test_readme_is_short() -> None:
 
 # Every section of the README before issue 27 (git show 25ac40d:README.md), and where it went.
 MOVED = {
-    "Two commands": ("install.md", "two-commands"),
-    "Requirements": ("install.md", "requirements"),
+    "Two commands": ("howto/install.md", "two-commands"),
+    "Requirements": ("howto/install.md", "requirements"),
     "Running": ("reference/running.md", "running"),
     "Which files are case files": ("reference/running.md", "which-files-are-case-files"),
     "Limits": ("reference/limits.md", ""),
@@ -198,11 +198,26 @@ def test_every_page_is_in_the_nav() -> None:
         assert re.search(rf"^\s+- [^#\n]*: {re.escape(rel)}$", nav, re.M), rel
 
 
+def test_the_folder_maps_name_every_file() -> None:
+    """tests/README.md names every Python file of tests/, ci/README.md every file of ci/."""
+    tests_map = (ROOT / "tests" / "README.md").read_text("utf-8")
+    unnamed = [p.name for p in sorted((ROOT / "tests").glob("*.py"))
+               if p.name != "__init__.py" and f"`{p.name}`" not in tests_map]
+    ci_map = (ROOT / "ci" / "README.md").read_text("utf-8")
+    for p in sorted((ROOT / "ci").rglob("*")):
+        rel = p.relative_to(ROOT / "ci")
+        if (p.is_file() and p.name != "README.md" and "__pycache__" not in rel.parts
+                and rel.parts[0] != "baselines"):
+            named = f"`{p.name}" in ci_map
+            unnamed += [] if named else [f"ci/{rel.as_posix()}"]
+    assert unnamed == []
+
+
 def test_generated_reference_is_current() -> None:
     for name, text in render_all().items():
         path = ROOT / "docs" / "reference" / "generated" / name
         assert path.read_text("utf-8") == text, (
-            f"{path.relative_to(ROOT)} is not current: run python ci/gen_reference.py")
+            f"{path.relative_to(ROOT)} is not current: run python ci/docs/gen_reference.py")
 
 
 def test_generated_reference_covers_every_op_and_option() -> None:

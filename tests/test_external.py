@@ -11,13 +11,14 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from harness.casefile import expand, validate
 from harness.casefile import load as yamlload
+from harness.external import schedule
 from harness.model import Instance
-from harness.run import schedule
 
 from .helpers import (
     PYTHON,
@@ -132,7 +133,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 def torchrun(tmp_path: Path, *launcher: str, report: str = "r", timeout: float = 240
              ) -> subprocess.Popen[str]:
     return start(tmp_path, [
-        PYTHON, "-m", "torch.distributed.run", *launcher, "-m", "harness.run.external",
+        PYTHON, "-m", "torch.distributed.run", *launcher, "-m", "harness.external",
         "c.yaml", "--report-json", f"{report}.json", "--report-md", f"{report}.md",
         "--deadline", "20"])
 
@@ -261,7 +262,7 @@ def test_slurm_environment_and_resume_by_hand(tmp_path: Path) -> None:
                       "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE"):
                 env.pop(k, None)
             procs.append(start(tmp_path, [
-                PYTHON, "-m", "harness.run.external", "c.yaml", "--report-json", "r.json",
+                PYTHON, "-m", "harness.external", "c.yaml", "--report-json", "r.json",
                 "--report-md", "r.md", "--deadline", "20", *extra], env=env))
         return [finish(p, 180) for p in procs]
 
@@ -291,7 +292,7 @@ def test_perf_mode_under_a_launcher(tmp_path: Path) -> None:
     _write(tmp_path, BASIC)
     res = finish(start(tmp_path, [
         PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-        "-m", "harness.run.external", "c.yaml", "--report-json", "r.json", "--report-md",
+        "-m", "harness.external", "c.yaml", "--report-json", "r.json", "--report-md",
         "r.md", "--perf", "--perf-warmup", "1", "--perf-iters", "2", "--perf-min-time", "0",
         "--perf-repeats", "2", "-k", "ar["]), 240)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
@@ -312,7 +313,7 @@ def test_external_module_needs_a_launcher(tmp_path: Path) -> None:
     env = subprocess_env()
     for k in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
         env.pop(k, None)
-    res = subprocess.run([PYTHON, "-m", "harness.run.external", "c.yaml"], cwd=tmp_path,
+    res = subprocess.run([PYTHON, "-m", "harness.external", "c.yaml"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode != 0
     assert "start it with torchrun, srun or mpirun" in res.stderr
@@ -349,3 +350,113 @@ def test_the_sbatch_script_runs_under_slurms_commands(tmp_path: Path) -> None:
     assert got["c.yaml::ring[gloo-ws2-float32-async]"] == "passed"
     # torchrun gave restarts: the declared hang ran (alone, then a relaunch) instead of a skip
     assert got["c.yaml::declared_hang[gloo-ws2-float32-sync]"] == "passed"
+
+
+PARITY = """
+cases:
+  - name: ar
+    op: all_reduce
+    world_size: 2
+    async: [true, false]
+    dtype: [float32, int64]
+    shape: [6]
+    input: "rank * 5 + i"
+    expected: auto
+  - name: bc
+    op: broadcast
+    world_size: 2
+    async: true
+    args: {src: 1}
+    shape: [4]
+    input: "rank * 10 + i"
+  - name: ring
+    world_size: 2
+    tensors:
+      a: {shape: [3], init: "rank * 10 + i"}
+      b: {shape: [3], init: poison}
+    steps:
+      - {op: isend, tensor: a, dst: "(rank + 1) % world_size", handle: s}
+      - {op: irecv, tensor: b, src: "(rank - 1) % world_size", handle: r}
+      - {wait: [s, r]}
+    expected:
+      b: "((rank - 1) % world_size) * 10 + i"
+  - name: rejected
+    op: all_reduce
+    world_size: 2
+    reduce_op: bxor
+    shape: [4]
+    input: "rank + i"
+    raises: "BXOR|non-integral|not supported"
+  - name: old_torch_only
+    op: all_reduce
+    world_size: 2
+    shape: [2]
+    input: "rank"
+    overrides:
+      - when: {backend: gloo, torch: "<1.0"}
+        xfail: true
+        reason: a divergence of torch before 1.0
+"""
+
+# What differs by construction between the two ways of running: the node id pytest gives,
+# where and when it ran (placement, phases, durations), and the raw timings and timing-led
+# observations each rank makes (the verdict drawn from them is compared: each check's status).
+RUN_MODE_FIELDS = ("nodeid", "duration_s", "phases", "placement", "ran_ahead")
+
+
+def _comparable(rec: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in rec.items() if k not in RUN_MODE_FIELDS}
+    out["ranks"] = [{"rank": r.get("rank"), "status": r.get("status"),
+                     "checks": r.get("checks"), "raised": r.get("raised"),
+                     "steps": [e.get("what") for e in r.get("events", [])]}
+                    for r in rec.get("ranks", [])]
+    ordering = rec.get("ordering") or {}
+    out["ordering"] = {k: (v["status"] if isinstance(v, dict) and "status" in v else v)
+                       for k, v in ordering.items()}
+    if "message" in out and ordering:  # an ordering detail quotes a measured time
+        out["message"] = out["message"].split("\n")[0]
+    return out
+
+
+def test_the_same_cases_give_the_same_records_under_pytest_and_a_launcher(
+        tmp_path: Path) -> None:
+    """Two torchrun agents (one rank each) and the harness's own pools run one file with
+    every ordering probe and --check-iters 3: the records agree field by field but for the
+    fields that name the run mode."""
+    _write(tmp_path, PARITY)
+    port = free_port()
+    opts = ("--check-iters", "3", "--ordering", "all")
+    common = ("--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+              "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "parity")
+
+    def agent() -> subprocess.Popen[str]:
+        return start(tmp_path, [PYTHON, "-m", "torch.distributed.run", *common, "-m",
+                                "harness.external", "c.yaml", "--report-json", "r.json",
+                                "--report-md", "r.md", *opts])
+
+    second = agent()
+    first = finish(agent(), 240)
+    finish(second, 60)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    res = subprocess.run(
+        [PYTHON, "-m", "pytest", "c.yaml", "-q", "-p", "no:cacheprovider", *opts,
+         "--report-json", "pools.json", "--report-md", "pools.md", "--report-html",
+         "pools.html"], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+        env=subprocess_env())
+    external = {r["key"]: r for r in load_report(tmp_path / "r.json")["records"]}
+    pytest_run = {r["key"]: r for r in load_report(tmp_path / "pools.json")["records"]}
+    assert set(external) == set(pytest_run) and len(external) == 8, res.stdout[-2000:]
+    for key, rec in pytest_run.items():
+        assert _comparable(external[key]) == _comparable(rec), key
+    # What the comparison covers was checked, not skipped: probes ran, iterations were
+    # counted, an override out of its torch scope is listed, a raise was matched.
+    probed = [r for r in external.values() if (r.get("ordering") or {}).get("probes")]
+    assert len(probed) == 3
+    iterated = [r for r in external.values()
+                if (r.get("numerics") or {}).get("properties", {}).get("iterations") == "held"]
+    assert len(iterated) >= 4
+    old = external["c.yaml::old_torch_only[gloo-ws2-float32-sum-sync]"]
+    assert old["outcome"] == "passed" and old.get("overrides_not_applied")
+    assert {r["outcome"] for r in external.values()} == {"passed"}
+    options = load_report(tmp_path / "r.json")["metadata"]["options"]
+    assert options["check_iters"] == 3 and options["ordering"] == "all"

@@ -1,4 +1,4 @@
-"""ci/gpu-check.sh and ci/gpu_wheels.py proven on a CPU machine, before a device is lent.
+"""ci/gpu-check.sh and ci/gpu/gpu_wheels.py proven on a CPU machine, before a device is lent.
 
 The dry run installs the device wheels for CPython 3.12 x86-64 with the network off, runs every
 part (the CUDA ones skip with their reason) and checks that the output folder holds what a GPU
@@ -32,14 +32,14 @@ def _env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dest = tmp_path_factory.mktemp("whl")
-    res = subprocess.run([sys.executable, "ci/gpu_wheels.py", "download", "--dest", str(dest)],
+    res = subprocess.run([sys.executable, "ci/gpu/gpu_wheels.py", "download", "--dest", str(dest)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=_env())
     assert res.returncode == 0, res.stdout + res.stderr
     return dest
 
 
 def _check(dest: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "ci/gpu_wheels.py", "check", "--dest", str(dest)],
+    return subprocess.run([sys.executable, "ci/gpu/gpu_wheels.py", "check", "--dest", str(dest)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120, env=_env())
 
 

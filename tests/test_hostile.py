@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from harness.casefile import collect as casefile
 from harness.casefile import expand, load, patterns, validate
 from harness.casefile.limits import Limits
 from harness.errors import CaseFileError, CaseFileErrors
@@ -35,9 +36,7 @@ EXPECTED = {
 
 def collect(path: Path, display: str, limits: Limits | None = None) -> int:
     """What the plugin does at collection: load, validate, expand. Returns the instance count."""
-    lim = limits or Limits()
-    doc = load.load_file(str(path), display, lim)
-    return len(expand.expand_all(validate.load_cases(doc), "gloo", lim))
+    return len(casefile.from_file(str(path), "gloo", display, limits or Limits()))
 
 
 def error_of(path: Path, display: str, limits: Limits | None = None) -> str:

@@ -121,12 +121,12 @@ def gate_against_itself(where: Path, *extra: str) -> tuple[int, str]:
 # -- 2. vanishing records ---------------------------------------------------------------------
 
 INJECT_JUDGE = """
-import harness.plugin.items
+import harness.runner.execute
 
 def _broken_judge(*args, **kwargs):
     raise RuntimeError("injected judge failure")
 
-harness.plugin.items.judge = _broken_judge
+harness.runner.execute.judge = _broken_judge
 """
 
 INJECT_SETUP = """

@@ -117,15 +117,10 @@ def test_probes_are_planned_on_one_async_instance_per_world_size() -> None:
     assert sampled == ["gloo-ws2-float32-sum-async", "gloo-ws4-float32-sum-async"]
 
 
-class _Config:
-    def __init__(self, mode: str | None, delay: float | None) -> None:
-        self.opts = {"collective_ordering": mode, "collective_ordering_delay": delay}
-
-    def getoption(self, name: str) -> Any:
-        return self.opts[name]
-
-    def getini(self, name: str) -> str:
-        return {"collective_ordering": "auto", "collective_ordering_delay": "0.02"}[name]
+def _Config(mode: str | None, delay: float | None) -> ordering.OrderingSettings:
+    """The settings a session with ``--ordering mode --ordering-delay delay`` has."""
+    return ordering.OrderingSettings(mode or "auto",
+                                     0.02 if delay is None else delay)
 
 
 @pytest.mark.parametrize(("case_mode", "option", "probed"), [
@@ -144,7 +139,7 @@ def test_raising_instances_get_no_probes() -> None:
     inst = next(i for i in _instances(SHORTHAND % ("all_reduce", "    ordering: all"))
                 if i.async_op)
     raising = replace(inst, expectation=replace(inst.expectation, kind="raises"))
-    configured = ordering.configure(raising, _Config(None, None))  # type: ignore[arg-type]
+    configured = ordering.configure(raising, _Config(None, None))
     assert configured.ordering is not None and not configured.ordering.probes
 
 
@@ -163,7 +158,7 @@ def test_delayed_rank_is_one_every_other_member_depends_on(op: str, args: str, w
 def _probed() -> Instance:
     inst = next(i for i in _instances(SHORTHAND % ("all_reduce", "    ordering: all"))
                 if i.async_op and i.world_size == 2)
-    return ordering.configure(inst, _Config(None, 0.1))  # type: ignore[arg-type]
+    return ordering.configure(inst, _Config(None, 0.1))
 
 
 def _obs(**over: Any) -> dict[str, Any]:

@@ -138,7 +138,7 @@ def test_nccl_without_gpus_skips_in_the_parent(pytester: pytest.Pytester) -> Non
         def pytest_sessionfinish(session):
             hs = state.harness_session(session.config)
             with open("pools.json", "w") as fh:
-                json.dump({"manager_created": hs._manager is not None}, fh)
+                json.dump({"manager_created": hs.has_pools}, fh)
     """)
     res = pytester.runpytest("cases/", "--backend", "nccl", "-rs")
     res.assert_outcomes(skipped=9)

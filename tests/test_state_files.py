@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from harness.external.progress import State, StateError, recovered_run
+from harness.external.resultfile import Pending, ResultFileError, dump_result, load_result
 from harness.model import RankResult, StepEvent, TensorCheck
-from harness.run.progress import State, StateError, recovered_run
-from harness.run.resultfile import Pending, ResultFileError, dump_result, load_result
 
 from .helpers import PYTHON, case_instances, free_port, load_report, subprocess_env, write_case_file
 
@@ -131,7 +131,7 @@ def _external(where: Path, *extra: str, report: str = "r.json"
     """One rank, no launcher: the environment torchrun would give a world of one."""
     env = subprocess_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                          MASTER_PORT=str(free_port()))
-    return subprocess.run([PYTHON, "-m", "harness.run.external", "c.yaml", "--report-json",
+    return subprocess.run([PYTHON, "-m", "harness.external", "c.yaml", "--report-json",
                            report, "--report-md", "r.md", "--deadline", "60", *extra],
                           cwd=where, env=env, capture_output=True, text=True, timeout=240)
 
@@ -157,8 +157,8 @@ def test_a_resume_from_a_broken_state_stops_and_leaves_no_pass(tmp_path: Path) -
 def test_no_pickle_is_read_from_the_state_directory() -> None:
     """The state directory's readers use no pickle at all (the pool's pipes, between
     processes the harness itself started, are not files anyone else can write)."""
-    root = Path(__file__).resolve().parents[1] / "harness" / "run"
-    for name in ("progress.py", "resultfile.py", "external.py", "launch.py"):
+    root = Path(__file__).resolve().parents[1] / "harness" / "external"
+    for name in ("progress.py", "resultfile.py", "session.py", "launch.py", "cli.py"):
         tree = ast.parse((root / name).read_text())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -260,7 +260,7 @@ def test_an_external_report_path_that_breaks_during_the_run_loses_no_record(
     assert res.returncode == 0, res.stdout + res.stderr  # the run itself completed
     assert "Traceback" not in res.stderr
     [line] = [ln for ln in res.stderr.splitlines() if "could not write the report" in ln]
-    assert line.startswith("python -m harness.run.external: could not write the report to "
+    assert line.startswith("python -m harness.external: could not write the report to "
                            "out/r.json (")
     folder = Path(line.rsplit(" it is written to ", 1)[1].removesuffix(" instead"))
     try:

@@ -1,7 +1,7 @@
-"""docs/upstream.md must stay honest: it is rendered from docs/upstream/behaviours.yaml (the
-page is byte-for-byte what the data renders), every case and instance id the data names
-exists (collected with the harness's own loader for Gloo and NCCL), and a re-audited row's
-status is the one its assertions give."""
+"""docs/reference/upstream.md must stay honest: it is rendered from
+docs/upstream/behaviours.yaml (the page is byte-for-byte what the data renders), every case and
+instance id the data names exists (collected with the harness's own loader for Gloo and NCCL),
+and a re-audited row's status is the one its assertions give."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.upstream import cli, library, render, table
+from harness.docsgen import upstream_page
+from harness.docsgen import upstream_table as table
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "docs" / "upstream" / "behaviours.yaml"
-PAGE = ROOT / "docs" / "upstream.md"
+DATA = ROOT / upstream_page.SOURCE
+PAGE = ROOT / upstream_page.PAGE
 
 CASE_FILE = """\
 cases:
@@ -33,13 +34,13 @@ def data() -> table.Table:
 
 @pytest.fixture(scope="module")
 def lib() -> table.Library:
-    return library.collect(ROOT / "cases")
+    return table.collect(ROOT / "cases")
 
 
 def test_page_is_what_the_data_renders(data: table.Table) -> None:
-    assert PAGE.read_text(encoding="utf-8") == render.render(data), (
-        "docs/upstream.md differs from what docs/upstream/behaviours.yaml renders: run "
-        "`python ci/upstream_table.py`")
+    assert PAGE.read_text(encoding="utf-8") == upstream_page.render(data), (
+        "docs/reference/upstream.md differs from what docs/upstream/behaviours.yaml renders: run "
+        "`python ci/docs/upstream_table.py`")
 
 
 def test_every_named_case_and_instance_exists(data: table.Table, lib: table.Library) -> None:
@@ -91,7 +92,7 @@ def tiny(tmp_path: Path) -> Path:
 
 
 def test_problems_catch_a_dishonest_table(tiny: Path) -> None:
-    lib = library.collect(tiny / "cases")
+    lib = table.collect(tiny / "cases")
     assert lib.instances[("a.yaml", "one")] == {"gloo-ws2-float32-sum-sync",
                                                 "nccl-ws2-float32-sum-sync"}
     # Claims covered while one assertion is not; names an instance that does not exist.
@@ -151,19 +152,19 @@ def test_cli_writes_then_checks_the_page(tiny: Path, capsys: pytest.CaptureFixtu
     data = _write(tiny, ROW.format(status="partly", inst="gloo-ws2-float32-sum-sync"))
     page = tiny / "page.md"
     args = ["--data", str(data), "--cases", str(tiny / "cases"), "--page", str(page)]
-    assert cli.main(args) == 0
-    assert cli.main([*args, "--check"]) == 0
+    assert upstream_page.main(args) == 0
+    assert upstream_page.main([*args, "--check"]) == 0
     page.write_text(page.read_text(encoding="utf-8").replace("partly: 1", "partly: 0"),
                     encoding="utf-8")
-    assert cli.main([*args, "--check"]) == 1
+    assert upstream_page.main([*args, "--check"]) == 1
     assert "is not what" in capsys.readouterr().err
     # A false claim is reported and the page is not rewritten to carry it.
     before = page.read_text(encoding="utf-8")
     data.write_text(data.read_text(encoding="utf-8").replace("status: partly", "status: covered"),
                     encoding="utf-8")
-    assert cli.main(args) == 1
+    assert upstream_page.main(args) == 1
     assert "status 'covered' but its assertions make it 'partly'" in capsys.readouterr().err
     assert page.read_text(encoding="utf-8") == before
     data.write_text("rows: {", encoding="utf-8")
-    assert cli.main(args) == 2
+    assert upstream_page.main(args) == 2
     assert capsys.readouterr().err.startswith(f"upstream_table: {data}: cannot read the table")

@@ -27,39 +27,38 @@ import statistics
 import sys
 from typing import Any
 
-from ..casefile import expand, load, validate
+from ..casefile import collect
 from ..errors import CaseFileError, CaseFileErrors, float_in, int_in
 from ..model import Instance, PerfPlan
-from ..perf import stats
+from ..perf.plan import PerfSettings
 from ..report.jsonfile import printable, unwritable
-from ..run.pool import PoolKey, PoolManager
+from ..runner.execute import Runner
+from ..runner.settings import RunSettings
 
 
 def points(path: str, backend: str, world_sizes: set[int], dtype: str, min_bytes: int,
            max_bytes: int, ops: set[str] | None) -> list[Instance]:
     """The instances of ``path`` to compare (one per op, form, world size and size)."""
-    doc = load.load_file(path, path)
     out: list[Instance] = []
-    for case in validate.load_cases(doc):
-        for inst in expand.expand(case, backend):
-            nbytes = dict(inst.params).get("bytes")
-            if (inst.world_size in world_sizes and inst.dtype == dtype
-                    and isinstance(nbytes, int) and min_bytes <= nbytes <= max_bytes
-                    and (ops is None or inst.op in ops or inst.case.split("_")[0] in ops)):
-                out.append(inst)
+    for inst in collect.from_file(path, backend):
+        nbytes = dict(inst.params).get("bytes")
+        if (inst.world_size in world_sizes and inst.dtype == dtype
+                and isinstance(nbytes, int) and min_bytes <= nbytes <= max_bytes
+                and (ops is None or inst.op in ops or inst.case.split("_")[0] in ops)):
+            out.append(inst)
     return out
 
 
-def measure(pool: Any, inst: Instance) -> tuple[dict[str, Any], list[float], list[float]]:
-    """Run ``inst`` (checks, then timing) once: its perf section, and per timed block pair
-    the ratio harness busbw / bare busbw (= bare time / harness time, each the slowest
-    rank's), from the mean time per call and from the median time per call."""
-    run = pool.run(inst, deadline_s=300)
-    ok = run.kind == "done" and all(r.status == "ok" and all(c.ok for c in r.checks)
-                                    for r in run.results.values())
-    if not ok:
-        raise RuntimeError(f"{inst.key}: the instance failed its check ({run.kind})")
-    perf = stats.aggregate(inst, run.results)
+def measure(runner: Runner, inst: Instance) -> tuple[dict[str, Any], list[float], list[float]]:
+    """Run ``inst`` (checks, then timing) once through the runner, as a ``--perf`` session
+    does: its perf section, and per timed block pair the ratio harness busbw / bare busbw
+    (= bare time / harness time, each the slowest rank's), from the mean time per call and
+    from the median time per call."""
+    judged = runner.execute(runner.prepare(inst))
+    run, perf = judged.run, judged.result.perf
+    if judged.result.outcome != "passed" or run is None or perf is None:
+        raise RuntimeError(f"{inst.key}: the instance failed its check "
+                           f"({judged.result.outcome}: {judged.result.message[:300]})")
     if "busbw_gbs" not in perf:
         raise RuntimeError(f"{inst.key}: not timed: {perf.get('not_timed')}")
     raw = [r.perf for r in run.results.values()]
@@ -73,15 +72,15 @@ def measure(pool: Any, inst: Instance) -> tuple[dict[str, Any], list[float], lis
                                                            "median_call_s")
 
 
-def compare_point(pool: Any, inst: Instance, plan: PerfPlan, runs: int) -> dict[str, Any]:
-    """``runs`` runs of one point, each timing ``repeats`` pairs of alternating calls."""
-    paired = dataclasses.replace(inst, perf=dataclasses.replace(plan, paired_bare=True))
+def compare_point(runner: Runner, inst: Instance, runs: int) -> dict[str, Any]:
+    """``runs`` runs of one point, each timing ``repeats`` pairs of alternating calls (the
+    runner's perf loop has ``paired_bare`` set: see :func:`paired_runner`)."""
     ratios: list[float] = []
     means: list[float] = []
     h_bw: list[float] = []
     info: dict[str, Any] = {}
     for _ in range(runs):
-        info, by_mean, by_median = measure(pool, paired)
+        info, by_mean, by_median = measure(runner, inst)
         ratios += by_median
         means += by_mean
         h_bw.append(info["busbw_gbs"])
@@ -94,6 +93,14 @@ def compare_point(pool: Any, inst: Instance, plan: PerfPlan, runs: int) -> dict[
             "ratio": ratio, "ratio_q1": q[0], "ratio_q3": q[2], "ratio_min": min(ratios),
             "ratio_max": max(ratios), "pairs": len(ratios), "ratios": ratios,
             "ratio_of_means": statistics.median(means), "ratios_of_means": means}
+
+
+def paired_runner(backend: str, plan: PerfPlan) -> Runner:
+    """A runner in performance mode whose loop alternates the harness's calls with a bare
+    loop's (``paired_bare``), one pool at a time; deadline 300 s (large buffers)."""
+    loop = dataclasses.replace(plan, paired_bare=True)
+    return Runner(RunSettings(backend=backend, deadline_s=300.0,
+                              perf=PerfSettings(enabled=True, loop=loop)), max_pools=1)
 
 
 def by_op(rows: list[dict[str, Any]]) -> dict[tuple[int, str, str], list[float]]:
@@ -151,18 +158,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"collective-bench --busbw: no point of {args.cases} matches", file=sys.stderr)
         return 2
     rows: list[dict[str, Any]] = []
-    manager = PoolManager(max_pools=1)
+    runner = paired_runner(args.backend, plan)
     try:
         for ws in sorted(sizes):
             for inst in (i for i in insts if i.world_size == ws):
-                pool = manager.get(PoolKey(args.backend, inst.device, ws))
-                row = compare_point(pool, inst, plan, args.runs)
+                row = compare_point(runner, inst, args.runs)
                 rows.append(row)
                 print(f"{row['key']}: ratio {row['ratio']:.3f} "
                       f"[IQR {row['ratio_q1']:.3f}..{row['ratio_q3']:.3f}]",
                       file=sys.stderr, flush=True)
     finally:
-        manager.close()
+        runner.close()
     import torch
 
     lines = [f"collective-bench --busbw: {args.backend}, torch {torch.__version__}, {args.dtype}, "

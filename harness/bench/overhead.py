@@ -34,13 +34,14 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..casefile import expand, load, validate
+from ..casefile import collect
 from ..errors import float_in, int_in
 from ..report import costs
 from ..report.jsonfile import UnreadableFile, unwritable
 from ..report.records import load_report
-from ..run.pool import PoolKey, PoolManager, forkserver_context
-from ..verdict.outcome import judge
+from ..run.pool import forkserver_context
+from ..runner.execute import Runner
+from ..runner.settings import RunSettings
 from . import busbw as busbw_bench
 
 
@@ -74,8 +75,14 @@ def _case_text(world_size: int, n: int) -> str:
 
 
 def _instances(world_size: int, n: int) -> list[Any]:
-    doc = load.load_text(_case_text(world_size, n), "bench.yaml")
-    return [i for c in validate.load_cases(doc) for i in expand.expand(c, "gloo")]
+    return collect.from_text(_case_text(world_size, n), "bench.yaml", "gloo")
+
+
+def _runner(deadline_s: float = 60.0) -> Runner:
+    """A runner as a pytest session makes one (one pool), its capabilities read already."""
+    runner = Runner(RunSettings(deadline_s=deadline_s), max_pools=1)
+    _ = runner.caps  # read once per session, before anything is timed
+    return runner
 
 
 def _noop() -> None:
@@ -95,20 +102,18 @@ def warm_forkserver() -> float:
 def bench_harness(world_size: int, n: int) -> tuple[float, float, float]:
     """Seconds per instance (pool start amortized; steady state), and the pool start."""
     insts = _instances(world_size, n)
-    manager = PoolManager(max_pools=1)
+    runner = _runner()
     try:
         t0 = time.perf_counter()
-        pool = manager.get(PoolKey("gloo", "cpu", world_size))
+        runner.manager.get(runner.key(insts[0]))
         t_start = time.perf_counter() - t0
-        for inst in insts:
-            run = pool.run(inst, deadline_s=60)
-            if run.kind != "done" or not all(
-                    r.status == "ok" and all(c.ok for c in r.checks)
-                    for r in run.results.values()):
-                raise RuntimeError(f"benchmark instance failed: {run}")
+        for inst in insts:  # the path of every pytest item: prepare, run, judge, settle
+            result = runner.execute(runner.prepare(inst)).result
+            if result.outcome != "passed":
+                raise RuntimeError(f"benchmark instance failed: {result.message}")
         total = time.perf_counter() - t0
     finally:
-        manager.close()
+        runner.close()
     return total / n, (total - t_start) / n, t_start
 
 
@@ -192,7 +197,7 @@ def bench_bare(world_size: int, n: int) -> float:
 
 def bench_hang(deadline_s: float) -> float:
     """Seconds from the deadline to the hang report, for a receive that never completes."""
-    doc = load.load_text(textwrap.dedent("""
+    cases = collect.cases_of_text(textwrap.dedent("""
     cases:
       - name: hang
         world_size: 2
@@ -201,17 +206,19 @@ def bench_hang(deadline_s: float) -> float:
           - {op: recv, tensor: t, src: 0, ranks: [1]}
         expected: {}
     """), "hang.yaml")
-    (inst,) = [i for c in validate.load_cases(doc) for i in expand.expand(c, "gloo")]
-    manager = PoolManager(max_pools=1)
+    (inst,) = collect.instances(cases, "gloo", "hang.yaml")
+    runner = _runner(deadline_s)
     try:
-        pool = manager.get(PoolKey("gloo", "cpu", 2))
+        prepared = runner.prepare(inst)
+        runner.manager.get(runner.key(inst))
         t0 = time.perf_counter()
-        run = pool.run(inst, deadline_s=deadline_s)
+        judged = runner.execute(prepared)
         elapsed = time.perf_counter() - t0
     finally:
-        manager.close()
-    if run.kind != "hang" or not any(s.stack for s in run.states):
-        raise RuntimeError(f"expected a diagnosed hang, got {run.kind}")
+        runner.close()
+    run = judged.run
+    if run is None or run.kind != "hang" or not any(s.stack for s in run.states):
+        raise RuntimeError(f"expected a diagnosed hang, got {judged.result.outcome}")
     return elapsed - deadline_s
 
 
@@ -231,7 +238,7 @@ class Rejection:
 
 def bench_rejection(world_size: int, n: int) -> Rejection:
     """Alternate an accepted all_reduce with one every rank rejects (BXOR on float32)."""
-    doc = load.load_text(textwrap.dedent(f"""
+    cases = collect.cases_of_text(textwrap.dedent(f"""
     cases:
       - name: accepted
         op: all_reduce
@@ -246,24 +253,22 @@ def bench_rejection(world_size: int, n: int) -> Rejection:
         input: "rank + i"
         raises: "BXOR|non-integral|not supported"
     """), "rejection.yaml")
-    insts = {i.case: i for c in validate.load_cases(doc) for i in expand.expand(c, "gloo")}
+    insts = {i.case: i for i in collect.instances(cases, "gloo", "rejection.yaml")}
     times: dict[str, list[float]] = {"accepted": [], "rejected": []}
-    manager = PoolManager(max_pools=1)
-    key = PoolKey("gloo", "cpu", world_size)
+    runner = _runner()
+    manager = runner.manager
     try:
-        manager.get(key)
+        prepared = {name: runner.prepare(inst) for name, inst in insts.items()}
+        manager.get(runner.key(next(iter(insts.values()))))
         for _ in range(n):
-            for name, inst in insts.items():
+            for name, ready in prepared.items():
                 t0 = time.perf_counter()
-                pool = manager.get(key)
-                run = pool.run(inst, deadline_s=60)
-                outcome = judge(inst, run, 60).outcome
-                manager.settle(pool, inst, run)
+                outcome = runner.execute(ready).result.outcome
                 times[name].append(time.perf_counter() - t0)
                 if outcome != "passed":
                     raise RuntimeError(f"rejection benchmark: {name} was {outcome}")
     finally:
-        manager.close()
+        runner.close()
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     return Rejection(world_size, med["accepted"], med["rejected"], manager.started)
 

@@ -71,16 +71,15 @@ def check_case(case: Case) -> None:
                                          "'entry_shape'")])
     op = ops.get(raw["op"])
     errs: list[CaseFileError] = []
-    if op.entry_layouts(lambda s, j: (), 1) is None:
-        takes = sorted(o.name for o in ops.ALL_OPS.values()
-                       if o.entry_layouts(lambda s, j: (), 1) is not None)
+    if not op.takes_entry_shape:
+        takes = sorted(o.name for o in ops.ALL_OPS.values() if o.takes_entry_shape)
         errs.append(case.error(("entry_shape",), f"op {op.name} has no list buffer whose "
                                "entries may differ in shape", "ops that take entry_shape: " +
                                ", ".join(takes)))
     if "entries" in raw and not op.entry_count_free:
         errs.append(case.error(("entries",), f"op {op.name}'s lists have one entry per group "
                                "member", "drop 'entries'"))
-    errs.extend(_errors(case, raw, (), allow_rank=op.name == "all_to_all"))
+    errs.extend(_errors(case, raw, (), allow_rank=op.entries_per_sender))
     if errs:
         raise CaseFileErrors(errs)
 

@@ -227,16 +227,6 @@ class _Expander:
         )
 
 
-def expand_all(cases: list[Case], backend: str, limits: Limits | None = None, *,
-               launched: int = DEFAULT_LAUNCHED) -> list[Instance]:
-    """The instances of every case of one file, the per-file limit checked before each case
-    is built."""
-    out: list[Instance] = []
-    for case in cases:
-        out += expand(case, backend, limits, len(out), launched=launched)
-    return out
-
-
 def _jsonish(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 

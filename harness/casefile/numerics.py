@@ -1,5 +1,5 @@
 """The numerics keys of a case: ``error``, ``deterministic``, ``offset``, ``offset_invariant``,
-``fusion_invariant``, ``size_invariant``, ``same_bits`` (docs/numerics.md).
+``fusion_invariant``, ``size_invariant``, ``same_bits`` (docs/howto/numerics.md).
 
 :func:`check` finds what the schema cannot (non-finite bounds, properties with nothing to
 compare, an offset on a layout it cannot apply to); :func:`plan` turns the keys into the
@@ -20,14 +20,13 @@ from ..model import Case, Instance, NumericsPlan, Step, TensorSpec
 BOUNDS = ("max_abs", "max_rel", "rel_l2", "max_ulps")
 PROPERTIES = ("error", "deterministic", "iterations", "offset_invariant", "fusion_invariant",
               "size_invariant", "same_bits")
-# Ops whose output element i depends only on the inputs' element i, so its bits must not depend
-# on how many elements the buffer holds (size_invariant).
-ELEMENTWISE = ("all_reduce", "reduce")
+# Ops whose output element i depends only on the inputs' element i (size_invariant).
+ELEMENTWISE = tuple(op.name for op in ops.ALL_OPS.values() if op.elementwise)
 # Generators whose first n values (bits included) do not depend on how many they make;
 # nan_inf's NaN bits in bfloat16 do (tests/test_numerics.py).
 PREFIX_STABLE = ("random", "exact", "ranks", "constant")
 # Coalesced ops and the plain op their entries are issued with one by one (fusion_invariant).
-UNFUSED = {"all_reduce_coalesced": "all_reduce", "coalescing_manager_all_reduce": "all_reduce"}
+UNFUSED = {op.name: op.unfused for op in ops.ALL_OPS.values() if op.unfused}
 
 
 def _asked(raw: dict[str, Any]) -> list[str]:

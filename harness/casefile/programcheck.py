@@ -122,8 +122,7 @@ def check_steps(case: Case) -> None:
                 errs.append(case.error((*path, key), f"{op.name} takes no {key!r} buffer",
                                        "its buffers: " + ", ".join(sorted(role_names))))
         for key in ("src", "dst", "tag", *STEP_OP_ARGS, "p2p"):
-            if key in step and key not in (*op.args, *(("p2p",) if op.name ==
-                                                     "batch_isend_irecv" else ())):
+            if key in step and key not in (*op.args, *(("p2p",) if op.p2p_entries else ())):
                 errs.append(case.error((*path, key), f"{op.name} takes no argument {key!r}"))
             if key in ("src", "dst") and isinstance(step.get(key), str):
                 try:
@@ -152,8 +151,8 @@ def check_steps(case: Case) -> None:
         else:
             errs.extend(opargs.check_omit(case, op, step, path,
                                           step.get("reduce_op", raw.get("reduce_op"))))
-        if op.name == "batch_isend_irecv" and "p2p" not in step:
-            errs.append(case.error(path, "batch_isend_irecv needs 'p2p:' (a list of "
+        if op.p2p_entries and "p2p" not in step:
+            errs.append(case.error(path, f"{op.name} needs 'p2p:' (a list of "
                                    "{op: isend|irecv, tensor: NAME, peer: RANK})"))
         for k, entry in enumerate(step.get("p2p", [])):
             if entry["tensor"] not in tensors:

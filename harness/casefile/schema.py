@@ -112,11 +112,6 @@ def _short(value: Any) -> str:
     return quote(value, 60)
 
 
-def schema_errors(doc: Document) -> list[CaseFileError]:
-    """All schema violations of ``doc``, sorted by position."""
-    return [e for e, _, _ in schema_problems(doc)]
-
-
 def schema_problems(doc: Document) -> list[tuple[CaseFileError, tuple[Any, ...], bool]]:
     """Schema violations with the raw document path each was found at, and whether it is an
     unknown key (which the rest of the checks can simply leave out)."""

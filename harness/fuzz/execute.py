@@ -15,16 +15,16 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 
-from ..casefile import expand, load, overrides, validate
+from ..casefile import collect
 from ..errors import CaseFileError, CaseFileErrors
-from ..model import Instance, InstanceResult, PoolRun
-from ..run.capabilities import Capabilities, probe
-from ..run.pool import ForeignAnswerError, PoolKey, PoolManager, PoolStartError
-from ..verdict.outcome import judge
+from ..model import BAD_OUTCOMES, Instance
+from ..ordering.plan import OrderingSettings
+from ..run.capabilities import Capabilities
+from ..run.pool import PoolManager
+from ..runner.execute import Runner
+from ..runner.settings import RunSettings
 from .known import KnownLibrary
 
-BAD = ("failed", "error", "hang", "crash")
-PROBE_DELAY_S = 0.02  # the ordering probes' injected delay (the plugin's default)
 PROBE_EVERY = 4  # the ordering probes run on one async shorthand document in this many
 
 
@@ -43,37 +43,43 @@ class Ran:
 
     @property
     def bad(self) -> bool:
-        return (self.outcome in BAD and not self.absorbed_by) or self.outcome == "differs"
+        return (self.outcome in BAD_OUTCOMES and not self.absorbed_by) or self.outcome == "differs"
 
 
 class Executor:
-    """Keeps the pools warm across generated instances and runs one document at a time."""
+    """Keeps the pools warm across generated instances and runs one document at a time,
+    through the same runner as the plugin (:mod:`harness.runner`): the probes of a probed
+    document are the plugin's ``--ordering all``, the others' its ``--ordering none``."""
 
     def __init__(self, backend: str, backend_modules: tuple[str, ...] = (),
                  deadline_s: float = 5.0, known: KnownLibrary | None = None,
                  max_pools: int = 4, env: tuple[tuple[str, str], ...] = (),
                  probe_every: int = PROBE_EVERY) -> None:
         self.backend = backend
-        self.env = env  # set in every rank before init, over the case's own env
         self.probe_every = probe_every
-        self.backend_modules = backend_modules
         self.deadline_s = deadline_s
         self.known = known or KnownLibrary([])
-        # The plugin's process-group timeout (harness.plugin.state): an instance runs here as
-        # under pytest, and a timeout this long lets the pool end a fail-fast grace early
-        # when the other ranks are provably stranded (harness.run.stranded): Gloo's root-side
-        # rejection of uneven gather/scatter lists cost the whole 2 s grace each with 30 s.
-        self.manager = PoolManager(max_pools=max_pools, pg_timeout_s=max(600.0, deadline_s * 4))
-        self.caps: Capabilities = probe(backend_modules)
+        settings = RunSettings(backend=backend, backend_modules=backend_modules,
+                               deadline_s=deadline_s, env=env,
+                               ordering=OrderingSettings(mode="all"))
+        self.runner = Runner(settings, max_pools=max_pools)
+        self.unprobed = dataclasses.replace(settings, ordering=OrderingSettings(mode="none"))
         self.hangs = 0
+
+    @property
+    def caps(self) -> Capabilities:
+        return self.runner.caps
+
+    @property
+    def manager(self) -> PoolManager:
+        return self.runner.manager
 
     def instances(self, text: str, file: str = "fuzz.yaml") -> list[Instance]:
         """The instances of a document the fuzzer generated (CaseFileError if it is not a
         valid case). Composed by libyaml (:func:`~harness.casefile.load.load_generated_text`:
         the same values and positions as the case-file loader, a tenth of its time), then the
         same schema and semantic checks and expander; never give it a file someone wrote."""
-        doc = load.load_generated_text(text, file)
-        return [i for c in validate.load_cases(doc) for i in expand.expand(c, self.backend)]
+        return collect.from_text(text, file, self.backend, generated=True)
 
     def run_text(self, text: str) -> Ran:
         """Load, expand, run and judge a one-instance document."""
@@ -98,54 +104,31 @@ class Executor:
         digest = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big")
         return self.probe_every <= 1 or digest % self.probe_every == 0
 
-    def _prepare(self, inst: Instance, probes: bool = True) -> Instance:
-        inst = overrides.resolve(inst, self.caps.torch_version, self.caps.nccl_version)
-        plan = inst.ordering
-        if plan is not None:  # what harness.ordering.plan.configure does with --ordering all
-            probes = probes and plan.shorthand_async and inst.expectation.kind == "pass"
-            inst = dataclasses.replace(inst, ordering=dataclasses.replace(
-                plan, probes=probes, delay_s=PROBE_DELAY_S))
-        return inst
-
     def run_instance(self, inst: Instance, probes: bool = True) -> Ran:
         """Run ``inst`` on its pool and judge it; a bad outcome a known override explains is
         marked absorbed (judged again under that override, on the same run)."""
-        inst = self._prepare(inst, probes)
-        skip = inst.expectation.skip or self.caps.skip_reason(inst)
-        if skip:
-            return Ran("skipped", skip, inst.op, inst.world_size)
-        deadline = min(inst.deadline or self.deadline_s, self.deadline_s)
-        result, run = self._run(inst, deadline)
+        runner = self.runner
+        # The fuzzer's deadline is a ceiling: a generated case cannot ask for more.
+        inst = dataclasses.replace(inst, deadline=min(inst.deadline or self.deadline_s,
+                                                      self.deadline_s))
+        prepared = runner.prepare(inst, settings=None if probes else self.unprobed)
+        inst = prepared.instance
+        if prepared.skip:
+            return Ran("skipped", prepared.skip, inst.op, inst.world_size)
+        judged = runner.execute(prepared)
+        result, run = judged.result, judged.run
         ran = Ran(result.outcome, result.message, inst.op, inst.world_size)
         if run is not None:
             ran.digests = {f"{r}/{c.tensor}": c.digest for r, res in sorted(run.results.items())
                            for c in res.checks if c.digest}
             ran.inexact = inst.tolerance is not None or any(
                 c.inexact for res in run.results.values() for c in res.checks)
-        if result.outcome in BAD and run is not None:
-            ran.absorbed_by = self.known.absorbs(inst, run, deadline, self.caps)
+        if result.outcome in BAD_OUTCOMES and run is not None:
+            ran.absorbed_by = self.known.absorbs(inst, run, prepared.deadline_s, runner)
         if result.outcome == "hang":
             self.hangs += 1
         return ran
 
-    def _run(self, inst: Instance, deadline: float) -> tuple[InstanceResult, PoolRun | None]:
-        env = tuple(sorted({**dict(inst.env), **dict(self.env)}.items()))
-        key = PoolKey(inst.backend, inst.device, inst.world_size, self.backend_modules,
-                      env=env, pg_timeout_s=inst.pg_timeout)
-        for _attempt in range(2):
-            try:
-                pool = self.manager.get(key)
-                run = pool.run(inst, deadline)
-            except PoolStartError as exc:
-                return InstanceResult("error", f"the rank pool did not start: {exc}"), None
-            except ForeignAnswerError:
-                continue  # the pool is gone; once more on a fresh one
-            result = judge(inst, run, deadline)
-            self.manager.settle(pool, inst, run)
-            return result, run
-        return InstanceResult("error", "harness error: two pools in a row answered for "
-                              "another instance"), None
-
     def close(self) -> None:
         """Stop every rank pool (no rank process outlives this)."""
-        self.manager.close()
+        self.runner.close()

@@ -24,11 +24,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import expr
-from ..casefile import load, overrides, validate
+from ..casefile import collect, overrides
 from ..errors import CaseFileError, CaseFileErrors, ExprError
 from ..model import Instance, Override, PoolRun
 from ..run.capabilities import Capabilities
-from ..verdict.outcome import judge
+from ..runner.execute import Runner
 
 SCOPE_KEYS = ("backend", "device")
 WORLD_NAMES = ("world_size",)
@@ -59,7 +59,7 @@ def load_library(paths: list[str]) -> tuple[list[KnownOverride], list[str]]:
     broken: list[str] = []
     for path in library_files(paths):
         try:
-            cases = validate.load_cases(load.load_file(str(path)))
+            cases = collect.cases_of_file(str(path))
         except (CaseFileError, CaseFileErrors, OSError, ValueError) as exc:
             broken.append(f"{path}: {str(exc).splitlines()[0][:200]}")
             continue
@@ -125,14 +125,15 @@ class KnownLibrary:
                 out.append(replace(k, override=o))
         return out
 
-    def absorbs(self, inst: Instance, run: PoolRun, deadline: float, caps: Capabilities
-                ) -> str:
-        """The override (file:line) that explains this bad run, or ""."""
+    def absorbs(self, inst: Instance, run: PoolRun, deadline: float, runner: Runner) -> str:
+        """The override (file:line) that explains this bad run, or "" (judged again on the
+        same run by the runner's verdict, under each candidate override)."""
+        caps = runner.caps
         for k in self.candidates(inst, caps):
             patched = replace(inst, overrides=(k.override,),
                               backend=self.alias or inst.backend)
             patched = overrides.resolve(patched, caps.torch_version, caps.nccl_version)
-            if judge(patched, run, deadline).outcome in ABSORBING:
+            if runner.verdict(patched, run, deadline).outcome in ABSORBING:
                 self.absorbed[k.where] += 1
                 self.reasons[k.where] = k.override.reason
                 return k.where

@@ -77,7 +77,7 @@ class Session:
 
     def warm(self) -> None:
         """Start the pool of every world size the run draws (a barrier on each), so that a
-        measurement of the fuzzing (ci/fuzz_bench.py) leaves the pools' start out."""
+        measurement of the fuzzing (ci/bench/fuzz_bench.py) leaves the pools' start out."""
         for ws in self.fuzzer.world_sizes:
             self.executor.run_text(space.render_case({"name": "warm", "op": "barrier",
                                                       "world_size": ws}))

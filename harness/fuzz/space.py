@@ -31,33 +31,14 @@ LAYOUTS = ("transposed", "strided", "channels_last")
 PRIMES = (7, 13, 31, 127, 257, 1021, 4099)
 CHUNK_BYTES = 1 << 20  # just past it: the backends' algorithm / chunk switches
 
-# op -> (how the case's `shape` relates to the element shape, rooted argument or "")
-SHORTHAND: dict[str, tuple[str, str]] = {
-    "all_reduce": ("tensor", ""),
-    "broadcast": ("tensor", "src"),
-    "reduce": ("tensor", "dst"),
-    "all_gather": ("tensor", ""),
-    "all_gather_into_tensor": ("tensor", ""),
-    "gather": ("tensor", "dst"),
-    "scatter": ("members", "src"),
-    "reduce_scatter": ("members", ""),
-    "reduce_scatter_tensor": ("members", ""),
-    "all_to_all": ("members", ""),
-    "all_to_all_single": ("members", ""),
-    "all_reduce_coalesced": ("entries", ""),
-    "all_gather_coalesced": ("entries", ""),
-    "barrier": ("none", ""),
-}
+# The ops drawn in the op: form, in the order the op table gives (``Op.fuzz``): Hypothesis
+# shrinks toward the first.
+SHORTHAND: tuple[str, ...] = tuple(name for _, name in sorted(
+    (o.fuzz.order, o.name) for o in ops.ALL_OPS.values() if o.fuzz is not None))
 PROGRAMS = ("p2p", "async_program", "barrier_timing")
 DEFAULT_OPS = (*SHORTHAND, *PROGRAMS)
-INPLACE_OPS = ("all_gather_into_tensor", "reduce_scatter_tensor")
-SUBGROUP_OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-                "gather", "scatter", "barrier")
-# List ops whose entries may have different shapes (`entry_shape`: the shape of entry j).
-UNEVEN_OPS = ("all_gather", "gather", "scatter", "reduce_scatter", "all_to_all",
-              "all_reduce_coalesced", "all_gather_coalesced")
+# Entry j's rows for the ops whose list entries may differ in shape (``entry_shape``).
 UNEVEN_ROWS = ("j + 1", "j", "2 * j + 1", "0 if j % 2 == 0 else j + 1", "rank + j + 1")
-OFFSET_OPS = ("all_reduce", "broadcast", "all_gather_into_tensor")
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's when built with it
 DEADLINE_S = 5  # written into every generated case: a hang is reported in bounded time
 
@@ -119,8 +100,15 @@ def world_sizes(draw: st.DrawFn, allowed: tuple[int, ...]) -> int:
     return int(draw(st.sampled_from(others)))
 
 
+def _fuzz(op: str) -> ops.Fuzzed:
+    spec = ops.get(op).fuzz
+    if spec is None:
+        raise ValueError(f"the fuzzer does not generate {op} in the op: form")
+    return spec
+
+
 def _group(draw: st.DrawFn, op: str, ws: int) -> list[int] | None:
-    if op not in SUBGROUP_OPS or ws < 2 or draw(st.integers(0, 4)) < 4:
+    if not _fuzz(op).subgroup or ws < 2 or draw(st.integers(0, 4)) < 4:
         return None
     members = draw(st.permutations(list(range(ws))))
     size = int(draw(st.integers(1, ws)))
@@ -136,7 +124,8 @@ def _reduce_op(draw: st.DrawFn, dtype: str) -> str:
 @st.composite
 def shorthand_case(draw: st.DrawFn, op: str, ws: int) -> dict[str, Any]:
     """One collective of the op table with ``expected: auto``."""
-    shape_kind, root = SHORTHAND[op]
+    entry = ops.get(op)
+    shape_kind, root = _fuzz(op).shape, entry.root_arg
     case: dict[str, Any] = {"name": "fuzz", "op": op, "world_size": ws}
     if shape_kind == "none":
         if draw(st.booleans()):
@@ -161,22 +150,22 @@ def shorthand_case(draw: st.DrawFn, op: str, ws: int) -> dict[str, Any]:
         shape = [len(members), *(es or [1])]
     else:
         shape = [int(draw(st.integers(1, 4))), *(es or [1])]
-    uneven = op in UNEVEN_OPS and draw(st.integers(0, 5)) == 5
-    if op in INPLACE_OPS and draw(st.integers(0, 3)) == 3:
+    uneven = entry.takes_entry_shape and draw(st.integers(0, 5)) == 5
+    if _fuzz(op).inplace and draw(st.integers(0, 3)) == 3:
         args["inplace"] = True
     if uneven:
         # Entries of different sizes (the _v forms): entry j's rows by a generic formula
         # ("rank + j + 1" only where each rank may give its own sizes: all_to_all).
-        forms = UNEVEN_ROWS if op == "all_to_all" else UNEVEN_ROWS[:-1]
-        entry: list[Any] = [str(draw(st.sampled_from(forms)))]
+        forms = UNEVEN_ROWS if entry.entries_per_sender else UNEVEN_ROWS[:-1]
+        entry_shape: list[Any] = [str(draw(st.sampled_from(forms)))]
         if draw(st.integers(0, 3)) == 3:
-            entry.append(int(draw(st.integers(2, 3))))
-        case.update(dtype=dtype, entry_shape=entry)
+            entry_shape.append(int(draw(st.integers(2, 3))))
+        case.update(dtype=dtype, entry_shape=entry_shape)
         if shape_kind == "entries":
             case["entries"] = int(draw(st.integers(1, 4)))
     else:
         case.update(dtype=dtype, shape=shape)
-    if ops.get(op).reduces:
+    if entry.reduces:
         rop = _reduce_op(draw, dtype)
         case["reduce_op"] = rop
         if rop == "premul_sum":
@@ -198,7 +187,7 @@ def shorthand_case(draw: st.DrawFn, op: str, ws: int) -> dict[str, Any]:
             lead = [shape[0], 2] if shape_kind == "members" else [shape[0]]
             shape[:] = [*lead, 2, 2, max(1, shape[-1] % 5)]
         case["layout"] = layout
-    if not uneven and op in OFFSET_OPS and draw(st.integers(0, 9)) == 9:
+    if not uneven and _fuzz(op).offset and draw(st.integers(0, 9)) == 9:
         case["offset"] = int(draw(st.sampled_from((1, 3, 5))))
     if draw(st.integers(0, 2)) == 2:
         case["async"] = True
@@ -335,7 +324,8 @@ def program_op(case: dict[str, Any]) -> str:
     steps = case.get("steps", [])
     if any("blocks_until_all" in s for s in steps):
         return "barrier_timing"
-    if any(s.get("op") in ("isend", "batch_isend_irecv") for s in steps):
+    # p2p_case's programs are the generated ones with point-to-point ops.
+    if any(ops.ALL_OPS[s["op"]].point_to_point for s in steps if s.get("op") in ops.ALL_OPS):
         return "p2p"
     return "async_program"
 

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import quote
+from ..model import OUTCOMES
 from ..report.jsonfile import UnreadableFile, printable, read_json
 from ..report.oneline import one_line
-from ..report.records import OUTCOMES, write_atomic
+from ..report.records import write_atomic
 
 BASELINE_VERSION = 1
 Level = Literal["fail", "warn", "ok"]

@@ -36,11 +36,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..model import BAD_OUTCOMES
 from ..report.jsonfile import printable
 from . import baseline as bl
 from .baseline import Baseline, BaselineError, Entry, Level
 
-BAD = frozenset({"failed", "error", "hang", "crash"})
+BAD = frozenset(BAD_OUTCOMES)
 PASSING = frozenset({"passed", "xpass"})
 MET = frozenset({"passed", "xpass", "xfail", "limitation"})
 Match = Literal["auto", "exact", "agnostic"]

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from ..model import OUTCOMES
 from ..report import headline
 from ..report.jsonfile import printable
-from ..report.records import OUTCOMES
 
 LISTED = 5  # offending records named per problem
 

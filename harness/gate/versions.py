@@ -6,11 +6,11 @@ differently* when its observed behaviour differs: its outcome, or what the case 
 where it met that expectation (a pass of a documented rejection is not a pass of a result).
 The differences are grouped per op, then per change of behaviour, listing the dtypes involved
 and instances as evidence. This is the ``collective-versions`` command, and the page
-``docs/torch-versions.md`` is its Markdown output for the committed reference reports.
+``docs/reference/torch-versions.md`` is its Markdown output for the committed reference reports.
 
     collective-versions reports/reference/gloo-cpu-torch2.4.1.json.gz \
         reports/reference/gloo-cpu.json reports/reference/gloo-cpu-torch2.15.0.json.gz \
-        --markdown docs/torch-versions.md
+        --markdown docs/reference/torch-versions.md
 
 Versions are compared on the public version (``2.13.0+cpu`` and ``2.13.0`` are one release,
 built for different devices) and the NCCL version the report recorded.

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..model import BAD_OUTCOMES as BAD
 from ..report.jsonfile import UnreadableFile
 from ..report.records import load_report
 from .faults import BACKEND, BACKEND_MODULE, ENV, FAITHFUL, describe
 
-BAD = ("failed", "error", "hang", "crash")  # an instance that no longer passes
 TAIL_CHARS = 2000
 
 

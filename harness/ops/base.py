@@ -55,6 +55,29 @@ class Role:
     only: Only = "all"
 
 
+FuzzShape = Literal["tensor", "members", "entries", "none"]
+
+
+@dataclass(frozen=True)
+class Fuzzed:
+    """How ``collective-fuzz`` draws an op in the ``op:`` form (:mod:`harness.fuzz.space`).
+
+    ``order`` places the op among the fuzzed ops: Hypothesis draws an op by its index and
+    shrinks toward index 0, so a lower order is the simpler choice, and the order fixes which
+    documents a seed gives. ``shape`` says what the case's ``shape`` is made of: ``tensor``
+    the drawn element shape itself, ``members`` one element per group member in dim 0,
+    ``entries`` a list of 1-4 elements in dim 0 (the coalesced ops), ``none`` no buffer.
+    The flags allow the rarer corners: a drawn subgroup (``args: {group: ...}``),
+    ``inplace: true``, and a buffer ``offset:``.
+    """
+
+    order: int
+    shape: FuzzShape
+    subgroup: bool = False
+    inplace: bool = False
+    offset: bool = False
+
+
 @dataclass(frozen=True)
 class CallContext:
     """What a rank passes to :meth:`Op.call`: resolved arguments and runtime handles."""
@@ -126,6 +149,34 @@ class Op:
     # root feeds the others (broadcast, scatter), False where it collects (reduce, gather).
     # The ordering probes delay the rank the others depend on.
     root_feeds: bool | None = None
+    # The argument that names the root of a rooted collective: "src" where the root sends
+    # (broadcast, scatter), "dst" where it receives (reduce, gather); "" for the others and for
+    # point-to-point, whose src/dst name a peer.
+    root_arg: str = ""
+    # Always issued async whatever the case's ``async`` axis says: the name says so (isend,
+    # irecv) or the call returns Works (batch_isend_irecv).
+    always_async: bool = False
+    # A step of the op lists its point-to-point ops under ``p2p:`` (batch_isend_irecv).
+    p2p_entries: bool = False
+    # ``entry_shape`` may depend on the sending member (``rank``) as well as on the entry:
+    # each member sends chunks of its own sizes (all_to_all). Elsewhere every member passes
+    # lists of the same entry shapes.
+    entries_per_sender: bool = False
+    # Output element i depends only on the inputs' element i, so its bits must not depend on
+    # how many elements the buffer holds (``size_invariant``).
+    elementwise: bool = False
+    # For a coalesced op: the plain op its entries are issued with one by one, which must give
+    # the same bits (``fusion_invariant``); "" where there is none.
+    unfused: str = ""
+    # Dispatcher ops (the name after ``c10d::`` or ``_c10d_functional::``) whose recorded calls
+    # ``collective-record`` writes as calls of this op (harness.record.optable reads their
+    # arguments). A coalesced dispatcher op becomes one call of this op per tensor.
+    recorded_as: tuple[str, ...] = ()
+    # How ``collective-fuzz`` generates the op in the ``op:`` form; None: it does not.
+    fuzz: Fuzzed | None = None
+    # Its :meth:`bare_call` posts the op and returns a Work (isend, irecv): a bare loop of such
+    # calls issues them all, then waits them in the case's order. Other bare calls block.
+    bare_posts: bool = False
 
     def bus_factor(self, world_size: int) -> float:
         """nccl-tests' bus-bandwidth factor: busbw = algbw * factor."""
@@ -159,6 +210,23 @@ class Op:
         the op has no list buffer whose entries may differ (the case is rejected). ``count``
         is the case's ``entries`` (list length) for the coalesced ops, whose lists are not
         one entry per member; the collectives' lists always have ``n`` entries.
+        """
+        return None
+
+    @property
+    def takes_entry_shape(self) -> bool:
+        """Whether a case may give this op's list entries different shapes (``entry_shape``)."""
+        return self.entry_layouts(lambda s, j: (), 1) is not None
+
+    def bare_call(self, dist: Any, bufs: dict[str, Any], args: dict[str, Any], reduce_op: Any,
+                  rank: int, world_size: int) -> Callable[[], Any] | None:
+        """The op as nccl-tests would call it: one plain ``torch.distributed`` call on the
+        default group, with none of :meth:`call`'s bookkeeping (``collective-bench --busbw``
+        times it next to the harness's call). None: the op has no bare form for ``args``.
+
+        ``bufs`` maps role names to the step's tensors, ``args`` holds the resolved op
+        arguments, ``reduce_op`` is a ``torch.distributed.ReduceOp``; ``rank`` and
+        ``world_size`` are global.
         """
         return None
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .base import (
     CallContext,
     EntryShape,
+    Fuzzed,
     Layout,
     Op,
     PerRank,
@@ -78,6 +79,8 @@ class AllReduceCoalesced(Op):
     agree = True
     bus = "all_reduce"
     entry_count_free = True
+    unfused = "all_reduce"
+    fuzz = Fuzzed(11, "entries")
 
     def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
                       ) -> list[tuple[Layout, Layout]] | None:
@@ -100,8 +103,8 @@ class AllGatherCoalesced(Op):
     agree = True
     bus = "ring"
     gathers = True
-
     entry_count_free = True
+    fuzz: Fuzzed | None = Fuzzed(12, "entries")
 
     def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
                       ) -> list[tuple[Layout, Layout]] | None:
@@ -150,6 +153,7 @@ class CoalescingManagerAllReduce(_Managed):
     reduces = True
     agree = True
     entry_count_free = True
+    unfused = "all_reduce"
 
     def entry_layouts(self, entry: EntryShape, n: int, count: int | None = None
                       ) -> list[tuple[Layout, Layout]] | None:

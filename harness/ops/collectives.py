@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .base import (
     CallContext,
     EntryShape,
+    Fuzzed,
     Layout,
     Op,
     PerRank,
@@ -42,10 +43,20 @@ class AllReduce(Op):
     defaults = (("reduce_op", "sum"),)
     agree = True
     bus = "all_reduce"
+    elementwise = True
+    recorded_as = ("allreduce_", "all_reduce", "all_reduce_",
+                   # DDP's and the functional coalesced calls: one all_reduce per tensor
+                   "allreduce_coalesced_", "all_reduce_coalesced", "all_reduce_coalesced_")
+    fuzz = Fuzzed(0, "tensor", subgroup=True, offset=True)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return ctx.dist.all_reduce(bufs["tensor"], **op_kw(ctx), group=ctx.group,
                                    async_op=ctx.async_op)
+
+    def bare_call(self, dist: Any, bufs: dict[str, Any], args: dict[str, Any], reduce_op: Any,
+                  rank: int, world_size: int) -> Callable[[], Any] | None:
+        t = bufs["tensor"]
+        return lambda: dist.all_reduce(t, op=reduce_op)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         assert ctx.reduce_op is not None
@@ -59,11 +70,19 @@ class Broadcast(Op):
     roles = (Role("tensor", "inout"),)
     args = ("src",)
     required_args = ("src",)
+    root_arg = "src"
     agree = True
+    recorded_as = ("broadcast_", "broadcast")
+    fuzz = Fuzzed(1, "tensor", subgroup=True, offset=True)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return ctx.dist.broadcast(bufs["tensor"], **root_kw(ctx, "src"), group=ctx.group,
                                   async_op=ctx.async_op)
+
+    def bare_call(self, dist: Any, bufs: dict[str, Any], args: dict[str, Any], reduce_op: Any,
+                  rank: int, world_size: int) -> Callable[[], Any] | None:
+        t, src = bufs["tensor"], args.get("src", 0)
+        return lambda: dist.broadcast(t, src=src)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         src = inputs[ctx.args["src"]]
@@ -76,12 +95,21 @@ class Reduce(Op):
     roles = (Role("tensor", "inout"),)
     args = ("dst",)
     required_args = ("dst",)
+    root_arg = "dst"
     reduces = True
     defaults = (("reduce_op", "sum"),)
+    elementwise = True
+    recorded_as = ("reduce_",)
+    fuzz = Fuzzed(2, "tensor", subgroup=True)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return ctx.dist.reduce(bufs["tensor"], **root_kw(ctx, "dst"), **op_kw(ctx),
                                group=ctx.group, async_op=ctx.async_op)
+
+    def bare_call(self, dist: Any, bufs: dict[str, Any], args: dict[str, Any], reduce_op: Any,
+                  rank: int, world_size: int) -> Callable[[], Any] | None:
+        t, dst = bufs["tensor"], args.get("dst", 0)
+        return lambda: dist.reduce(t, dst=dst, op=reduce_op)
 
     def reference(self, inputs: Sequence[torch.Tensor], ctx: RefContext) -> PerRank:
         assert ctx.reduce_op is not None
@@ -103,6 +131,8 @@ class AllGather(Op):
     agree = True
     bus = "ring"
     gathers = True
+    recorded_as = ("allgather_",)
+    fuzz = Fuzzed(3, "tensor", subgroup=True)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         out, inp = bufs["output"], bufs["input"]
@@ -128,9 +158,12 @@ class Gather(Op):
     args = ("dst",)
     required_args = ("dst",)
     defaults = (("dst", 0),)  # "If both dst and group_dst are None, default is global rank 0"
+    root_arg = "dst"
     in_role = "input"
     out_role = "output"
     gathers = True
+    recorded_as = ("gather_",)
+    fuzz = Fuzzed(5, "tensor", subgroup=True)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return ctx.dist.gather(bufs["input"], gather_list=bufs["output"], **root_kw(ctx, "dst"),
@@ -154,8 +187,11 @@ class Scatter(Op):
     args = ("src",)
     required_args = ("src",)
     defaults = (("src", 0),)  # "If both src and group_src are None, default is global rank 0"
+    root_arg = "src"
     in_role = "input"
     out_role = "output"
+    recorded_as = ("scatter_",)
+    fuzz = Fuzzed(6, "members", subgroup=True)
 
     def out_shape(self, in_shape: tuple[int, ...], world_size: int,
                   args: dict[str, Any] | None = None) -> tuple[int, ...]:
@@ -183,6 +219,8 @@ class ReduceScatter(Op):
     in_role = "input"
     out_role = "output"
     bus = "ring"
+    recorded_as = ("reduce_scatter_",)
+    fuzz = Fuzzed(7, "members")
 
     def out_shape(self, in_shape: tuple[int, ...], world_size: int,
                   args: dict[str, Any] | None = None) -> tuple[int, ...]:
@@ -211,6 +249,9 @@ class AllToAll(Op):
     in_role = "input"
     out_role = "output"
     bus = "ring"
+    entries_per_sender = True
+    recorded_as = ("alltoall_",)
+    fuzz = Fuzzed(9, "members")
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return ctx.dist.all_to_all(bufs["output"], bufs["input"], group=ctx.group,
@@ -241,6 +282,8 @@ class Barrier(Op):
     roles = ()
     in_role = ""
     out_role = ""
+    recorded_as = ("barrier",)
+    fuzz = Fuzzed(13, "none", subgroup=True)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return ctx.dist.barrier(group=ctx.group, async_op=ctx.async_op)
@@ -261,6 +304,7 @@ class MonitoredBarrier(Op):
     in_role = ""
     out_role = ""
     only_backends = ("gloo",)
+    recorded_as = ("monitored_barrier_",)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         import datetime

@@ -26,6 +26,7 @@ class BroadcastObjectList(_ObjectOp):
     roles = (Role("objects", "inout", form="objects"),)
     args = ("src",)
     required_args = ("src",)
+    root_arg = "src"
     in_role = out_role = "objects"
     agree = True
 
@@ -62,6 +63,7 @@ class GatherObject(_ObjectOp):
              Role("output", "out", form="objects", only="dst"))
     args = ("dst",)
     required_args = ("dst",)
+    root_arg = "dst"
     in_role = "input"
     out_role = "output"
 
@@ -86,6 +88,7 @@ class ScatterObjectList(_ObjectOp):
              Role("input", "in", form="objects", only="src"))
     args = ("src",)
     required_args = ("src",)
+    root_arg = "src"
     in_role = "input"
     out_role = "output"
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .base import CallContext, Op, PerRank, RefContext, Role, root_kw
@@ -28,6 +28,7 @@ class Send(_P2P):
     roles = (Role("tensor", "in"),)
     args = ("dst", "tag")
     required_args = ("dst",)
+    recorded_as: tuple[str, ...] = ("send", "isend")
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return self.issue(ctx, bufs, ctx.async_op)
@@ -46,6 +47,7 @@ class Recv(_P2P):
     roles = (Role("tensor", "out"),)
     args = ("src", "tag")
     required_args = ()  # no src: receive from any source (Gloo supports it; NCCL does not)
+    recorded_as: tuple[str, ...] = ("recv_", "recv_any_source_", "irecv")
     returns = ("the sender's global rank: what recv returns, or the irecv Work's "
                "_source_rank() after wait()")
 
@@ -68,6 +70,14 @@ class Recv(_P2P):
 class ISend(Send):
     name = "isend"
     supports_async = True
+    always_async = True
+    recorded_as = ()  # recorded isend calls are written as async sends
+    bare_posts = True
+
+    def bare_call(self, dist: Any, bufs: dict[str, Any], args: dict[str, Any], reduce_op: Any,
+                  rank: int, world_size: int) -> Callable[[], Any] | None:
+        t, dst = bufs["tensor"], args["dst"]
+        return lambda: dist.isend(t, dst)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return self.issue(ctx, bufs, True)
@@ -75,6 +85,14 @@ class ISend(Send):
 
 class IRecv(Recv):
     name = "irecv"
+    always_async = True
+    recorded_as = ()  # recorded irecv calls are written as async receives
+    bare_posts = True
+
+    def bare_call(self, dist: Any, bufs: dict[str, Any], args: dict[str, Any], reduce_op: Any,
+                  rank: int, world_size: int) -> Callable[[], Any] | None:
+        t, src = bufs["tensor"], args["src"]
+        return lambda: dist.irecv(t, src)
 
     def call(self, ctx: CallContext, bufs: dict[str, Any]) -> Any:
         return self.issue(ctx, bufs, True)
@@ -108,6 +126,8 @@ class BatchISendIRecv(Op):
     name = "batch_isend_irecv"
     family = "p2p"
     point_to_point = True
+    always_async = True
+    p2p_entries = True
     roles = ()
     in_role = ""
     out_role = ""

@@ -265,6 +265,7 @@ class PgAllgatherCoalesced(AllGatherCoalesced):
     family = "pg_api"
     torch_name = "ProcessGroup.allgather_coalesced"
     args = ("via", "options")
+    fuzz = None  # the fuzzer draws all_gather_coalesced, not the method
 
     def available(self, dist: Any) -> bool:
         return hasattr(getattr(dist, "ProcessGroup", None), "allgather_coalesced")

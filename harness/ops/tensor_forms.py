@@ -12,10 +12,19 @@ in group positions, given as an expression over ``src`` and ``dst`` or as a list
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .base import CallContext, Op, PerRank, RefContext, Role, for_members, reduce_tensors
+from .base import (
+    CallContext,
+    Fuzzed,
+    Op,
+    PerRank,
+    RefContext,
+    Role,
+    for_members,
+    reduce_tensors,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -100,6 +109,17 @@ class _GatherSingle(Op):
 
 class AllGatherIntoTensor(_GatherSingle):
     name = "all_gather_into_tensor"
+    recorded_as = ("_allgather_base_", "all_gather_into_tensor", "all_gather_into_tensor_out",
+                   # coalesced: one call per tensor
+                   "allgather_into_tensor_coalesced_", "all_gather_into_tensor_coalesced")
+    fuzz = Fuzzed(4, "tensor", subgroup=True, inplace=True, offset=True)
+
+    def bare_call(self, dist: Any, bufs: dict[str, Any], args: dict[str, Any], reduce_op: Any,
+                  rank: int, world_size: int) -> Callable[[], Any] | None:
+        out, inp = bufs["output"], bufs["input"]
+        if args.get("inplace"):  # the input is our own chunk
+            return lambda: dist.all_gather_into_tensor(out, out.chunk(world_size)[rank])
+        return lambda: dist.all_gather_into_tensor(out, inp)
 
 
 class AllGatherSingle(_GatherSingle):
@@ -162,6 +182,18 @@ class _ReduceScatterSingle(Op):
 
 class ReduceScatterTensor(_ReduceScatterSingle):
     name = "reduce_scatter_tensor"
+    recorded_as = ("_reduce_scatter_base_", "reduce_scatter_tensor", "reduce_scatter_tensor_out",
+                   # coalesced: one call per tensor
+                   "reduce_scatter_tensor_coalesced_", "reduce_scatter_tensor_coalesced")
+    fuzz = Fuzzed(8, "members", inplace=True)
+
+    def bare_call(self, dist: Any, bufs: dict[str, Any], args: dict[str, Any], reduce_op: Any,
+                  rank: int, world_size: int) -> Callable[[], Any] | None:
+        out, inp = bufs["output"], bufs["input"]
+        if args.get("inplace"):  # the output is our own chunk
+            return lambda: dist.reduce_scatter_tensor(inp.chunk(world_size)[rank], inp,
+                                                      op=reduce_op)
+        return lambda: dist.reduce_scatter_tensor(out, inp, op=reduce_op)
 
 
 class ReduceScatterSingle(_ReduceScatterSingle):
@@ -187,6 +219,7 @@ class _GatherIntoOne(Op):
     roles = (Role("input", "in"), Role("output", "out", only="dst"))
     args = ("dst", "form")
     required_args = ("dst",)
+    root_arg = "dst"
     in_role = "input"
     out_role = "output"
     seen_from = "2.15"
@@ -235,6 +268,13 @@ class AllToAllSingle(Op):
     in_role = "input"
     out_role = "output"
     bus = "ring"
+    recorded_as = ("alltoall_base_", "all_to_all_single")
+    fuzz = Fuzzed(10, "members")
+
+    def bare_call(self, dist: Any, bufs: dict[str, Any], args: dict[str, Any], reduce_op: Any,
+                  rank: int, world_size: int) -> Callable[[], Any] | None:
+        out, inp = bufs["output"], bufs["input"]
+        return lambda: dist.all_to_all_single(out, inp)
 
     def rank_shapes(self, in_shape: tuple[int, ...], world_size: int, args: dict[str, Any]
                     ) -> list[tuple[tuple[int, ...], tuple[int, ...]]] | None:

@@ -9,14 +9,12 @@ are described in :mod:`harness.ordering.verdicts`.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+import math
+from dataclasses import dataclass, replace
+from typing import Any
 
 from .. import ops
 from ..model import DEFAULT_ORDERING_DELAY_S, Instance, OrderingPlan
-
-if TYPE_CHECKING:
-    import pytest
 
 MODES = ("sample", "all", "none")
 
@@ -69,36 +67,42 @@ def plan_instances(mode: str, instances: list[Instance]) -> list[Instance]:
     return out
 
 
-def add_options(group: Any, parser: pytest.Parser) -> None:
-    """Register ``--ordering`` and ``--ordering-delay`` (with ini fallbacks)."""
-    names = ("--ordering", "--collective-ordering")
-    kwargs: dict[str, Any] = dict(
-        dest="collective_ordering", default=None, choices=("auto", *MODES),
-        help="async-contract probes: auto (each case's 'ordering:', default sample), sample, "
-             "all, none")
-    try:
-        group.addoption(*names, **kwargs)
-    except ValueError:  # another plugin owns --ordering: keep the long form only
-        group.addoption(names[1], **kwargs)
-    group.addoption("--ordering-delay", dest="collective_ordering_delay", type=float,
-                    default=None, metavar="SECONDS",
-                    help="delay injected by the ordering probes "
-                         f"(default {DEFAULT_ORDERING_DELAY_S})")
-    parser.addini("collective_ordering", "async-contract probe mode", default="auto")
-    parser.addini("collective_ordering_delay", "ordering probe delay in seconds",
-                  default=str(DEFAULT_ORDERING_DELAY_S))
+@dataclass(frozen=True)
+class OrderingSettings:
+    """The session's probe settings: ``--ordering`` (``auto`` follows each case's own
+    ``ordering:``) and ``--ordering-delay``. A plain value, so that every front end (pytest,
+    the fuzzer, external mode) configures instances the same way."""
+
+    mode: str = "auto"
+    delay_s: float = DEFAULT_ORDERING_DELAY_S
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("auto", *MODES):
+            raise ValueError(f"--ordering {self.mode!r}: choose one of auto, {', '.join(MODES)}")
+        if not (isinstance(self.delay_s, int | float) and math.isfinite(self.delay_s)
+                and 0 <= self.delay_s <= MAX_DELAY_S):
+            raise ValueError(f"--ordering-delay {self.delay_s!r}: must be a number of seconds "
+                             f"from 0 to {MAX_DELAY_S:g}")
+
+    def metadata(self) -> dict[str, Any]:
+        """The effective ordering options (echoed in the report metadata)."""
+        return {"ordering": self.mode, "ordering_delay_s": float(self.delay_s)}
 
 
-def options(config: pytest.Config) -> dict[str, Any]:
-    """The effective ordering options (echoed in the report metadata)."""
-    mode = config.getoption("collective_ordering") or str(config.getini("collective_ordering"))
-    delay = config.getoption("collective_ordering_delay")
-    if delay is None:
-        delay = float(str(config.getini("collective_ordering_delay")))
-    return {"ordering": mode, "ordering_delay_s": float(delay)}
+MAX_DELAY_S = 60.0  # a probe delay is a sleep in one rank: the operator's --max-sleep scale
+# (flags, dest and ini name, default, help, choices): the plugin registers them and the options
+# page lists them from here.
+OPTIONS: tuple[tuple[tuple[str, ...], str, str, str, tuple[str, ...]], ...] = (
+    (("--ordering", "--collective-ordering"), "collective_ordering", "auto",
+     "async-contract probes: auto (each case's 'ordering:', default sample), sample, all, none",
+     ("auto", *MODES)),
+    (("--ordering-delay",), "collective_ordering_delay", str(DEFAULT_ORDERING_DELAY_S),
+     f"delay injected by the ordering probes, in seconds (default {DEFAULT_ORDERING_DELAY_S})",
+     ()),
+)
 
 
-def configure(inst: Instance, config: pytest.Config) -> Instance:
+def configure(inst: Instance, settings: OrderingSettings) -> Instance:
     """Decide, after overrides are applied, whether this instance runs the delayed probes.
 
     (Which checks an override documents as known divergences is recorded by
@@ -107,13 +111,10 @@ def configure(inst: Instance, config: pytest.Config) -> Instance:
     plan = inst.ordering
     if plan is None:
         return inst
-    opts = options(config)
-    mode = plan.mode if opts["ordering"] == "auto" else opts["ordering"]
+    mode = plan.mode if settings.mode == "auto" else settings.mode
     # The probes' slow producers write into the buffer in place, which a sparse COO tensor
     # does not support: sparse instances run without them (docs/reference/case-format.md).
     probes = (plan.shorthand_async and inst.expectation.kind == "pass"
               and (mode == "all" or (mode == "sample" and plan.sampled))
               and not any(t.sparse is not None for t in inst.tensors))
-    return replace(inst, ordering=replace(plan, probes=probes, delay_s=opts["ordering_delay_s"]))
-
-
+    return replace(inst, ordering=replace(plan, probes=probes, delay_s=settings.delay_s))

@@ -266,14 +266,14 @@ def apply(inst: Instance, results: dict[int, RankResult], res: InstanceResult,
         # is wrong; the probes, which know the contract, found nothing).
         res.outcome = "failed"
         line = _failed_read_line(inst, results) or inst.line
-        res.message = (f"{inst.file}:{line}: {inst.case}[{inst.id}]: a read expectation was "
+        res.message = (f"{inst.where(line)}: a read expectation was "
                        "not met: either the backend made the data visible at another time "
                        "than the async contract allows, or the read's expect: is not what the "
                        "contract implies (check it first); the buffers' final values were "
                        "right\n" + "\n".join(lines))
     elif res.outcome == "passed":
         res.outcome = "failed"
-        res.message = (f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]: async contract "
+        res.message = (f"{inst.where()}: async contract "
                        f"violated ({', '.join(violated)}); the buffers' final values were right\n"
                        + "\n".join(lines))
     elif res.outcome == "failed":

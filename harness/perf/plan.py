@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass, field
 from typing import Any
-
-import pytest
 
 from ..model import Instance, PerfPlan
 
@@ -34,48 +33,35 @@ SETTINGS: tuple[tuple[str, str, type, Any, str], ...] = (
 )
 
 
-def add_options(group: Any, parser: pytest.Parser) -> None:
-    """``--perf`` and the loop settings, each with an ini fallback."""
-    group.addoption("--perf", dest="collective_perf", action="store_true", default=False,
-                    help="after each passing instance's check, time its op like nccl-tests "
-                         "and report time, algbw and busbw (also runs cases marked 'perf')")
-    parser.addini("collective_perf", "performance mode on (true/false)", type="bool",
-                  default=False)
-    for opt, ini, typ, default, text in SETTINGS:
-        group.addoption(opt, dest=ini, type=typ, default=None, metavar="N", help=text)
-        parser.addini(ini, text, default=str(default))
+@dataclass(frozen=True)
+class PerfSettings:
+    """The session's performance mode: on or off (``--perf``), and the loop settings."""
+
+    enabled: bool = False
+    loop: PerfPlan = field(default_factory=PerfPlan)
+
+    def metadata(self) -> dict[str, Any]:
+        """The perf settings as report metadata (``perf: null`` when the mode is off)."""
+        return {"perf": dataclasses.asdict(self.loop) if self.enabled else None}
 
 
-def enabled(config: pytest.Config) -> bool:
-    """Whether this session runs in performance mode."""
-    return bool(config.getoption("collective_perf") or config.getini("collective_perf"))
-
-
-def settings(config: pytest.Config) -> PerfPlan:
-    """The loop settings of this session (options win over ini values)."""
-    values: dict[str, Any] = {}
-    for opt, ini, typ, _, _ in SETTINGS:
-        raw = config.getoption(ini)
-        if raw is None:
-            try:
-                raw = typ(str(config.getini(ini)))
-            except ValueError:
-                raise pytest.UsageError(f"ini {ini} = {config.getini(ini)!r}: not a "
-                                        f"{typ.__name__}") from None
+def loop_settings(values: dict[str, Any]) -> PerfPlan:
+    """The loop settings from raw values by option (``"--perf-iters": "40"``; missing ones
+    take their defaults); ValueError naming the option when one is not a number in range."""
+    out: dict[str, Any] = {}
+    for opt, _ini, typ, default, _ in SETTINGS:
+        raw = values.get(opt)
+        try:
+            number = default if raw is None else typ(str(raw))
+        except ValueError:
+            raise ValueError(f"{opt} {str(raw)[:40]!r}: not a {typ.__name__}") from None
         least = 1 if opt in ("--perf-iters", "--perf-repeats") else 0
-        if not (math.isfinite(raw) and least <= raw <= MAXIMA[opt]):
-            raise pytest.UsageError(f"{opt} {raw}: must be a finite number from {least} to "
-                                    f"{MAXIMA[opt]:,}")
-        values[opt[len("--perf-"):].replace("-", "_")] = raw
-    return PerfPlan(warmup=values["warmup"], iters=values["iters"],
-                    min_time_s=values["min_time"], repeats=values["repeats"])
-
-
-def options(config: pytest.Config) -> dict[str, Any]:
-    """The perf settings as report metadata (``perf: null`` when the mode is off)."""
-    if not enabled(config):
-        return {"perf": None}
-    return {"perf": dataclasses.asdict(settings(config))}
+        if not (math.isfinite(number) and least <= number <= MAXIMA[opt]):
+            raise ValueError(f"{opt} {number}: must be a finite number from {least} to "
+                             f"{MAXIMA[opt]:,}")
+        out[opt[len("--perf-"):].replace("-", "_")] = number
+    return PerfPlan(warmup=out["warmup"], iters=out["iters"], min_time_s=out["min_time"],
+                    repeats=out["repeats"])
 
 
 def not_timed(inst: Instance) -> str:
@@ -103,12 +89,10 @@ BUDGET_S = 20.0
 BUDGET_SHARE = 0.4
 
 
-def configure(inst: Instance, config: pytest.Config) -> Instance:
-    """Attach the perf plan to a timeable instance of a ``--perf`` session."""
-    if not enabled(config) or not_timed(inst):
+def configure(inst: Instance, settings: PerfSettings, deadline_s: float) -> Instance:
+    """Attach the perf plan to a timeable instance of a ``--perf`` session (``deadline_s``:
+    the instance's deadline, of which the timing may take a share)."""
+    if not settings.enabled or not_timed(inst):
         return inst
-    deadline = inst.deadline or float(config.getoption("collective_deadline")
-                                      or config.getini("collective_deadline"))
-    plan = dataclasses.replace(settings(config),
-                               budget_s=min(BUDGET_S, BUDGET_SHARE * deadline))
+    plan = dataclasses.replace(settings.loop, budget_s=min(BUDGET_S, BUDGET_SHARE * deadline_s))
     return dataclasses.replace(inst, perf=plan)

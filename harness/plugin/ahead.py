@@ -19,14 +19,15 @@ kills whatever is still in flight.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 
-from ..model import Instance, PoolRun
-from ..run.pool import PoolKey, PoolManager, PoolStartError, RankPool
+from ..model import Instance
+from ..run.pool import PoolStartError, RankPool
+from ..runner.execute import Launched, Runner
+from ..runner.prepare import Prepared
 
 # How often the waiting item looks for a new progress note of its run.
 NOTE_POLL_S = 1.0
@@ -37,19 +38,16 @@ class Ran:
     """What a run ahead gives back to its item."""
 
     instance: Instance
-    pool: RankPool | None = None
-    run: PoolRun | None = None
-    pool_s: float = 0.0
-    run_s: float = 0.0
-    start_error: str = ""  # the pool could not start: the item reports it as usual
+    launched: Launched | None = None
+    start_error: PoolStartError | None = None  # the pool could not start: reported as usual
     failed: bool = False  # a harness failure: the item runs the ordinary way
 
 
 class Ahead:
     """Runs isolated instances on background threads; one :class:`Ran` per node id."""
 
-    def __init__(self, manager: PoolManager, workers: int) -> None:
-        self.manager = manager
+    def __init__(self, runner: Runner, workers: int) -> None:
+        self.runner = runner
         self.executor = ThreadPoolExecutor(max_workers=workers,
                                            thread_name_prefix="collective-ahead")
         self.futures: dict[str, Future[Ran]] = {}
@@ -58,42 +56,43 @@ class Ahead:
         self.lock = threading.Lock()
         self.closed = False
 
-    def submit(self, nodeid: str, inst: Instance, key: PoolKey, deadline: float) -> None:
-        self.futures[nodeid] = self.executor.submit(self._run, nodeid, inst, key, deadline)
+    def submit(self, nodeid: str, prepared: Prepared) -> None:
+        self.futures[nodeid] = self.executor.submit(self._run, nodeid, prepared)
 
-    def _run(self, nodeid: str, inst: Instance, key: PoolKey, deadline: float) -> Ran:
+    def _run(self, nodeid: str, prepared: Prepared) -> Ran:
+        inst = prepared.instance
         if self.closed:
             return Ran(inst, failed=True)
-        t0 = time.monotonic()
-        try:
-            pool = self.manager.isolated(key)
-        except PoolStartError as exc:
-            return Ran(inst, start_error=str(exc), pool_s=time.monotonic() - t0)
-        except Exception:
-            return Ran(inst, failed=True)
-        with self.lock:
-            if self.closed:
-                pool.kill()
-                return Ran(inst, failed=True)
-            self.running.add(pool)
-        t1 = time.monotonic()
 
         def note(text: str) -> None:
             self.notes[nodeid] = text
 
+        mine: list[RankPool] = []
+
+        def started(pool: RankPool) -> bool:
+            with self.lock:
+                if self.closed:
+                    return False
+                self.running.add(pool)
+                mine.append(pool)
+                return True
+
         try:
-            run = pool.run(inst, deadline, on_wait=note)
-        except Exception:  # pool.run killed the pool before the exception left
+            launched = self.runner.launch(prepared, on_wait=note, started=started)
+        except PoolStartError as exc:
+            return Ran(inst, start_error=exc)
+        except Exception:  # the runner killed the private pool before the exception left
             return Ran(inst, failed=True)
         finally:
             with self.lock:
-                self.running.discard(pool)
-        return Ran(inst, pool, run, pool_s=t1 - t0, run_s=time.monotonic() - t1)
+                self.running.difference_update(mine)
+        return Ran(inst, launched)
 
     def take(self, nodeid: str, inst: Instance,
-             tell: Callable[[str], None]) -> Ran | None:
+             tell: Callable[[str], None]) -> Launched | PoolStartError | None:
         """The run ahead of ``nodeid``, waited for, if it ran ``inst`` and the harness did
-        not fail; progress notes of a long run go to ``tell`` from this (pytest's) thread."""
+        not fail (or why its pool did not start); progress notes of a long run go to ``tell``
+        from this (pytest's) thread."""
         fut = self.futures.pop(nodeid, None)
         if fut is None:
             return None
@@ -109,10 +108,10 @@ class Ahead:
             return None
         ran = fut.result()
         if ran.failed or ran.instance != inst:
-            if ran.pool is not None:
-                ran.pool.kill()
+            if ran.launched is not None:
+                ran.launched.pool.kill()
             return None
-        return ran
+        return ran.launched or ran.start_error
 
     def close(self) -> None:
         """Cancel what has not started and kill the pools of what has."""
@@ -121,9 +120,9 @@ class Ahead:
             pools = list(self.running)
         for fut in self.futures.values():
             if not fut.cancel() and fut.done():
-                left = fut.result().pool  # finished, but its item never came
+                left = fut.result().launched  # finished, but its item never came
                 if left is not None:
-                    pools.append(left)
+                    pools.append(left.pool)
         for pool in pools:
             pool.kill()
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 
-from ..casefile import expand, load, validate
-from ..errors import CaseFileError, CaseFileErrors, Pos, clip
-from ..model import TORCH_MODE_IMPORTS, Instance
-from ..perf import plan as perfplan
+from ..casefile import collect
+from ..errors import CaseFileError, CaseFileErrors, clip
+from ..model import TORCH_MODE_IMPORTS
 from ..run import pool
 from .items import CaseItem
 from .session import mark_started
@@ -91,31 +90,8 @@ class CaseFile(pytest.File):
         except ValueError:
             display = str(self.path)
         try:
-            doc = load.load_file(str(self.path), display, hs.limits)
-            cases = validate.load_cases(doc)
-            instances: list[Instance] = []
-            problems: list[CaseFileError] = []
-            for case in cases:  # expansion problems of every case, reported together
-                try:
-                    instances += expand.expand(case, hs.backend, hs.limits, len(instances),
-                                               launched=hs.launched)
-                except CaseFileError as exc:
-                    problems.append(exc)
-                except CaseFileErrors as exc:
-                    problems += exc.errors
-            if problems:
-                raise CaseFileErrors(problems) if len(problems) > 1 else problems[0]
-            if len(instances) > hs.limits.instances_per_file:
-                raise CaseFileError(Pos(display, 1, 1), f"the file expands to "
-                                    f"{len(instances)} instances; the limit is "
-                                    f"{hs.limits.instances_per_file}",
-                                    hint="raise --max-instances-per-file / ini "
-                                    "collective_max_instances_per_file")
-            if hs.collected_count + len(instances) > hs.limits.instances_per_session:
-                raise CaseFileError(Pos(display, 1, 1), f"collecting its {len(instances)} "
-                                    f"instances would exceed this session's limit of "
-                                    f"{hs.limits.instances_per_session}",
-                                    hint="raise --max-instances / ini collective_max_instances")
+            instances = collect.from_file(str(self.path), hs.backend, display, hs.limits,
+                                          launched=hs.launched, already=hs.collected_count)
         except (CaseFileError, CaseFileErrors) as exc:
             raise self.CollectError(str(exc)) from None
         except RecursionError:
@@ -153,7 +129,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 dropped.append(item)
                 hs.deselected_full += 1
                 continue
-            if "perf" in inst.marks and not perfplan.enabled(config):
+            if "perf" in inst.marks and not harness_session(config).settings.perf.enabled:
                 dropped.append(item)
                 continue
         keep.append(item)

@@ -10,26 +10,18 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ..casefile import numerics, overrides
-from ..model import Instance, InstanceResult
-from ..ordering import plan as ordering
-from ..perf import plan as perfplan
-from ..perf import stats as perfstats
-from ..report import costs
+from ..model import BAD_OUTCOMES, Instance, InstanceResult
 from ..report.oneline import one_line
 from ..report.records import instance_record, skipped_record
-from ..run.capabilities import probe
-from ..run.pool import ForeignAnswerError, PoolKey, PoolStartError, check_deadline
 from ..run.torchfacts import ProbeError
-from ..verdict.outcome import judge
+from ..runner.execute import internal_error
+from ..runner.prepare import Prepared
 from .state import (
-    BAD_OUTCOMES,
     CONFIG,
     OUTCOME_ATTR,
     RECORD_ATTR,
@@ -55,7 +47,7 @@ class CaseItem(pytest.Item):
         self.record: dict[str, Any] | None = None
         self.result: InstanceResult | None = None
         self.harness_failure: InstanceResult | None = None
-        self.not_applied: list[dict[str, Any]] = []
+        self.prepared: Prepared | None = None
         self.add_marker("collective")
         for mark in instance.marks:
             self.add_marker(mark)
@@ -79,7 +71,7 @@ class CaseItem(pytest.Item):
         except ProbeError as exc:  # torch (or a --backend-module) cannot be loaded here
             inst = self.instance
             self.harness_failure = InstanceResult(
-                "error", f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]: not run: {exc}",
+                "error", f"{inst.where()}: not run: {exc}",
                 expected_kind=inst.expectation.kind,
                 harness_error={"type": "ProbeError", "message": str(exc), "traceback": "",
                                "stage": "reading what torch offers"})
@@ -89,24 +81,25 @@ class CaseItem(pytest.Item):
     def _setup(self) -> None:
         hs = harness_session(self.config)
         start_ahead(self.session, hs)
-        self.instance, self.not_applied, reason = resolve(self.config, hs, self.instance)
-        if reason:
-            self.record = skipped_record(self.instance, reason, self.nodeid)
+        self.prepared = hs.runner.prepare(self.instance)
+        self.instance = self.prepared.instance
+        if self.prepared.skip:
+            self.record = skipped_record(self.instance, self.prepared.skip, self.nodeid)
             # Point -rs at the YAML case rather than at this line.
-            raise pytest.skip.Exception(reason, _use_item_location=True)
+            raise pytest.skip.Exception(self.prepared.skip, _use_item_location=True)
 
     def runtest(self) -> None:
         inst = self.instance
         t0 = time.monotonic()
         result = self.harness_failure
         if result is None:
-            try:
-                result = self._run()
-            except Exception as exc:  # a bug of the harness, not a verdict on the backend
-                result = internal_error(inst, exc, "running or judging")
-                self._drop_pool()
+            assert self.prepared is not None
+            hs = harness_session(self.config)
+            first = hs.ahead.take(self.nodeid, inst, self._tell_waiting) if hs.ahead else None
+            result = hs.runner.execute(self.prepared, on_wait=self._tell_waiting,
+                                       first=first).result
+        # The item's own time: a run made ahead of its turn includes the wait for it.
         result.duration = time.monotonic() - t0
-        result.overrides_not_applied = self.not_applied
         self.result = result
         self.record = instance_record(inst, result, self.nodeid)
         if result.outcome == "xfail":
@@ -115,87 +108,6 @@ class CaseItem(pytest.Item):
             raise CaseFailure(result)
         if result.outcome == "uncheckable":  # not a pass: JUnit shows it skipped, with why
             pytest.skip(result.message)
-
-    def _drop_pool(self) -> None:
-        """After an internal error the pool's state is unknown: never reuse it."""
-        hs = harness_session(self.config)
-        inst = self.instance
-        if not inst.isolate:
-            # The record already says what went wrong; a failing discard adds nothing.
-            with contextlib.suppress(Exception):
-                hs.manager.discard(PoolKey(inst.backend, inst.device, inst.world_size,
-                                           hs.backend_modules))
-
-    def _run(self) -> InstanceResult:
-        hs = harness_session(self.config)
-        inst = self.instance
-        deadline = inst.deadline or hs.deadline
-        key = pool_key(hs, inst)
-        where = f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]"
-        try:
-            check_deadline(deadline)
-        except ValueError as exc:  # never reaches a pool: it could not be enforced
-            return InstanceResult("error", f"{where}: {exc}; set `deadline:` in the case or "
-                                  "--deadline to a number of seconds",
-                                  expected_kind=inst.expectation.kind)
-        return self._run_bound(hs, key, where, deadline)
-
-    def _run_bound(self, hs: HarnessSession, key: PoolKey, where: str,
-                   deadline: float) -> InstanceResult:
-        """Run the instance; judge only answers bound to it.
-
-        An answer that belongs to another request (see :class:`ForeignAnswerError`) has
-        discarded its pool: the instance is re-run once on a fresh pool, and reported as a
-        harness error if that happens again.
-        """
-        inst = self.instance
-        foreign = ""
-        ran = hs.ahead.take(self.nodeid, inst, self._tell_waiting) if hs.ahead else None
-        for _attempt in range(2):
-            t0 = time.monotonic()
-            try:
-                if ran is not None:  # run ahead on its own pool (harness.plugin.ahead)
-                    if ran.start_error:
-                        raise PoolStartError(ran.start_error)
-                    assert ran.pool is not None and ran.run is not None
-                    pool, run = ran.pool, ran.run
-                    t0, t_pool = t0 - ran.pool_s - ran.run_s, t0 - ran.run_s
-                    ran, ahead_run = None, True
-                else:
-                    ahead_run = False
-                    pool = hs.manager.isolated(key) if inst.isolate else hs.manager.get(key)
-                    t_pool = time.monotonic()
-                    run = pool.run(inst, deadline, on_wait=self._tell_waiting)
-            except PoolStartError as exc:
-                return InstanceResult("error", f"{where}: {exc}",
-                                      expected_kind=inst.expectation.kind)
-            except ForeignAnswerError as exc:
-                if foreign:
-                    return InstanceResult(
-                        "error", f"{where}: harness error: two pools in a row answered with "
-                        f"messages that do not belong to this instance, so nothing was judged."
-                        f"\n  first: {foreign}\n  then: {exc}",
-                        expected_kind=inst.expectation.kind, pool_replaced=True)
-                foreign = str(exc)
-                continue
-            t_run = time.monotonic()
-            result = judge(inst, run, deadline)
-            result.ran_ahead = ahead_run
-            if result.outcome == "passed" and perfplan.enabled(self.config):
-                # Only a passed instance gets numbers: a bandwidth never hides a failure.
-                result.perf = (perfstats.aggregate(inst, run.results) if inst.perf
-                               else {"not_timed": perfplan.not_timed(inst)})
-            t_judge = time.monotonic()
-            result.pool_replaced = bool(hs.manager.settle(pool, inst, run))
-            result.phases = costs.phases(run, pool_s=t_pool - t0, run_s=t_run - t_pool,
-                                         judge_s=t_judge - t_run,
-                                         settle_s=time.monotonic() - t_judge)
-            if foreign:
-                result.pool_replaced = True
-                result.message += ("\n  (run on a fresh pool: the first pool's answer did not "
-                                   f"belong to this instance and was discarded: {foreign})")
-            return result
-        raise AssertionError("unreachable")
 
     def _tell_waiting(self, note: str) -> None:
         """A long wait is not silence: a line in pytest's terminal (not on xdist workers,
@@ -228,26 +140,6 @@ class CaseItem(pytest.Item):
         return self.path, self.instance.line - 1, f"{self.instance.case}[{self.instance.id}]"
 
 
-def resolve(config: pytest.Config, hs: HarnessSession, instance: Instance
-            ) -> tuple[Instance, list[dict[str, Any]], str]:
-    """The instance as it will run here (overrides for this torch/NCCL applied, ordering and
-    perf plans configured, --check-iters applied), the overrides that did not apply, and why
-    it is skipped ("")."""
-    caps = probe(hs.backend_modules)
-    not_applied = overrides.not_applied(instance, caps.torch_version, caps.nccl_version)
-    resolved = overrides.resolve(instance, caps.torch_version, caps.nccl_version)
-    inst = numerics.check_iters(
-        perfplan.configure(ordering.configure(resolved, config), config), hs.check_iters)
-    return inst, not_applied, inst.expectation.skip or caps.skip_reason(inst)
-
-
-def pool_key(hs: HarnessSession, inst: Instance) -> PoolKey:
-    """The pool an instance runs on: a case's environment and process-group timeout are part
-    of what a pool is."""
-    return PoolKey(inst.backend, inst.device, inst.world_size, hs.backend_modules,
-                   env=inst.env, pg_timeout_s=inst.pg_timeout, bind_device=inst.bind_device)
-
-
 def start_ahead(session: pytest.Session, hs: HarnessSession) -> None:
     """Once per session, at the first case's setup: start the isolated instances of the run
     on background threads (harness.plugin.ahead). Not on xdist workers (a worker runs only
@@ -255,36 +147,22 @@ def start_ahead(session: pytest.Session, hs: HarnessSession) -> None:
     if hs.ahead_started:
         return
     hs.ahead_started = True
-    if hs.is_worker or hs.ahead_workers == 0 or perfplan.enabled(hs.config):
+    if hs.is_worker or hs.ahead_workers == 0 or hs.settings.perf.enabled:
         return
-    todo: list[tuple[str, Instance]] = []
+    todo: list[tuple[str, Prepared]] = []
     for item in session.items:
         if not isinstance(item, CaseItem) or not item.instance.isolate:
             continue
         try:
-            inst, _, reason = resolve(hs.config, hs, item.instance)
-            check_deadline(inst.deadline or hs.deadline)
+            prepared = hs.runner.prepare(item.instance)
         except Exception:  # the item's own setup or run reports it
             continue
-        if not reason:
-            todo.append((item.nodeid, inst))
+        if not (prepared.skip or prepared.problem):
+            todo.append((item.nodeid, prepared))
     if todo:
         ahead = hs.start_ahead()
-        for nodeid, inst in todo:
-            ahead.submit(nodeid, inst, pool_key(hs, inst), inst.deadline or hs.deadline)
-
-
-def internal_error(inst: Instance, exc: BaseException, stage: str) -> InstanceResult:
-    """The ``error`` result of an instance on which the harness itself failed: it says so, and
-    keeps the traceback, rather than dropping the instance from the report."""
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    text = f"{type(exc).__name__}: {exc}"[:2000]
-    message = (f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]: internal error in "
-               f"collective-harness while {stage} this instance; this is a bug in the harness, "
-               f"not a verdict on the backend (please report it):\n  {text}\n{tb.rstrip()}")
-    return InstanceResult("error", message, expected_kind=inst.expectation.kind,
-                          harness_error={"type": type(exc).__name__, "message": str(exc),
-                                         "traceback": tb, "stage": stage})
+        for nodeid, prepared in todo:
+            ahead.submit(nodeid, prepared)
 
 
 def lost_record(item: CaseItem, rep: pytest.TestReport) -> dict[str, Any]:

@@ -42,7 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--check-iters", dest="collective_check_iters", default="1",
                     metavar="N", help="run each instance whose expected values the reference "
                     "model computes N times on fresh inputs, checking every iteration "
-                    "(docs/numerics.md)")
+                    "(docs/howto/numerics.md)")
     group.addoption("--report-json", dest="collective_report_json", default=None,
                     metavar="PATH", help="JSON report path (default reports/conformance.json)")
     group.addoption("--report-md", dest="collective_report_md", default=None, metavar="PATH",
@@ -69,8 +69,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "groups, isolate: true) run ahead of their turn, each on its own "
                          "pool, N at a time while the main pool works (default 2; 0: in "
                          "turn; off on xdist workers and with --perf)")
-    ordering.add_options(group, parser)
-    perfplan.add_options(group, parser)
+    for flags, dest, default, text, choices in ordering.OPTIONS:
+        kwargs: dict[str, Any] = {"dest": dest, "default": None, "help": text}
+        if choices:
+            kwargs["choices"] = choices
+        else:
+            kwargs.update(type=float, metavar="SECONDS")
+        try:
+            group.addoption(*flags, **kwargs)
+        except ValueError:  # another plugin owns the short form: keep the long one only
+            group.addoption(flags[-1], **kwargs)
+        parser.addini(dest, text, default=default)
+    group.addoption("--perf", dest="collective_perf", action="store_true", default=False,
+                    help="after each passing instance's check, time its op like nccl-tests "
+                         "and report time, algbw and busbw (also runs cases marked 'perf')")
+    parser.addini("collective_perf", "performance mode on (true/false)", type="bool",
+                  default=False)
+    for opt, ini, typ, default, text in perfplan.SETTINGS:
+        group.addoption(opt, dest=ini, type=typ, default=None, metavar="N", help=text)
+        parser.addini(ini, text, default=str(default))
     for _field, flag, ini, text in LIMIT_OPTIONS:
         group.addoption(flag, dest=ini, default=None, metavar="N",
                         help=f"limit: {text} (ini {ini})")
@@ -95,6 +112,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   "(0: in turn)", default="2")
     parser.addini("collective_launched_world_size", "what 'world_size: launched' means here",
                   default=str(expand.DEFAULT_LAUNCHED))
+
+
+def ordering_settings(config: pytest.Config) -> ordering.OrderingSettings:
+    """``--ordering`` and ``--ordering-delay`` (options win over ini values)."""
+    raw = {dest: config.getoption(dest) for _f, dest, _d, _t, _c in ordering.OPTIONS}
+    mode = raw["collective_ordering"] or str(config.getini("collective_ordering"))
+    delay = raw["collective_ordering_delay"]
+    try:
+        if delay is None:
+            delay = float(str(config.getini("collective_ordering_delay")))
+        return ordering.OrderingSettings(mode=mode, delay_s=float(delay))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def perf_settings(config: pytest.Config) -> perfplan.PerfSettings:
+    """``--perf`` and its loop settings (options win over ini values; read only when the
+    mode is on, so that a setting nobody uses cannot fail a session)."""
+    if not (config.getoption("collective_perf") or config.getini("collective_perf")):
+        return perfplan.PerfSettings()
+    values = {opt: config.getoption(ini) if config.getoption(ini) is not None
+              else config.getini(ini) for opt, ini, _typ, _d, _t in perfplan.SETTINGS}
+    try:
+        loop = perfplan.loop_settings(values)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return perfplan.PerfSettings(enabled=True, loop=loop)
 
 
 def parse_seconds(name: str, value: Any) -> float:

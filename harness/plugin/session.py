@@ -20,7 +20,7 @@ import pytest
 
 from .. import ops
 from ..gate import baseline, compare, versions
-from ..perf import plan as perfplan
+from ..model import BAD_OUTCOMES
 from ..report import html, markdown
 from ..report import paths as report_paths_mod
 from ..report.headline import verdict as report_verdict
@@ -29,7 +29,6 @@ from ..report.records import build_report, json_text, write_all
 from ..run.capabilities import probe
 from ..run.torchfacts import ProbeError
 from .state import (
-    BAD_OUTCOMES,
     BASELINE_KEY,
     CONFIG,
     GATE_KEY,
@@ -46,8 +45,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = HarnessSession(config)
     check_report_paths(config)
     try:
-        if perfplan.enabled(config):
-            perfplan.settings(config)  # a bad setting is a usage error now, not per instance
+        # A bad ordering or perf setting is a usage error now, not per instance.
+        harness_session(config).read_settings()
         load_baseline(config)
     except pytest.UsageError as exc:
         # A harness option is wrong, so this was meant to be a harness run: an earlier

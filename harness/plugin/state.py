@@ -6,6 +6,7 @@ config) or :func:`active_session` (from hooks that get no config, e.g. on the xd
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from pathlib import Path
 from typing import Any
@@ -13,14 +14,17 @@ from typing import Any
 import pytest
 
 from ..errors import quote
-from ..ordering import plan as ordering
-from ..perf import plan as perfplan
 from ..run.pool import PoolManager, kill_leftovers
+from ..runner.execute import Runner
+from ..runner.settings import RunSettings
 from .ahead import Ahead
-from .options import operator_limits, parse_seconds, whole_number
-
-BAD_OUTCOMES = ("failed", "error", "hang", "crash")
-
+from .options import (
+    operator_limits,
+    ordering_settings,
+    parse_seconds,
+    perf_settings,
+    whole_number,
+)
 
 RECORD_ATTR = "collective_record"
 
@@ -59,7 +63,11 @@ class HarnessSession:
             if launched is None else launched, 1, 1_000_000)  # --max-world-size bounds its use
         self.check_iters = whole_number("--check-iters", opt("collective_check_iters"), 1, 100)
         self.records: list[dict[str, Any]] = []
-        self._manager: Any = None
+        # What shapes every instance's run and verdict, as one value (harness.runner); the
+        # ordering and perf options are read by read_settings(), where a bad one is reported.
+        self.settings = RunSettings(backend=self.backend, backend_modules=self.backend_modules,
+                                    deadline_s=self.deadline, check_iters=self.check_iters)
+        self._runner: Runner | None = None
         ahead = opt("collective_ahead")
         self.ahead_workers = whole_number(
             "--ahead", config.getini("collective_ahead") if ahead is None else ahead, 0, 64)
@@ -94,32 +102,48 @@ class HarnessSession:
         if len(self.records) % FREEZE_EVERY == 0:
             gc.freeze()
 
+    def read_settings(self) -> None:
+        """Add the ordering and perf options to the settings (pytest.UsageError if one is
+        not usable); before the first instance is prepared."""
+        self.settings = dataclasses.replace(self.settings,
+                                            ordering=ordering_settings(self.config),
+                                            perf=perf_settings(self.config))
+        self._runner = None
+
     def start_ahead(self) -> Ahead:
         """The runner of isolated instances ahead of their turn (harness.plugin.ahead)."""
         if self.ahead is None:
-            self.ahead = Ahead(self.manager, self.ahead_workers)
+            self.ahead = Ahead(self.runner, self.ahead_workers)
         return self.ahead
 
     @property
-    def manager(self) -> Any:
-        if self._manager is None:
-            self._manager = PoolManager(max_pools=self.max_pools,
-                                        pg_timeout_s=max(600.0, self.deadline * 4))
-        return self._manager
+    def runner(self) -> Runner:
+        """The one path from an instance to its verdict (harness.runner), made on first use."""
+        if self._runner is None:
+            self._runner = Runner(self.settings, max_pools=self.max_pools)
+        return self._runner
+
+    @property
+    def has_pools(self) -> bool:
+        """Whether this session asked for any rank pool."""
+        return self._runner is not None and self._runner.has_pools
+
+    @property
+    def manager(self) -> PoolManager:
+        """The session's rank pools (the runner's)."""
+        return self.runner.manager
 
     def options(self) -> dict[str, Any]:
-        return {"backend": self.backend, "backend_modules": list(self.backend_modules),
-                "deadline_s": self.deadline, "full": self.full,
+        return {**self.settings.metadata(), "full": self.full,
                 "world_sizes": sorted(self.world_sizes) if self.world_sizes else None,
-                "launched_world_size": self.launched,
-                **ordering.options(self.config), **perfplan.options(self.config)}
+                "launched_world_size": self.launched}
 
     def close(self) -> str:
         """Stop every rank this session started; "" when that went as planned, else what
         failed (the ranks are then killed anyway). Never raises: the session's report must
         still be written, and say that its end was not clean."""
         failures: list[str] = []
-        for part in ("ahead", "_manager"):
+        for part in ("ahead", "_runner"):
             obj = getattr(self, part)
             if obj is None:
                 continue

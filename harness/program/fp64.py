@@ -9,15 +9,15 @@ against it. Runs in rank processes (imports torch).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..model import Instance, TensorCheck
+from ..model import ORDER_SENSITIVE, Instance, TensorCheck
 from . import tensors
 
 # Reductions whose result depends on the order of the operations (rounding, overflow).
-ORDER_SENSITIVE = ("sum", "avg", "premul_sum", "product")
 INT64_LIMIT = 2.0**63
 
 
@@ -143,6 +143,31 @@ def kinds(inst: Instance, got: torch.Tensor) -> tuple[bool, ...]:
     return (False,) if inst.reduce_op == "product" and got.dtype != torch.bool else ()
 
 
+@dataclass(frozen=True)
+class OrderBound:
+    """What every summation order of a float reduction can give, per element."""
+
+    bound: torch.Tensor  # |result - exact| <= bound for every order
+    roundings: int  # k: the roundings one order makes
+    gamma: float  # gamma_k = k*u / (1 - k*u)
+
+
+def summation_bound(inst: Instance, dtype: torch.dtype, magnitude: torch.Tensor,
+                    exact: torch.Tensor, world_size: int | None = None) -> OrderBound:
+    """Higham's bound on a float reduction over the instance's group, in ``dtype`` with unit
+    roundoff u: every order's result lies within gamma_k * sum|x_i| (``magnitude``) of the
+    exact value, k = n - 1 roundings over n ranks (n with the scaling of avg and premul_sum),
+    plus 2 ulp of the exact value for the rounding of the reference and of a final scaling.
+    The one definition of the bound: ``tolerance: auto`` and the "beyond any order" check of
+    an inexact expected value both use it."""
+    real = torch.empty(0, dtype=dtype).real.dtype
+    u = torch.finfo(real).eps / 2
+    n = inst.group_size(world_size)
+    k = n if inst.reduce_op in ("avg", "premul_sum") else n - 1
+    gamma = k * u / (1 - k * u)
+    return OrderBound(gamma * magnitude + 2 * tensors.ulp_of(exact.abs(), real), k, gamma)
+
+
 def beyond_any_order(got: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor,
                      inst: Instance) -> int:
     """How many elements of a float sum lie outside what every order of the operations gives:
@@ -158,12 +183,7 @@ def beyond_any_order(got: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor,
     gw = g.to(wide)
     if torch.equal(gw, e):
         return 0
-    real = torch.empty(0, dtype=g.dtype).real.dtype
-    u = torch.finfo(real).eps / 2
-    n = inst.group_size()
-    k = n if inst.reduce_op in ("avg", "premul_sum") else n - 1
-    gamma = k * u / (1 - k * u)
-    bound = gamma * m + 2 * tensors.ulp_of(e.abs(), real)
+    bound = summation_bound(inst, g.dtype, m, e).bound
     fin = torch.isfinite(gw) & torch.isfinite(e) & torch.isfinite(m)
     return int(((gw - e).abs() > bound)[fin].sum())
 

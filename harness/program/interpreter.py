@@ -30,6 +30,7 @@ import torch.distributed as dist
 from .. import ops
 from ..expr import Expr
 from ..model import (
+    ORDER_SENSITIVE,
     TENSOR_LIST,
     Fill,
     Instance,
@@ -688,9 +689,6 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
     return checks
 
 
-# Reductions whose result depends on the order of the operations (rounding).
-ORDER_SENSITIVE = ("sum", "avg", "premul_sum", "product")
-
 
 def _auto_tolerance(inst: Instance, renv: RankEnv, env: dict[str, Any], how: str,
                     dtype: torch.dtype) -> tuple[Tolerance | None, Any, str]:
@@ -710,17 +708,13 @@ def _auto_tolerance(inst: Instance, renv: RankEnv, env: dict[str, Any], how: str
         return Tolerance(ulp=2.0 * n), None, f"tolerance auto: {2 * n} ulp (no reference)"
     if inst.reduce_op not in ORDER_SENSITIVE or not ops.get(inst.op).reduces:
         return None, None, ""
-    real = torch.empty(0, dtype=dtype).real.dtype
-    u = torch.finfo(real).eps / 2
-    k = n if inst.reduce_op in ("avg", "premul_sum") else n - 1
-    gamma = k * u / (1 - k * u)
     mag = _reference(inst, renv, env, magnitude=True).to(torch.complex128 if dtype.is_complex
                                                          else torch.float64).abs()
     exp = _reference(inst, renv, env)
-    bound = gamma * mag + 2 * tensors.ulp_of(exp.abs(), real)
-    return None, bound, (f"tolerance auto: {k} rounding(s) over {n} ranks in "
-                         f"{str(dtype).removeprefix('torch.')} (|error| <= {gamma:.3g} x "
-                         "sum|x| + 2 ulp)")
+    order = fp64.summation_bound(inst, dtype, mag, exp, n)
+    return None, order.bound, (f"tolerance auto: {order.roundings} rounding(s) over {n} ranks "
+                               f"in {str(dtype).removeprefix('torch.')} (|error| <= "
+                               f"{order.gamma:.3g} x sum|x| + 2 ulp)")
 
 
 def _must_agree(inst: Instance, name: str) -> bool:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import ops
 from ..model import Instance, PerfPlan, Step
 from .interpreter import RankEnv, bind_op, in_ranks, step_args
 
@@ -104,13 +105,15 @@ def _reduce_op(name: str | None) -> Any:
 
 def bare_iteration(inst: Instance, renv: RankEnv, env: dict[str, Any],
                    bufs: dict[str, Any]) -> Iteration | str:
-    """The same op as a plain ``torch.distributed`` call, written without the op table: the
-    reference ``collective-bench --busbw`` compares the harness with. A string says why
-    there is none for this instance (only the ops of ``cases/perf.yaml`` have one)."""
+    """The same op as a plain ``torch.distributed`` call (:meth:`~harness.ops.Op.bare_call`,
+    written apart from the op's harness call): the reference ``collective-bench --busbw``
+    compares the harness with. A string says why there is none for this instance (only the
+    ops of ``cases/perf.yaml`` have one)."""
     steps = [s for s in _op_steps(inst, renv, env) if s.kind == "op"]
     if not steps:
         return run_nothing
-    if any(s.async_op and s.op not in ("isend", "irecv") for s in steps):
+    table = [ops.get(str(s.op)) for s in steps]
+    if any(s.async_op and not op.bare_posts for s, op in zip(steps, table, strict=True)):
         return "the bare loop times blocking calls only"
     b = [{role: bufs[t] for role, t in s.bufs} for s in steps]
     a = [step_args(s, renv.rank, renv.world_size, env) for s in steps]
@@ -118,14 +121,16 @@ def bare_iteration(inst: Instance, renv: RankEnv, env: dict[str, Any],
         return "the bare loop runs on the default group only"
     name = steps[0].op
     red = _reduce_op(inst.reduce_op)
-    if name in ("isend", "irecv"):
-        p2p = [(dist.isend, x["tensor"], y["dst"]) if s.op == "isend"
-               else (dist.irecv, x["tensor"], y["src"]) for s, x, y in zip(steps, b, a,
-                                                                          strict=True)]
+    if table[0].bare_posts:
+        calls = [op.bare_call(dist, x, y, red, renv.rank, renv.world_size)
+                 for op, x, y in zip(table, b, a, strict=True)]
+        posted = [c for c in calls if c is not None]
+        if len(posted) != len(calls):
+            return f"no bare loop for {name} with these arguments"
         order = wait_order(_op_steps(inst, renv, env))
 
         def ring() -> None:
-            works = [fn(t, peer) for fn, t, peer in p2p]
+            works = [post() for post in posted]
             for i in order:
                 w = works[i]
                 if w is not None:
@@ -134,29 +139,13 @@ def bare_iteration(inst: Instance, renv: RankEnv, env: dict[str, Any],
         return ring
     if len(steps) != 1:
         return f"no bare loop for a program of {len(steps)} ops"
-    x, y = b[0], a[0]
+    y = a[0]
     if y.get("form", "concat") != "concat":
         return f"no bare loop for {name} with form {y.get('form')}"
-    if y.get("inplace") and name == "all_gather_into_tensor":  # the input is our own chunk
-        out = x["output"]
-        return lambda: dist.all_gather_into_tensor(out, out.chunk(renv.world_size)[renv.rank])
-    if y.get("inplace") and name == "reduce_scatter_tensor":  # the output is our own chunk
-        inp = x["input"]
-        return lambda: dist.reduce_scatter_tensor(inp.chunk(renv.world_size)[renv.rank], inp,
-                                                  op=red)
-    calls: dict[str, Iteration] = {
-        "all_reduce": lambda: dist.all_reduce(x["tensor"], op=red),
-        "broadcast": lambda: dist.broadcast(x["tensor"], src=y.get("src", 0)),
-        "reduce": lambda: dist.reduce(x["tensor"], dst=y.get("dst", 0), op=red),
-        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
-            x["output"], x["input"]),
-        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(
-            x["output"], x["input"], op=red),
-        "all_to_all_single": lambda: dist.all_to_all_single(x["output"], x["input"]),
-    }
-    if name not in calls or y.get("inplace"):
+    call = table[0].bare_call(dist, b[0], y, red, renv.rank, renv.world_size)
+    if call is None:
         return f"no bare loop for {name} with these arguments"
-    return calls[name]
+    return call
 
 
 def wait_order(program: list[Step]) -> list[int]:

@@ -86,7 +86,7 @@ def _hook(choice: str) -> str:
         if choice == "native":
             raise RecordError(f"--hook native: the C++ kernel cannot be built: {exc}") from None
         print(f"collective-record: recording with the Python kernel (the C++ one cannot be "
-              f"built here: {exc}); it costs the ranks more per call (docs/record.md)",
+              f"built here: {exc}); it costs the ranks more per call (docs/howto/record.md)",
               file=sys.stderr)
         return "python"
     return "native"

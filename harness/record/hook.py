@@ -1,6 +1,6 @@
 """The rank side of the recorder: c10d dispatcher ops seen at the Autograd key.
 
-Why this mechanism (measured on torch 2.13, see docs/record.md): DDP's Reducer and
+Why this mechanism (measured on torch 2.13, see docs/howto/record.md): DDP's Reducer and
 ``_broadcast_coalesced`` call ``ProcessGroup::allreduce``/``broadcast`` from C++, so wrapping the
 Python functions of ``torch.distributed`` misses them; every ProcessGroup method goes through the
 dispatcher as a ``c10d::*`` op, and DTensor/FSDP2 issue ``_c10d_functional::*`` ops. A Python
@@ -67,7 +67,7 @@ def _kernel(rec: Recorder, qualname: str, op: Any) -> Any:
         # inside the op (monitored_barrier waits in the call itself) or kills the process is
         # then in the trace, which is what a partial recording must show. Issuing first and
         # recording after overlapped the capture with Gloo's queued work, but did not bring
-        # the cost under the 5 % budget either (docs/record.md).
+        # the cost under the 5 % budget either (docs/howto/record.md).
         seq = record(args, kwargs)
         local.depth = 1
         if fast is not None:
@@ -164,7 +164,7 @@ def _register(rec: Recorder) -> None:
 
 def detach() -> None:
     """Unregister the recorder's kernels: until :func:`attach`, collectives go through the
-    dispatcher exactly as without the recorder and are not recorded (ci/bench_record.py
+    dispatcher exactly as without the recorder and are not recorded (ci/bench/bench_record.py
     alternates blocks of steps this way, to compare both in the same processes)."""
     for lib in _LIBS:
         lib._destroy()

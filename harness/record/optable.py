@@ -9,8 +9,11 @@ dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from .. import ops
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,10 @@ def _form(inp: dict[str, Any], out: dict[str, Any]) -> str:
     return "stack" if len(out["shape"]) == len(inp["shape"]) + 1 else "concat"
 
 
+def _group(rec: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(rec.get("group") or ())
+
+
 def _local(group: tuple[int, ...], pos: Any) -> int | None:
     if type(pos) is not int or pos < 0:
         return None
@@ -71,11 +78,11 @@ def _listed(rec: dict[str, Any], t: dict[str, Any]) -> dict[str, Any]:
 
 
 def _base(rec: dict[str, Any], rank: int, t: dict[str, Any], op: str, **kw: Any) -> Call:
-    group = tuple(rec.get("group") or ())
+    group = _group(rec)
     api = rec.get("api")
     async_op = rec["args"].get("async_op")
     if async_op is None:
-        async_op = api in {"isend", "irecv", "batch_isend_irecv"}
+        async_op = api in ops.ALWAYS_ASYNC
     if api is None and rec["op"].startswith("c10d::"):
         async_op = True  # issued from C++ (DDP's Reducer): waited there, after the call
     return Call(op=op, rank=rank, group=group, shape=tuple(t["shape"]), dtype=t["dtype"],
@@ -84,82 +91,132 @@ def _base(rec: dict[str, Any], rank: int, t: dict[str, Any], op: str, **kw: Any)
                 site=rec["site"], api=api, seq=rec["seq"], **kw)
 
 
+Reader = Callable[[dict[str, Any], int, str], list[Call]]
+
+
+def _each(first: str, second: str, root: bool = False, lists: bool = False) -> Reader:
+    """One call per tensor under ``first``, or else ``second`` (one tensor or a list;
+    ``lists``: always a list); ``root``: the root from ``root_rank`` (c10d) or ``src``."""
+    def read(rec: dict[str, Any], rank: int, op: str) -> list[Call]:
+        args = rec["args"]
+        key = first if first in args else second
+        ts = args[key] if lists or isinstance(args[key], list) else [args[key]]
+        kw: dict[str, Any] = {}
+        if root:
+            kw["root"] = _local(_group(rec), args.get("root_rank", args.get("src")))
+        return [_base(rec, rank, t, op, **kw) for t in ts]
+    return read
+
+
+def _one(key: str, listed: bool = False, root: bool = False) -> Reader:
+    """One call for the tensor under ``key``; ``listed``: a list of one entry per member."""
+    def read(rec: dict[str, Any], rank: int, op: str) -> list[Call]:
+        t = _t(rec["args"], key)
+        kw: dict[str, Any] = {}
+        if root:
+            kw["root"] = _local(_group(rec), rec["args"]["root_rank"])
+        return [_base(rec, rank, _listed(rec, t) if listed else t, op, **kw)]
+    return read
+
+
+def _base_form(out_key: str, in_key: str, gathers: bool) -> Reader:
+    """The c10d single-tensor gathers and reduce-scatters: the form from the two shapes."""
+    def read(rec: dict[str, Any], rank: int, op: str) -> list[Call]:
+        inp, out = _t(rec["args"], in_key), _t(rec["args"], out_key)
+        form = _form(inp, out) if gathers else _form(out, inp)
+        return [_base(rec, rank, inp, op, form=form)]
+    return read
+
+
+def _coalesced_form(gathers: bool) -> Reader:
+    """c10d's coalesced single-tensor ops: one call per (output, input) pair."""
+    def read(rec: dict[str, Any], rank: int, op: str) -> list[Call]:
+        return [_base(rec, rank, i, op, form=_form(i, o) if gathers else _form(o, i))
+                for o, i in _pairs(rec["args"], "outputs", "inputs")]
+    return read
+
+
+def _concat(key: str, many: bool = False) -> Reader:
+    """The functional single-tensor ops, always the concatenated form."""
+    def read(rec: dict[str, Any], rank: int, op: str) -> list[Call]:
+        ts = rec["args"][key] if many else [_t(rec["args"], key)]
+        return [_base(rec, rank, t, op, form="concat") for t in ts]
+    return read
+
+
+def _all_to_all_single(rec: dict[str, Any], rank: int, op: str) -> list[Call]:
+    splits = tuple(rec["args"].get("input_split_sizes") or ()) or None
+    return [_base(rec, rank, _t(rec["args"], "input"), op, splits=splits)]
+
+
+def _barrier(rec: dict[str, Any], rank: int, op: str) -> list[Call]:
+    return [_base(rec, rank, {"shape": [], "dtype": "none", "device": "cpu"}, op)]
+
+
+def _p2p(peer_key: str, any_source: bool = False) -> Reader:
+    """send/recv: the peer from ``dst``/``src``; ``any_source``: a receive may have none."""
+    def read(rec: dict[str, Any], rank: int, op: str) -> list[Call]:
+        args = rec["args"]
+        key = "tensors" if "tensors" in args else "tensor"
+        has_peer = peer_key in args or not any_source
+        peer = _local(_group(rec), args[peer_key]) if has_peer else None
+        return [_base(rec, rank, _t(args, key), op, peer=peer, tag=args.get("tag", 0))]
+    return read
+
+
+# How to read each dispatcher op's arguments (its schema). Which case-format op a dispatcher
+# op becomes is the op table's knowledge (``Op.recorded_as``).
+READERS: dict[str, Reader] = {
+    "allreduce_": _each("tensors", "input"),
+    "all_reduce": _each("tensors", "input"),
+    "all_reduce_": _each("tensors", "input"),
+    "allreduce_coalesced_": _each("tensors", "inputs", lists=True),
+    "all_reduce_coalesced": _each("tensors", "inputs", lists=True),
+    "all_reduce_coalesced_": _each("tensors", "inputs", lists=True),
+    "broadcast_": _each("tensors", "input", root=True),
+    "broadcast": _each("tensors", "input", root=True),
+    "reduce_": _one("tensors", root=True),
+    "allgather_": _one("input_tensors"),
+    "_allgather_base_": _base_form("output_tensor", "input_tensor", gathers=True),
+    "allgather_into_tensor_coalesced_": _coalesced_form(gathers=True),
+    "all_gather_into_tensor": _concat("input"),
+    "all_gather_into_tensor_out": _concat("input"),
+    "all_gather_into_tensor_coalesced": _concat("inputs", many=True),
+    "reduce_scatter_": _one("output_tensors", listed=True),
+    "_reduce_scatter_base_": _base_form("output_tensor", "input_tensor", gathers=False),
+    "reduce_scatter_tensor_coalesced_": _coalesced_form(gathers=False),
+    "reduce_scatter_tensor": _concat("input"),
+    "reduce_scatter_tensor_out": _concat("input"),
+    "reduce_scatter_tensor_coalesced": _concat("inputs", many=True),
+    "alltoall_base_": _all_to_all_single,
+    "all_to_all_single": _all_to_all_single,
+    "alltoall_": _one("input_tensors", listed=True),
+    "gather_": _one("input_tensors", root=True),
+    "scatter_": _one("output_tensors", listed=True, root=True),
+    "barrier": _barrier,
+    "monitored_barrier_": _barrier,
+    "send": _p2p("dst"),
+    "isend": _p2p("dst"),
+    "recv_": _p2p("src", any_source=True),
+    "recv_any_source_": _p2p("src", any_source=True),
+    "irecv": _p2p("src", any_source=True),
+}
+# Dispatcher op (without its namespace) -> the op table's op its calls are written as.
+RECORDED: dict[str, str] = {name: op.name for op in ops.ALL_OPS.values()
+                            for name in op.recorded_as}
+
+
 def translate(rec: dict[str, Any], rank: int) -> list[Call]:
     """The case-format calls one recorded call stands for; raises UnknownOp."""
     op = rec["op"]
-    args = rec["args"]
-    group = tuple(rec.get("group") or ())
     name = op.split("::", 1)[1]
+    target, read = RECORDED.get(name), READERS.get(name)
+    if target is None or read is None:
+        raise UnknownOp(f"{op} is not in the op table")
     try:
-        if name in {"allreduce_", "all_reduce", "all_reduce_"}:
-            key = "tensors" if "tensors" in args else "input"
-            ts = args[key] if isinstance(args[key], list) else [args[key]]
-            return [_base(rec, rank, t, "all_reduce") for t in ts]
-        if name in {"allreduce_coalesced_", "all_reduce_coalesced", "all_reduce_coalesced_"}:
-            key = "tensors" if "tensors" in args else "inputs"
-            return [_base(rec, rank, t, "all_reduce") for t in args[key]]
-        if name in {"broadcast_", "broadcast"}:
-            key = "tensors" if "tensors" in args else "input"
-            ts = args[key] if isinstance(args[key], list) else [args[key]]
-            root = _local(group, args.get("root_rank", args.get("src")))
-            return [_base(rec, rank, t, "broadcast", root=root) for t in ts]
-        if name == "reduce_":
-            return [_base(rec, rank, _t(args, "tensors"), "reduce",
-                          root=_local(group, args["root_rank"]))]
-        if name == "allgather_":
-            return [_base(rec, rank, _t(args, "input_tensors"), "all_gather")]
-        if name == "_allgather_base_":
-            inp, out = _t(args, "input_tensor"), _t(args, "output_tensor")
-            return [_base(rec, rank, inp, "all_gather_into_tensor", form=_form(inp, out))]
-        if name == "allgather_into_tensor_coalesced_":
-            return [_base(rec, rank, i, "all_gather_into_tensor", form=_form(i, o))
-                    for o, i in _pairs(args, "outputs", "inputs")]
-        if name in {"all_gather_into_tensor", "all_gather_into_tensor_out"}:
-            return [_base(rec, rank, _t(args, "input"), "all_gather_into_tensor",
-                          form="concat")]
-        if name == "all_gather_into_tensor_coalesced":
-            return [_base(rec, rank, t, "all_gather_into_tensor", form="concat")
-                    for t in args["inputs"]]
-        if name == "reduce_scatter_":
-            return [_base(rec, rank, _listed(rec, _t(args, "output_tensors")),
-                          "reduce_scatter")]
-        if name == "_reduce_scatter_base_":
-            inp, out = _t(args, "input_tensor"), _t(args, "output_tensor")
-            return [_base(rec, rank, inp, "reduce_scatter_tensor", form=_form(out, inp))]
-        if name == "reduce_scatter_tensor_coalesced_":
-            return [_base(rec, rank, i, "reduce_scatter_tensor", form=_form(o, i))
-                    for o, i in _pairs(args, "outputs", "inputs")]
-        if name in {"reduce_scatter_tensor", "reduce_scatter_tensor_out"}:
-            return [_base(rec, rank, _t(args, "input"), "reduce_scatter_tensor",
-                          form="concat")]
-        if name == "reduce_scatter_tensor_coalesced":
-            return [_base(rec, rank, t, "reduce_scatter_tensor", form="concat")
-                    for t in args["inputs"]]
-        if name in {"alltoall_base_", "all_to_all_single"}:
-            splits = tuple(args.get("input_split_sizes") or ()) or None
-            return [_base(rec, rank, _t(args, "input"), "all_to_all_single", splits=splits)]
-        if name == "alltoall_":
-            return [_base(rec, rank, _listed(rec, _t(args, "input_tensors")), "all_to_all")]
-        if name == "gather_":
-            return [_base(rec, rank, _t(args, "input_tensors"), "gather",
-                          root=_local(group, args["root_rank"]))]
-        if name == "scatter_":
-            return [_base(rec, rank, _listed(rec, _t(args, "output_tensors")), "scatter",
-                          root=_local(group, args["root_rank"]))]
-        if name in {"barrier", "monitored_barrier_"}:
-            return [_base(rec, rank, {"shape": [], "dtype": "none", "device": "cpu"},
-                          "barrier" if name == "barrier" else "monitored_barrier")]
-        if name in {"send", "isend"}:
-            key = "tensors" if "tensors" in args else "tensor"
-            peer = _local(group, args["dst"])
-            return [_base(rec, rank, _t(args, key), "send", peer=peer, tag=args.get("tag", 0))]
-        if name in {"recv_", "recv_any_source_", "irecv"}:
-            key = "tensors" if "tensors" in args else "tensor"
-            peer = _local(group, args["src"]) if "src" in args else None
-            return [_base(rec, rank, _t(args, key), "recv", peer=peer, tag=args.get("tag", 0))]
+        return read(rec, rank, target)
     except (KeyError, IndexError, TypeError) as e:
         raise UnknownOp(f"{op}: arguments not as recorded by this version ({e!r})") from None
-    raise UnknownOp(f"{op} is not in the op table")
 
 
 WAIT_OPS = {"_c10d_functional::wait_tensor"}

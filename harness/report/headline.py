@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-BAD = ("failed", "error", "hang", "crash")
-UNEXPECTED = (*BAD, "xpass")
+from ..model import BAD_OUTCOMES as BAD
+from ..model import UNEXPECTED_OUTCOMES as UNEXPECTED
 
 
 def verdict(summary: dict[str, Any], session: dict[str, Any] | None) -> str:

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import dtypes
+from ..model import UNEXPECTED_OUTCOMES
 from . import errors_table, headline, ordering_table
-from .markdown import BAD, devices_label, filed_under, first_wrong
+from .markdown import devices_label, filed_under, first_wrong
 from .oneline import one_line
 from .perf_html import render as perf_section
 
@@ -269,7 +270,7 @@ def _families(backend: str, recs: list[dict[str, Any]]) -> list[str]:
 
 
 def _is_bad(outcomes: Counter[str]) -> bool:
-    return any(outcomes.get(o) for o in (*BAD, "xpass"))
+    return any(outcomes.get(o) for o in UNEXPECTED_OUTCOMES)
 
 
 def _grid(backend: str, recs: list[dict[str, Any]]) -> list[str]:
@@ -385,7 +386,7 @@ def _rank_detail(r: dict[str, Any]) -> list[str]:
 
 
 def _failures(recs: list[dict[str, Any]]) -> list[str]:
-    bad = [r for r in recs if r["outcome"] in BAD or r["outcome"] == "xpass"]
+    bad = [r for r in recs if r["outcome"] in UNEXPECTED_OUTCOMES]
     if not bad:
         return []
     out = [f"<h3>Failures ({len(bad)})</h3>"]
@@ -437,7 +438,7 @@ def _drilldown(backend: str, recs: list[dict[str, Any]]) -> list[str]:
         for r in sorted(group, key=lambda r: (r["world_size"], str(r.get("async")),
                                               natural_key(r["case"]), natural_key(r["id"]))):
             name = f'<code>{_e(r["case"])}[{_e(r["id"])}]</code>'
-            if r["outcome"] in BAD or r["outcome"] == "xpass":
+            if r["outcome"] in UNEXPECTED_OUTCOMES:
                 name = f'<a href="#{anchor("f", r["key"])}">{name}</a>'
             order = ""
             if isinstance(r.get("ordering"), dict):

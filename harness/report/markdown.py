@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
+from ..model import UNEXPECTED_OUTCOMES
 from . import errors_table, headline, ordering_table, perf_md
 from .mdtext import code, escape
 
@@ -14,7 +15,6 @@ SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "hang": "⏳", "cr
 # A documented limitation (the backend rejected, crashed or hung as declared) is its own
 # outcome, so the matrix shows what a backend cannot do apart from what it does right.
 CELL_SYMBOLS = SYMBOLS
-BAD = ("failed", "error", "hang", "crash")
 MAX_FAILURES = 50
 # Between a symbol and its count: a no-break space, so GitHub never wraps "✅" and "12" onto
 # different lines of a narrow table cell (groups are separated by ordinary spaces).
@@ -169,7 +169,7 @@ def render(report: dict[str, Any]) -> str:
         out.append("")
         out.extend(ordering_table.render(recs))
         out.extend(errors_table.markdown(recs))
-        bad = [r for r in recs if r["outcome"] in BAD or r["outcome"] == "xpass"]
+        bad = [r for r in recs if r["outcome"] in UNEXPECTED_OUTCOMES]
         if bad:
             out.append(f"## Failures ({len(bad)})")
             out.append("")

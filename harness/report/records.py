@@ -16,14 +16,12 @@ from typing import Any
 import jsonschema
 
 from ..errors import trim_traceback
-from ..model import Instance, InstanceResult
+from ..model import OUTCOMES, Instance, InstanceResult
 from ..perf import stats as perfstats
 from . import costs, headline
 from .jsonfile import UnreadableFile, printable, read_json
 
 SCHEMA_VERSION = 1
-OUTCOMES = ("passed", "failed", "error", "hang", "crash", "skipped", "xfail", "xpass",
-            "limitation", "uncheckable")
 
 
 def clean(value: Any) -> Any:

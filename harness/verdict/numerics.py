@@ -11,16 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from .. import ops
-from ..model import Instance, InstanceResult, NumericsPlan, RankResult
+from ..model import ORDER_SENSITIVE, Instance, InstanceResult, NumericsPlan, RankResult
 
-ORDER_SENSITIVE = ("sum", "avg", "premul_sum", "product")
 FLOATS = ("float", "bfloat", "complex")
 LABELS = {"run": "deterministic", "iteration": "iterations", "offset 0": "offset_invariant",
           "one by one": "fusion_invariant", "size": "size_invariant"}
 
 
-def _where(inst: Instance) -> str:
-    return f"{inst.file}:{inst.line}: {inst.case}[{inst.id}]"
 
 
 def _random_input(inst: Instance) -> bool:
@@ -175,7 +172,7 @@ def apply(inst: Instance, results: dict[int, RankResult], res: InstanceResult,
     if reason:
         numerics["uncheckable"] = reason
     res.numerics = numerics
-    where = _where(inst)
+    where = inst.where()
     beyond = [f"  rank {r}, buffer {c.tensor!r}: {c.beyond_order} element(s) outside what any "
               "order of the operations gives (|error| > gamma_k x sum|x| + 2 ulp)"
               for r, rr in sorted(results.items()) for c in rr.checks if c.beyond_order]

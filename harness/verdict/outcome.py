@@ -5,16 +5,12 @@ from __future__ import annotations
 from .. import ops
 from ..casefile import patterns
 from ..errors import trim_traceback
-from ..model import Instance, InstanceResult, Outcome, PoolRun, RankResult, RankState
+from ..model import BAD_OUTCOMES, Instance, InstanceResult, Outcome, PoolRun, RankResult, RankState
 from ..ordering import verdicts as ordering
 from . import numerics
 from . import steps as stepverdicts
 
 MAX_TB_LINES = 25
-
-
-def _where(inst: Instance, line: int | None = None) -> str:
-    return f"{inst.file}:{line or inst.line}: {inst.case}[{inst.id}]"
 
 
 def _value_line(inst: Instance, results: dict[int, RankResult]) -> int | None:
@@ -147,8 +143,8 @@ def judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
     if exp.xfail:
         if res.outcome == "passed":
             res.outcome = "xpass"
-            res.message = f"{_where(inst)}: passed, but was expected to fail: {exp.xfail}"
-        elif res.outcome in ("failed", "error", "hang", "crash"):
+            res.message = f"{inst.where()}: passed, but was expected to fail: {exp.xfail}"
+        elif res.outcome in BAD_OUTCOMES:
             res.message = f"expected failure ({exp.xfail}):\n{res.message}"
             res.outcome = "xfail"
         res.reason = exp.xfail
@@ -196,7 +192,7 @@ def _every_rank(inst: Instance, run: PoolRun) -> str:
 def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
     exp = inst.expectation
     ranks = [run.results[r] for r in sorted(run.results)]
-    where = _where(inst)
+    where = inst.where()
     states_text = "\n".join(describe_state(s, run.results) for s in run.states)
     if run.kind == "crash":
         died = [s for s in run.states if s.state == "died"]
@@ -220,7 +216,7 @@ def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
     if exp.kind == "raises":
         return _check_raises(inst, raised, ranks, run)
     if raised:
-        where = _where(inst, _step_line(inst, raised[0].step))
+        where = inst.where(_step_line(inst, raised[0].step))
         head = f"{where}: rank(s) {rank_ranges([r.rank for r in raised])} raised"
         if exp.kind in ("hangs", "crashes"):
             head += f" while {'a hang' if exp.kind == 'hangs' else 'a rank to crash'} was expected"
@@ -257,7 +253,7 @@ def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
         wrong_ranks = sorted({r.rank for r in ranks if any(not c.ok for c in r.checks)})
         head = (f"wrong values on rank(s) {rank_ranges(wrong_ranks)}" if wrong_ranks
                 else "ranks disagree")
-        where = _where(inst, _value_line(inst, run.results))
+        where = inst.where(_value_line(inst, run.results))
         return InstanceResult("failed", f"{where}: {head}\n" + "\n".join(bad + split),
                               ranks, run.states)
     return InstanceResult("passed", f"{where}: passed", ranks, run.states)
@@ -272,7 +268,7 @@ def _check_raises(inst: Instance, raised: list[RankResult], ranks: list[RankResu
     matching error); a rank that dies makes it a crash.
     """
     exp = inst.expectation
-    where = _where(inst)
+    where = inst.where()
     did = rank_outcomes(inst, run)
     must = set(exp.ranks) if exp.ranks is not None else set(did)
     lines: list[str] = []

@@ -102,8 +102,7 @@ def barrier_timing(inst: Instance, results: dict[int, RankResult]
 
 
 def _where(inst: Instance, step: int | None = None) -> str:
-    line = inst.steps[step].line if step is not None else inst.line
-    return f"{inst.file}:{line}: {inst.case}[{inst.id}]"
+    return inst.where(inst.steps[step].line if step is not None else None)
 
 
 def apply(inst: Instance, results: dict[int, RankResult], res: InstanceResult) -> None:

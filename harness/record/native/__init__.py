@@ -3,7 +3,7 @@
 Why: the Python kernel (:mod:`harness.record.hook`) costs the rank's thread tens of
 microseconds per call, most of it in the dispatcher boxing each argument into a Python object
 and in the capture running as Python; at world size 2 on the 2-core machine that is about twice
-the plain call, close to the 5 % budget on a DDP step (docs/record.md). ``hook.cpp`` reads the
+the plain call, close to the 5 % budget on a DDP step (docs/howto/record.md). ``hook.cpp`` reads the
 same facts from the dispatcher's stack in C++ and queues them; the flusher thread turns the
 queue into the Python kernel's records (:func:`records`), so the trace is the same.
 

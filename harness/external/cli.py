@@ -1,0 +1,89 @@
+"""``python -m harness.external``: the options, and the entry point every rank runs.
+
+The options that shape how an instance runs and is judged are the pytest plugin's, with the
+same names and meanings (``--deadline``, ``--check-iters``, ``--ordering``, ``--ordering-delay``,
+``--perf`` and its loop settings): a launched run checks what the same cases check under pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import float_in, int_in
+from ..model import DEFAULT_ORDERING_DELAY_S, PerfPlan
+from ..ordering.plan import MAX_DELAY_S, MODES, OrderingSettings
+from ..perf.plan import PerfSettings
+from ..report.jsonfile import unwritable
+from ..runner.settings import RunSettings
+from . import __doc__ as PACKAGE_DOC
+from .files import PROG, ReportFiles, write_started
+from .launch import env_int
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m harness.external``."""
+    ap = argparse.ArgumentParser(prog=PROG, description=PACKAGE_DOC,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="+", help="case files or folders")
+    ap.add_argument("--backend", default="gloo")
+    ap.add_argument("--backend-module", action="append", default=[])
+    ap.add_argument("--deadline", type=float_in(0, 86400, open_low=True), default=120.0)
+    ap.add_argument("-k", dest="keyword", default="", help="only instance keys containing this")
+    ap.add_argument("--full", action="store_true",
+                    help="also run instances marked 'full' (the long matrix), as pytest --full")
+    ap.add_argument("--check-iters", type=int_in(1, 100), default=1, metavar="N",
+                    help="run each instance whose expected values the reference model computes "
+                         "N times on fresh inputs, checking every iteration (as pytest)")
+    ap.add_argument("--ordering", choices=("auto", *MODES), default="auto",
+                    help="async-contract probes: auto (each case's 'ordering:', default "
+                         "sample), sample, all, none (as pytest)")
+    ap.add_argument("--ordering-delay", type=float_in(0, MAX_DELAY_S),
+                    default=DEFAULT_ORDERING_DELAY_S, metavar="SECONDS",
+                    help="delay injected by the ordering probes (as pytest)")
+    ap.add_argument("--report-json", default="reports/conformance.json")
+    ap.add_argument("--report-md", default="reports/conformance.md")
+    ap.add_argument("--state-dir", default="reports/.external-state",
+                    help="progress kept for resuming after a hang or crash (shared by all "
+                         "nodes for multi-node resumes)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run recorded in --state-dir (a relaunch by hand; "
+                         "torchrun's restarts resume by themselves)")
+    ap.add_argument("--no-pack", action="store_true",
+                    help="one instance at a time (to measure what packing gains)")
+    ap.add_argument("--perf", action="store_true",
+                    help="time every passing instance like nccl-tests (docs/howto/bandwidth.md); "
+                         "instances then run one at a time, so that timings do not compete")
+    ap.add_argument("--perf-warmup", type=int_in(0, 1_000_000), default=PerfPlan.warmup)
+    ap.add_argument("--perf-iters", type=int_in(1, 1_000_000_000), default=PerfPlan.iters)
+    ap.add_argument("--perf-min-time", type=float_in(0, 3600), default=PerfPlan.min_time_s)
+    ap.add_argument("--perf-repeats", type=int_in(1, 1000), default=PerfPlan.repeats)
+    return ap
+
+
+def settings(args: argparse.Namespace) -> RunSettings:
+    """The run settings the options ask for (the runner's, as the plugin builds them)."""
+    loop = PerfPlan(warmup=args.perf_warmup, iters=args.perf_iters,
+                    min_time_s=args.perf_min_time, repeats=args.perf_repeats)
+    return RunSettings(backend=args.backend, backend_modules=tuple(args.backend_module),
+                       deadline_s=args.deadline, check_iters=args.check_iters,
+                       ordering=OrderingSettings(args.ordering, args.ordering_delay),
+                       perf=PerfSettings(enabled=args.perf, loop=loop))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for ``python -m harness.external`` on every rank."""
+    args = parser().parse_args(argv)
+    for flag, path in (("--report-json", args.report_json), ("--report-md", args.report_md)):
+        why = unwritable(path, "report")
+        if why:  # every rank stops here alike (the path is the same for all of them)
+            print(f"{PROG}: {flag} {why}; give another path", file=sys.stderr)
+            return 2
+    report_files = ReportFiles(args.report_json, args.report_md)
+    if env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK") == 0:
+        # Before anything can fail (a case file, the state directory, the process group):
+        # whatever report stood at these paths is no longer this run's result.
+        write_started(report_files, args.backend)
+    from .session import ExternalRun  # imports torch: only once the options are good
+
+    return ExternalRun(args, settings(args), report_files).run()

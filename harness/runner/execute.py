@@ -1,0 +1,218 @@
+"""Run a prepared instance on its rank pool and judge it: the one way every front end does it.
+
+The steps, in order: the pool by the instance's key (a private one for an isolated instance),
+the run, the verdict (:func:`harness.verdict.outcome.judge`), the perf aggregate of a passed
+instance in a ``--perf`` session, the pool's settling (kept, health-checked or replaced) and
+the phase timings. An answer that belongs to another request has already discarded its pool
+(:class:`~harness.run.pool.ForeignAnswerError`): the instance runs once more on a fresh pool
+and is an ``error`` if that happens again. A failure of the harness itself becomes an
+``error`` result that says so, and the pool it happened on is discarded, never reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..model import Instance, InstanceResult, PoolRun
+from ..perf import plan as perfplan
+from ..perf import stats as perfstats
+from ..report import costs
+from ..run.capabilities import Capabilities, probe
+from ..run.pool import ForeignAnswerError, PoolKey, PoolManager, PoolStartError, RankPool
+from ..verdict.outcome import judge
+from .prepare import Prepared, pool_key, prepare
+from .settings import RunSettings
+
+
+class Cancelled(RuntimeError):
+    """A launch that its caller called off before the run began."""
+
+
+@dataclass
+class Launched:
+    """An instance's run on a pool, not judged yet (a run ahead of its turn hands one over)."""
+
+    pool: RankPool
+    run: PoolRun
+    pool_s: float  # getting the pool
+    run_s: float  # the run
+
+
+@dataclass
+class Judged:
+    """What :meth:`Runner.execute` gives: the result and the run it was judged from (None when
+    nothing ran: the pool did not start, the deadline was unusable, the harness failed)."""
+
+    result: InstanceResult
+    run: PoolRun | None = None
+
+
+class Runner:
+    """Prepares, runs and judges instances for one session; owns the session's pools."""
+
+    def __init__(self, settings: RunSettings, max_pools: int = 2,
+                 caps: Capabilities | None = None) -> None:
+        self.settings = settings
+        self.max_pools = max_pools
+        self._caps = caps
+        self._manager: PoolManager | None = None
+
+    @property
+    def caps(self) -> Capabilities:
+        """What torch and this machine offer (read once, on first use; ProbeError if torch or
+        a backend module cannot be loaded)."""
+        if self._caps is None:
+            self._caps = probe(self.settings.backend_modules)
+        return self._caps
+
+    @property
+    def manager(self) -> PoolManager:
+        """The session's rank pools (started on first use)."""
+        if self._manager is None:
+            self._manager = PoolManager(max_pools=self.max_pools,
+                                        pg_timeout_s=self.settings.pg_timeout_s)
+        return self._manager
+
+    @property
+    def has_pools(self) -> bool:
+        """Whether any pool was asked for (a session whose instances all skip starts none)."""
+        return self._manager is not None
+
+    def prepare(self, inst: Instance, local_rank: int | None = None,
+                settings: RunSettings | None = None) -> Prepared:
+        """``inst`` as it runs here (:func:`harness.runner.prepare.prepare`); ``settings``:
+        other settings for this one instance (the fuzzer probes a sample of its documents)."""
+        return prepare(inst, settings or self.settings, self.caps, local_rank)
+
+    def key(self, inst: Instance) -> PoolKey:
+        """The pool ``inst`` runs on."""
+        return pool_key(inst, self.settings)
+
+    def launch(self, prepared: Prepared, on_wait: Callable[[str], None] | None = None,
+               started: Callable[[RankPool], bool] | None = None) -> Launched:
+        """Run ``prepared`` on its pool without judging it. Raises PoolStartError when the
+        pool cannot start and ForeignAnswerError when its answer belongs to another request
+        (the pool is gone then). ``started`` is told the pool before the run; if it answers
+        False (its caller is closing), the run does not happen (Cancelled)."""
+        inst = prepared.instance
+        t0 = time.monotonic()
+        key = self.key(inst)
+        pool = self.manager.isolated(key) if inst.isolate else self.manager.get(key)
+        t1 = time.monotonic()
+        try:
+            if started is not None and not started(pool):
+                raise Cancelled(f"{inst.where()}: not run: its caller is closing")
+            run = pool.run(inst, prepared.deadline_s, on_wait=on_wait)
+        except BaseException:
+            if inst.isolate:  # a private pool: nobody else would stop it
+                pool.kill()
+            raise
+        return Launched(pool, run, pool_s=t1 - t0, run_s=time.monotonic() - t1)
+
+    def verdict(self, inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
+        """The result of ``run``: the verdict, and the timings of a passed instance in a
+        ``--perf`` session (a bandwidth never hides a failure). External mode calls this on
+        runs it gathered itself."""
+        result = judge(inst, run, deadline_s)
+        if result.outcome == "passed" and self.settings.perf.enabled:
+            result.perf = (perfstats.aggregate(inst, run.results) if inst.perf
+                           else {"not_timed": perfplan.not_timed(inst)})
+        return result
+
+    def execute(self, prepared: Prepared, on_wait: Callable[[str], None] | None = None,
+                first: Launched | PoolStartError | None = None) -> Judged:
+        """Run and judge ``prepared`` (``first``: its run made ahead of its turn, or why that
+        run's pool did not start). Never raises for a failure of the harness: that is an
+        ``error`` result, and the pool it happened on is discarded."""
+        inst = prepared.instance
+        t0 = time.monotonic()
+        held: list[RankPool] = []
+        try:
+            judged = self._execute(prepared, on_wait, first, held)
+        except Exception as exc:  # a bug of the harness, not a verdict on the backend
+            self._drop(inst, held)
+            judged = Judged(internal_error(inst, exc, "running or judging"))
+        judged.result.overrides_not_applied = list(prepared.not_applied)
+        judged.result.duration = time.monotonic() - t0
+        return judged
+
+    def _execute(self, prepared: Prepared, on_wait: Callable[[str], None] | None,
+                 first: Launched | PoolStartError | None, held: list[RankPool]) -> Judged:
+        inst = prepared.instance
+        where = inst.where()
+        if prepared.problem:
+            return Judged(InstanceResult("error", f"{where}: {prepared.problem}",
+                                         expected_kind=inst.expectation.kind))
+        foreign = ""
+        for _attempt in range(2):
+            try:
+                if isinstance(first, PoolStartError):
+                    raise first
+                launched, ahead = (first, True) if first is not None else (
+                    self.launch(prepared, on_wait), False)
+                first = None
+            except PoolStartError as exc:
+                return Judged(InstanceResult("error", f"{where}: {exc}",
+                                             expected_kind=inst.expectation.kind))
+            except ForeignAnswerError as exc:
+                if foreign:
+                    return Judged(InstanceResult(
+                        "error", f"{where}: harness error: two pools in a row answered with "
+                        f"messages that do not belong to this instance, so nothing was judged."
+                        f"\n  first: {foreign}\n  then: {exc}",
+                        expected_kind=inst.expectation.kind, pool_replaced=True))
+                foreign = str(exc)
+                continue
+            held.append(launched.pool)
+            t_judge = time.monotonic()
+            result = self.verdict(inst, launched.run, prepared.deadline_s)
+            result.ran_ahead = ahead
+            t_settle = time.monotonic()
+            result.pool_replaced = bool(self.manager.settle(launched.pool, inst, launched.run))
+            held.clear()  # settled: kept in a known state, or gone
+            result.phases = costs.phases(launched.run, pool_s=launched.pool_s,
+                                         run_s=launched.run_s, judge_s=t_settle - t_judge,
+                                         settle_s=time.monotonic() - t_settle)
+            if foreign:
+                result.pool_replaced = True
+                result.message += ("\n  (run on a fresh pool: the first pool's answer did not "
+                                   f"belong to this instance and was discarded: {foreign})")
+            return Judged(result, launched.run)
+        raise AssertionError("unreachable")
+
+    def _drop(self, inst: Instance, held: list[RankPool]) -> None:
+        """After an internal error the pool's state is unknown: never reuse it. The pool in
+        hand is the one discarded (its key is the one it was made with); before one was in
+        hand, the instance's own pool, by the same key that would have fetched it."""
+        # The record already says what went wrong; a failing discard adds nothing.
+        with contextlib.suppress(Exception):
+            for pool in held:
+                if pool.key.isolated:
+                    pool.kill()
+                else:
+                    self.manager.discard(pool.key)
+            if not held and not inst.isolate and self._manager is not None:
+                self._manager.discard(self.key(inst))
+
+    def close(self) -> None:
+        """Stop every rank this runner started (raises what went wrong, after trying all)."""
+        if self._manager is not None:
+            manager, self._manager = self._manager, None
+            manager.close()
+
+
+def internal_error(inst: Instance, exc: BaseException, stage: str) -> InstanceResult:
+    """The ``error`` result of an instance on which the harness itself failed: it says so, and
+    keeps the traceback, rather than dropping the instance from the report."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    text = f"{type(exc).__name__}: {exc}"[:2000]
+    message = (f"{inst.where()}: internal error in collective-harness while {stage} this "
+               f"instance; this is a bug in the harness, not a verdict on the backend (please "
+               f"report it):\n  {text}\n{tb.rstrip()}")
+    return InstanceResult("error", message, expected_kind=inst.expectation.kind,
+                          harness_error={"type": type(exc).__name__, "message": str(exc),
+                                         "traceback": tb, "stage": stage})
