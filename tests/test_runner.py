@@ -148,16 +148,16 @@ cases:
 """
 
 
-def test_the_fuzzer_judges_a_document_as_pytest_judges_its_case_file(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_fuzzer_judges_a_document_as_pytest_judges_its_case_file(tmp_path: Path) -> None:
     """A backend whose wait() returns early: the values end right, the delayed probes see the
     early read. The fuzzer's probed document and pytest on the same text with every probe
     (what a probed document is) fail it alike, naming the post_wait probe; unprobed, the
     fuzzer has no post_wait verdict to give."""
-    monkeypatch.setenv("COLLECTIVE_FAULT", "early_wait")
     text = textwrap.dedent(ASYNC_DOC)
+    # Through the ranks' environment (set before init), not this process's: a forkserver
+    # an earlier test started would not see a variable set now.
     ex = Executor("faulty_ordering", ("tests.ordering_fault_backend",), deadline_s=5.0,
-                  probe_every=1)
+                  probe_every=1, env=(("COLLECTIVE_FAULT", "early_wait"),))
     try:
         probed = ex.run_text(text)
         (inst,) = ex.instances(text)
