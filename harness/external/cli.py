@@ -11,9 +11,8 @@ import argparse
 import sys
 
 from ..errors import float_in, int_in
-from ..model import DEFAULT_ORDERING_DELAY_S, PerfPlan
-from ..ordering.plan import MAX_DELAY_S, MODES, OrderingSettings
-from ..perf.plan import PerfSettings
+from ..ordering import plan as ordering
+from ..perf import plan as perfplan
 from ..report.jsonfile import unwritable
 from ..runner.settings import RunSettings
 from . import __doc__ as PACKAGE_DOC
@@ -35,12 +34,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--check-iters", type=int_in(1, 100), default=1, metavar="N",
                     help="run each instance whose expected values the reference model computes "
                          "N times on fresh inputs, checking every iteration (as pytest)")
-    ap.add_argument("--ordering", choices=("auto", *MODES), default="auto",
-                    help="async-contract probes: auto (each case's 'ordering:', default "
-                         "sample), sample, all, none (as pytest)")
-    ap.add_argument("--ordering-delay", type=float_in(0, MAX_DELAY_S),
-                    default=DEFAULT_ORDERING_DELAY_S, metavar="SECONDS",
-                    help="delay injected by the ordering probes (as pytest)")
+    # The plugin's option tables: the same names, defaults, checks and help as under pytest.
+    for flags, dest, default, text, choices in ordering.OPTIONS:
+        ap.add_argument(flags[0], dest=dest, default=default, help=text,
+                        **({"choices": choices} if choices else {"metavar": "SECONDS"}))
     ap.add_argument("--report-json", default="reports/conformance.json")
     ap.add_argument("--report-md", default="reports/conformance.md")
     ap.add_argument("--state-dir", default="reports/.external-state",
@@ -54,26 +51,35 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--perf", action="store_true",
                     help="time every passing instance like nccl-tests (docs/howto/bandwidth.md); "
                          "instances then run one at a time, so that timings do not compete")
-    ap.add_argument("--perf-warmup", type=int_in(0, 1_000_000), default=PerfPlan.warmup)
-    ap.add_argument("--perf-iters", type=int_in(1, 1_000_000_000), default=PerfPlan.iters)
-    ap.add_argument("--perf-min-time", type=float_in(0, 3600), default=PerfPlan.min_time_s)
-    ap.add_argument("--perf-repeats", type=int_in(1, 1000), default=PerfPlan.repeats)
+    for opt, ini, _typ, _default, text in perfplan.SETTINGS:
+        ap.add_argument(opt, dest=ini, default=None, metavar="N", help=text)
     return ap
 
 
 def settings(args: argparse.Namespace) -> RunSettings:
-    """The run settings the options ask for (the runner's, as the plugin builds them)."""
-    loop = PerfPlan(warmup=args.perf_warmup, iters=args.perf_iters,
-                    min_time_s=args.perf_min_time, repeats=args.perf_repeats)
+    """The run settings the options ask for (the runner's, as the plugin builds them);
+    ValueError naming the option when one is out of range."""
+    loop = perfplan.loop_settings({opt: getattr(args, ini)
+                                   for opt, ini, _t, _d, _h in perfplan.SETTINGS})
+    delay = args.collective_ordering_delay
+    try:
+        delay_s = float(delay)
+    except ValueError:
+        raise ValueError(f"--ordering-delay {str(delay)[:40]!r}: not a number") from None
     return RunSettings(backend=args.backend, backend_modules=tuple(args.backend_module),
                        deadline_s=args.deadline, check_iters=args.check_iters,
-                       ordering=OrderingSettings(args.ordering, args.ordering_delay),
-                       perf=PerfSettings(enabled=args.perf, loop=loop))
+                       ordering=ordering.OrderingSettings(args.collective_ordering, delay_s),
+                       perf=perfplan.PerfSettings(enabled=args.perf, loop=loop))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``python -m harness.external`` on every rank."""
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    try:
+        run_settings = settings(args)
+    except ValueError as exc:  # every rank stops here alike, before anything is written
+        ap.error(str(exc))
     for flag, path in (("--report-json", args.report_json), ("--report-md", args.report_md)):
         why = unwritable(path, "report")
         if why:  # every rank stops here alike (the path is the same for all of them)
@@ -86,4 +92,4 @@ def main(argv: list[str] | None = None) -> int:
         write_started(report_files, args.backend)
     from .session import ExternalRun  # imports torch: only once the options are good
 
-    return ExternalRun(args, settings(args), report_files).run()
+    return ExternalRun(args, run_settings, report_files).run()

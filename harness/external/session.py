@@ -21,7 +21,6 @@ the group run alone, last, and only while the launcher has restarts left.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import faulthandler
 import importlib
 import os
@@ -72,7 +71,7 @@ def skip_reason(prepared: Prepared, world: int) -> str:
     inst = prepared.instance
     if inst.world_size > world:
         return f"needs {inst.world_size} ranks; launched with {world}"
-    return prepared.skip or prepared.problem
+    return prepared.skip
 
 
 def agreed_reasons(gathered: list[Any], hosts: list[dict[str, Any]], count: int) -> list[str]:
@@ -142,6 +141,9 @@ class ExternalRun:
         chosen = [i for i in load_instances(self.args.paths, self.args.backend, self.world)
                   if self.args.keyword in i.key and (self.args.full or "full" not in i.marks)]
         self.prepared = [self.runner.prepare(i, local_rank=self.local) for i in chosen]
+        problem = next((p for p in self.prepared if p.problem), None)
+        if problem is not None:  # the same on every rank: all stop, as for a bad case file
+            raise SystemExit(f"{problem.instance.where()}: {problem.problem}")
         self.instances = [p.instance for p in self.prepared]
         self.device = "cuda" if self.caps.cuda_devices else "cpu"
 
@@ -378,5 +380,3 @@ class ExternalRun:
         dist.broadcast_object_list(box, src=0)
         return tuple(box[0])
 
-
-__all__ = ["ExternalRun", "dataclasses"]
