@@ -133,15 +133,16 @@ def tensor_names(tname: str) -> list[str]:
 class Step:
     """One step of a rank program.
 
-    ``kind`` is ``op`` (call ``op`` with ``bufs`` role->tensor name and ``args``), ``wait``
-    (wait on ``waits`` handles), ``sleep`` (``value`` seconds on the host), ``sync``
-    (device synchronize), an ordering step (``delay_stream``, ``write``, ``read``, ``future``:
-    see :mod:`harness.casefile.steps`), a CUDA step (``capture``: ``steps`` recorded into the
-    CUDA graph ``handle``; ``replay``: the graph ``waits[0]`` replayed ``value`` times;
+    ``kind`` is the step's action; each kind's module under :mod:`harness.casefile.stepkinds`
+    says how it fills the fields. ``op`` calls ``op`` with ``bufs`` role->tensor name and
+    ``args``; ``wait`` waits on ``waits`` handles; ``sleep`` (``value`` seconds on the host),
+    ``sync`` (device synchronize); an ordering step (``delay_stream``, ``write``, ``read``,
+    ``future``, ``wait_tensor``); a CUDA step (``capture``: ``steps`` recorded into the CUDA
+    graph ``handle``; ``replay``: the graph ``waits[0]`` replayed ``value`` times;
     ``wait_stream``: the current stream waits for the side stream; ``block_current_stream``:
-    of the work ``waits[0]``; see :mod:`harness.casefile.cudasteps`), or a deliberate fault
-    used to test the harness and to document failure modes: ``raise`` (message), ``abort``,
-    ``exit`` (code), ``segfault``.
+    of the work ``waits[0]``); ``new_group``, ``work_state``, ``set_timeout``, ``destroy``;
+    or a deliberate fault used to test the harness and to document failure modes: ``raise``
+    (message), ``abort``, ``exit`` (code), ``segfault``.
     """
 
     kind: str

@@ -22,7 +22,7 @@ from ..model import (
     Tolerance,
 )
 from ..ordering.plan import plan_instances
-from . import caseenv, cudasteps, lifecycle, numerics, opargs
+from . import caseenv, lifecycle, numerics, opargs, stepkinds
 from . import groups as named_groups
 from . import overrides as case_overrides
 from .bounds import check_instance
@@ -62,7 +62,7 @@ class _Expander:
         self.backend = backend
         self.launched = launched
         self.op = ops.get(self.raw["op"]) if "op" in self.raw else None
-        self.step_ops = [ops.get(s["op"]) for _, s in cudasteps.walk(self.raw.get("steps", []))
+        self.step_ops = [ops.get(s["op"]) for _, s in stepkinds.walk(self.raw.get("steps", []))
                          if "op" in s]
         self.all_ops = [self.op] if self.op else self.step_ops
 
@@ -124,7 +124,7 @@ class _Expander:
         program names its own (the id would then name an op no call uses)."""
         if self.op is not None:
             return self.op.reduces
-        reducing = [s for _, s in cudasteps.walk(self.raw.get("steps", []))
+        reducing = [s for _, s in stepkinds.walk(self.raw.get("steps", []))
                     if "op" in s and ops.get(s["op"]).reduces]
         return any("reduce_op" not in s for s in reducing)
 

@@ -1,5 +1,5 @@
 """Per-step checks and argument helpers of the interpreter: ``returns:``, ``warns:``,
-and ``work_state`` (see :mod:`harness.casefile.workstate`), group-local
+and ``work_state`` (see :mod:`harness.casefile.stepkinds.work_state`), group-local
 addressing and the PREMUL_SUM tensor factor.
 
 Runs inside rank processes (imports torch).

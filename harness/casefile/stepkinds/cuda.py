@@ -1,4 +1,4 @@
-"""Case-format side of the CUDA-only steps: validation and expansion into :class:`Step`.
+"""The CUDA-only steps: validation and expansion into :class:`Step`.
 
 - ``{capture: G, steps: [...]}``: record the listed op and wait steps into the CUDA graph
   ``G`` (``torch.cuda.graph``); nothing runs while capturing. Capturing ``G`` again replaces
@@ -20,20 +20,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import CaseFileError
-from ..expr import Expr
-from ..model import Case, Step
-from .fields import as_list
+from ...errors import CaseFileError
+from ...model import Case, Step
+from ..fields import as_list
+from .base import BuildContext, CheckContext, RawStep, StepKind
 
 CUDA_STEPS = ("capture", "replay", "wait_stream", "block_current_stream")
 # Keys a step inside a capture may not use: they observe or steer the host while the stream
 # is only being recorded (is_completed() and event queries are illegal during a capture).
 NOT_IN_CAPTURE = ("stream", "thread", "timeout", "returns", "warns")
-
-
-def is_cuda_step(raw: dict[str, Any]) -> bool:
-    """Whether a raw step is one of this module's kinds."""
-    return any(k in raw for k in CUDA_STEPS)
 
 
 def walk(steps: list[Any]) -> Iterator[tuple[tuple[Any, ...], Any]]:
@@ -45,7 +40,8 @@ def walk(steps: list[Any]) -> Iterator[tuple[tuple[Any, ...], Any]]:
                 yield ("steps", idx, "steps", j), inner
 
 
-def _devices(case: Case) -> list[str]:
+def devices(case: Case) -> list[str]:
+    """The case's ``device:`` values (CUDA steps and ``stream: side`` need ``[cuda]``)."""
     dev = case.raw.get("device", "default")
     return dev if isinstance(dev, list) else [dev]
 
@@ -63,7 +59,7 @@ def check_program(case: Case, actions: tuple[str, ...]) -> list[CaseFileError]:
             continue
         path: tuple[Any, ...] = ("steps", idx)
         kind = next((k for k in CUDA_STEPS if k in step), None)
-        if kind is not None and _devices(case) != ["cuda"]:
+        if kind is not None and devices(case) != ["cuda"]:
             errs.append(case.error((*path, kind), f"'{kind}' needs CUDA tensors",
                                    "add 'device: cuda' to the case (it skips without a GPU)"))
         if kind == "capture":
@@ -132,15 +128,31 @@ def _check_capture(case: Case, path: tuple[Any, ...], step: dict[str, Any],
     return errs
 
 
-def make_step(raw: dict[str, Any], line: int, ranks: tuple[int, ...] | Expr | None,
-              inner: tuple[Step, ...]) -> Step:
-    """The :class:`Step` of one CUDA step (``inner``: a capture's steps, already built)."""
-    if "capture" in raw:
-        return Step("capture", line, ranks=ranks, handle=raw["capture"], steps=inner)
-    if "replay" in raw:
-        return Step("replay", line, ranks=ranks, waits=(raw["replay"],),
-                    value=int(raw.get("times", 1)))
-    if "block_current_stream" in raw:
-        return Step("block_current_stream", line, ranks=ranks,
-                    waits=(raw["block_current_stream"],))
-    return Step("wait_stream", line, ranks=ranks, value=raw["wait_stream"])
+class CudaStep(StepKind):
+    """``capture``, ``replay``, ``wait_stream`` and ``block_current_stream``: their rules span
+    the program (a graph captured before it is replayed, a handle waited inside its capture),
+    so they are checked once per program."""
+
+    actions = CUDA_STEPS
+
+    def check_program(self, ctx: CheckContext) -> list[CaseFileError]:
+        """See :func:`check_program`."""
+        return check_program(ctx.case, ctx.actions)
+
+    def build(self, step: RawStep, action: str, ctx: BuildContext) -> Step:
+        """The CUDA step; a capture's own steps are built through the registry."""
+        if action == "capture":
+            inner = tuple(ctx.inner(x, (*ctx.path, "steps", j))
+                          for j, x in enumerate(step.get("steps", ())))
+            return Step("capture", ctx.line, ranks=ctx.ranks, handle=step["capture"],
+                        steps=inner)
+        if action == "replay":
+            return Step("replay", ctx.line, ranks=ctx.ranks, waits=(step["replay"],),
+                        value=int(step.get("times", 1)))
+        if action == "block_current_stream":
+            return Step("block_current_stream", ctx.line, ranks=ctx.ranks,
+                        waits=(step["block_current_stream"],))
+        return Step("wait_stream", ctx.line, ranks=ctx.ranks, value=step["wait_stream"])
+
+
+KIND = CudaStep()

@@ -1,4 +1,4 @@
-"""Case-format side of the ordering steps: validation and expansion into :class:`Step`.
+"""The ordering steps: validation and expansion into :class:`Step`.
 
 Steps a program may use to make the async contract visible (docs/howto/async-ordering.md):
 
@@ -15,50 +15,26 @@ Steps a program may use to make the async contract visible (docs/howto/async-ord
   ``{future: H, then: [{mul: 3}, {add: 1}], expect: EXP}`` chains callbacks from a fixed
   vocabulary (each maps every tensor of the value) and compares the first tensor of the
   chain's value with EXP;
-- ``{wait: H, thread: true}``: call ``wait()`` from another thread;
 - ``{wait_tensor: T}``: ``torch.ops.c10d_functional.wait_tensor(T)``, which waits for the Work
-  an op with ``register_work: true`` registered under T (and does nothing for others);
-- ``{op: ..., stream: side}``: issue the op on a side CUDA stream that first waits for the
-  current one (cases using it must say ``device: cuda``).
+  an op with ``register_work: true`` registered under T (and does nothing for others).
+
+Two keys of other kinds serve the same purpose: ``{wait: H, thread: true}`` calls ``wait()``
+from another thread (:mod:`~harness.casefile.stepkinds.wait`), and ``{op: ..., stream: side}``
+issues the op on a side CUDA stream that first waits for the current one (cases using it must
+say ``device: cuda``; checked with the keys every step shares).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import CaseFileError, CaseFileErrors
-from ..expr import Expr
-from ..model import Case, Fill, Step
-from .fields import KEYWORDS, check_expr, check_fill, parse_fill, suggest
+from ...errors import CaseFileError, CaseFileErrors
+from ...expr import Expr
+from ...model import Case, Fill, Step
+from ..fields import KEYWORDS, check_expr, check_fill, parse_fill, suggest
+from .base import BuildContext, CheckContext, Path, RawStep, StepKind
 
-STEP_KINDS = ("delay_stream", "write", "read", "future", "wait_tensor")
 SNAPSHOT_KEYWORDS = ("stale", "final", "unspecified")
-OP_KEYS = ("tensor", "input", "output", "src", "dst", "tag", "group", "async", "handle",
-           "reduce_op", "premul_factor", "root_rank", "root_tensor", "via", "options",
-           "omit", "register_work")
-# Keys that belong to some step kinds only; anything else is a mistake worth naming.
-ONLY_WITH: dict[str, tuple[str, ...]] = {
-    "value": ("write",), "delay": ("write",), "expect": ("read", "future"),
-    "as": ("read", "future"), "thread": ("wait",), "stream": ("op",), "result": ("future",),
-    **{k: ("op",) for k in OP_KEYS},
-}
-ONLY_WITH["tensor"] = ("op", "future")
-# Timeouts, expected step errors and group lifecycle (harness.casefile.lifecycle).
-ONLY_WITH["group"] = ("op", "set_timeout", "destroy")
-ONLY_WITH.update({"group_timeout": ("op", "set_timeout", "destroy"),
-                  "raises": ("op", "wait", "set_timeout", "destroy"),
-                  "blocks_until_all": ("op",)})
-ONLY_WITH.update({"steps": ("capture",), "times": ("replay",), "then": ("future",)})
-
-
-def is_ordering_step(raw: dict[str, Any]) -> bool:
-    """Whether a raw step is one of this module's kinds."""
-    return any(k in raw for k in STEP_KINDS)
-
-
-def _devices(case: Case) -> list[str]:
-    dev = case.raw.get("device", "default")
-    return dev if isinstance(dev, list) else [dev]
 
 
 def _check_expect(case: Case, path: tuple[Any, ...], value: Any,
@@ -86,49 +62,6 @@ def _tensor(case: Case, path: tuple[Any, ...], key: str, name: Any,
         errs.append(case.error((*path, key), f"unknown tensor {name!r}",
                                suggest(str(name), tuple(tensors)) if tensors else
                                "declare it under 'tensors:'"))
-
-
-def check_step(case: Case, path: tuple[Any, ...], step: dict[str, Any], action: str,
-               tensors: dict[str, Any], handles: set[str]) -> list[CaseFileError]:
-    """Problems of one step that concern ordering keys (any step kind may be passed)."""
-    errs: list[CaseFileError] = []
-    for key, kinds in ONLY_WITH.items():
-        if key in step and action not in kinds:
-            article = "an" if action[0] in "aeiou" else "a"
-            errs.append(case.error((*path, key),
-                                   f"'{key}' does not apply to {article} {action} step",
-                                   f"'{key}' belongs to {' / '.join(kinds)} steps"))
-    if action == "op" and step.get("stream") == "side" and _devices(case) != ["cuda"]:
-        errs.append(case.error((*path, "stream"), "'stream: side' needs CUDA tensors",
-                               "add 'device: cuda' to the case (it skips without a GPU)"))
-    if action == "write":
-        _tensor(case, path, "write", step["write"], tensors, errs)
-        if "value" not in step:
-            errs.append(case.error(path, "a write step needs 'value: FILL'",
-                                   "e.g. {write: t, value: \"rank + i\", delay: 0.05}"))
-        else:
-            try:
-                check_fill(case, (*path, "value"), step["value"], False)
-            except CaseFileErrors as exc:
-                errs.extend(exc.errors)
-    elif action in ("read", "wait_tensor"):
-        _tensor(case, path, action, step[action], tensors, errs)
-    elif action == "future":
-        if step["future"] not in handles:
-            errs.append(case.error((*path, "future"), f"no earlier step has handle "
-                                   f"{step['future']!r}", "give the async op 'handle: NAME'"))
-        if "then" in step:
-            errs.extend(_check_then(case, path, step))
-        elif "tensor" in step:
-            _tensor(case, path, "tensor", step["tensor"], tensors, errs)
-        elif "expect" in step or "result" in step:
-            key = "expect" if "expect" in step else "result"
-            errs.append(case.error(path, f"'{key}' on a future step needs 'tensor: NAME'",
-                                   "name the tensor the callback reads (or whose result the "
-                                   "future's value holds)"))
-    if "expect" in step and action in ("read", "future"):
-        _check_expect(case, (*path, "expect"), step["expect"], errs)
-    return errs
 
 
 def _check_then(case: Case, path: tuple[Any, ...], step: dict[str, Any]
@@ -182,6 +115,54 @@ def _cover(case: Case, path: tuple[Any, ...], fill: Fill | None, needed: list[in
                          "this step", "add them, or an 'others:' entry")
 
 
+class OrderingStep(StepKind):
+    """``delay_stream``, ``write``, ``read``, ``future`` and ``wait_tensor``; their problems
+    come right after the check of which keys apply, before the outcome keys'."""
+
+    actions = ("delay_stream", "write", "read", "future", "wait_tensor")
+    check_after = "keys"
+
+    def check(self, ctx: CheckContext, path: Path, step: RawStep,
+              action: str) -> list[CaseFileError]:
+        """The tensors and handles the step names, a write's value, a snapshot's expectation
+        and a future's callbacks."""
+        case, tensors = ctx.case, ctx.tensors
+        errs: list[CaseFileError] = []
+        if action == "write":
+            _tensor(case, path, "write", step["write"], tensors, errs)
+            if "value" not in step:
+                errs.append(case.error(path, "a write step needs 'value: FILL'",
+                                       "e.g. {write: t, value: \"rank + i\", delay: 0.05}"))
+            else:
+                try:
+                    check_fill(case, (*path, "value"), step["value"], False)
+                except CaseFileErrors as exc:
+                    errs.extend(exc.errors)
+        elif action in ("read", "wait_tensor"):
+            _tensor(case, path, action, step[action], tensors, errs)
+        elif action == "future":
+            if step["future"] not in ctx.handles:
+                errs.append(case.error((*path, "future"), f"no earlier step has handle "
+                                       f"{step['future']!r}", "give the async op 'handle: NAME'"))
+            if "then" in step:
+                errs.extend(_check_then(case, path, step))
+            elif "tensor" in step:
+                _tensor(case, path, "tensor", step["tensor"], tensors, errs)
+            elif "expect" in step or "result" in step:
+                key = "expect" if "expect" in step else "result"
+                errs.append(case.error(path, f"'{key}' on a future step needs 'tensor: NAME'",
+                                       "name the tensor the callback reads (or whose result "
+                                       "the future's value holds)"))
+        if "expect" in step and action in ("read", "future"):
+            _check_expect(case, (*path, "expect"), step["expect"], errs)
+        return errs
+
+    def build(self, step: RawStep, action: str, ctx: BuildContext) -> Step:
+        """The ordering step; a write's value and a snapshot's expectation must cover every
+        rank that runs it."""
+        return make_step(ctx.case, step, ctx.path[1], ctx.line, ctx.ranks, ctx.env)
+
+
 def make_step(case: Case, raw: dict[str, Any], idx: int, line: int,
               ranks: tuple[int, ...] | Expr | None, env: dict[str, Any]) -> Step:
     """The :class:`Step` for one ordering step of a program (already validated)."""
@@ -210,3 +191,6 @@ def make_step(case: Case, raw: dict[str, Any], idx: int, line: int,
                 args=((("then", then),) if then else ()) + ((("result", raw["result"]),)
                       if raw.get("result") is not None and raw.get("result") is not False
                       else ()))
+
+
+KIND = OrderingStep()
