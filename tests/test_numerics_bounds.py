@@ -1,7 +1,7 @@
 """A bound the case states itself decides (issue 38): a float sum whose exact value is not
 unique at its dtype and world size (past 2**p over 3+ ranks) is judged by the case's
 ``error:`` bound or ``tolerance:`` against FP64, never left ``uncheckable``; without a bound it
-stays uncheckable."""
+stays uncheckable. And the numerics table leaves out xfail and limitation instances."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 
 from harness.model import InstanceResult, RankResult, TensorCheck
 from harness.program import fp64
+from harness.report import errors_table
 from harness.verdict import numerics as vnum
 
 from .helpers import case_instances, load_report, run_pytest, write_case_file
@@ -253,3 +254,26 @@ def test_an_integer_product_no_bound_can_judge_stays_uncheckable() -> None:
                                                      "exceed 64 bits"))
     vnum.apply(inst, results, res, [])
     assert res.outcome == "uncheckable" and "exceed 64 bits" in res.message
+
+
+def _rec(key: str, outcome: str, rel: float, props: dict[str, str] | None = None
+         ) -> dict[str, Any]:
+    return {"key": key, "op": "all_reduce", "dtype": "float32", "world_size": 2,
+            "outcome": outcome, "numerics": {"error": {"t": {"rel_l2": rel, "max_ulps": 1.0}},
+                                            **({"properties": props} if props else {})}}
+
+
+def test_the_numerics_table_leaves_out_declared_outcomes() -> None:
+    """The float32 all_reduce row showed rel L2 0.74 under a PASS verdict, from strided
+    cases declared xfail; now the row shows what was judged, and says what it left out."""
+    broke = {"ranks_agree": "ranks disagree on 't'"}
+    recs = [_rec("ok", "passed", 1e-3), _rec("known", "xfail", 0.74, broke),
+            _rec("gone", "limitation", 0.5), _rec("own", "failed", 2e-3, broke)]
+    md = "\n".join(errors_table.markdown(recs))
+    assert "| `all_reduce` | float32 | rel L2 0.002 · 1 ulp |" in md, md
+    assert "0.74" not in md and "0.5 ·" not in md
+    assert "2 xfail or limitation instance(s) left out of the table" in md
+    # the known breakage is still listed, after the others, and marked
+    assert md.index("`own`: ranks_agree") < md.index("`known`: xfail (declared): ranks_agree")
+    page = "\n".join(errors_table.html(recs))
+    assert "0.74" not in page and "2 xfail or limitation instance(s)" in page
