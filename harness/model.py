@@ -326,6 +326,7 @@ class NumericsPlan:
     """FP64 error bounds, runs and invariances a case requires (docs/howto/numerics.md)."""
 
     error: tuple[tuple[str, float], ...] = ()
+    error_line: int = 0  # where ``error:`` is written (0: not known), for a bound exceeded
     deterministic: int = 1
     iterations: int = 1  # runs in all, each on fresh inputs and fully checked (nccl-tests -c)
     offset_invariant: bool = False
@@ -466,6 +467,10 @@ class TensorCheck:
     error: dict[str, float] = field(default_factory=dict)  # vs FP64 (harness.program.fp64)
     inexact: str = ""  # why the expected value itself is inexact
     beyond_order: int = 0  # elements outside what any summation order gives (program.fp64)
+    # An inexact sum judged by the case's error: bound (program.fp64.order_range): the metrics
+    # of the exact result rounded once (the least any result has) and of the worst order.
+    rounded_error: dict[str, float] = field(default_factory=dict)
+    order_error: dict[str, float] = field(default_factory=dict)
     prefix_digest: str = ""  # size_invariant: digest of the leading elements (NumericsPlan.prefix)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from .. import ops
 from ..errors import CaseFileError
 from ..model import Case, Instance, NumericsPlan, Step, TensorSpec
+from .evaluate import CaseEval
 
 BOUNDS = ("max_abs", "max_rel", "rel_l2", "max_ulps")
 PROPERTIES = ("error", "deterministic", "iterations", "offset_invariant", "fusion_invariant",
@@ -188,7 +189,8 @@ def plan(case: Case, steps: tuple[Step, ...], tensors: tuple[TensorSpec, ...]
                              "own element count; the extra run must hold a different number",
                              f"use a size that is not {n}, e.g. {n * 8 + 1}")
         prefix = min(size, n)
-    return NumericsPlan(error=bounds, deterministic=int(raw.get("deterministic", 1)),
+    return NumericsPlan(error=bounds, error_line=CaseEval(case).key_line("error") or 0,
+                        deterministic=int(raw.get("deterministic", 1)),
                         iterations=int(raw.get("iterations", 1)),
                         offset_invariant=bool(raw.get("offset_invariant")),
                         fusion_invariant=bool(raw.get("fusion_invariant")),

@@ -53,7 +53,12 @@ def error_metrics(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
         return {}
     if not bool(fin.all()):
         g, e = g[fin], e[fin]
-    err = (g - e).abs()
+    return _metrics((g - e).abs(), e, torch.empty(0, dtype=got.dtype).real.dtype)
+
+
+def _metrics(err: torch.Tensor, e: torch.Tensor, real: torch.dtype) -> dict[str, float]:
+    """The four metrics of an absolute error ``err`` per element of the reference ``e``
+    (both finite, float64 or complex128), in units of ``real`` for ``max_ulps``."""
     nz = e != 0
     out = {"max_abs": float(err.max()),
            "max_rel": float((err[nz] / e[nz].abs()).max()) if bool(nz.any()) else 0.0}
@@ -62,7 +67,6 @@ def error_metrics(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
         out["rel_l2"] = norm_err / norm_e
     elif norm_err == 0:
         out["rel_l2"] = 0.0
-    real = torch.empty(0, dtype=got.dtype).real.dtype
     # Where the exact value is 0 (cancellation) any error is "infinitely many" ulps of the
     # smallest subnormal; max_abs covers those elements, as max_rel leaves them out too.
     out["max_ulps"] = (float((err[nz] / tensors.ulp_of(e[nz].abs(), real)).max())
@@ -188,12 +192,36 @@ def beyond_any_order(got: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor,
     return int(((gw - e).abs() > bound)[fin].sum())
 
 
+def order_range(got: torch.Tensor, exp: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor,
+                inst: Instance) -> tuple[dict[str, float], dict[str, float]]:
+    """Where a case's ``error:`` bound stands when the expected value of a float sum is not
+    unique: (the metrics of the exact result rounded once to the dtype, the least error any
+    result can have; the metrics of Higham's bound, the most any order of the additions can
+    give), over the elements finite on every side."""
+    g = tensors.dense_form(got.detach().cpu()).reshape(-1)
+    wide = torch.complex128 if g.is_complex() else torch.float64
+    e = tensors.dense_form(ref.detach().cpu()).reshape(-1).to(wide)
+    r = tensors.dense_form(exp.detach().cpu()).reshape(-1).to(wide)
+    m = tensors.dense_form(mag.detach().cpu()).reshape(-1).to(wide).abs()
+    if not e.shape == r.shape == m.shape or e.numel() == 0:
+        return {}, {}
+    real = torch.empty(0, dtype=g.dtype).real.dtype
+    bound = summation_bound(inst, g.dtype, m.real, e).bound.reshape(-1)
+    fin = (torch.isfinite(e) & torch.isfinite(r) & torch.isfinite(m)
+           & torch.isfinite(bound))
+    if not bool(fin.any()):
+        return {}, {}
+    e = e[fin]
+    return _metrics((r[fin] - e).abs(), e, real), _metrics(bound[fin], e, real)
+
+
 def annotate(check: TensorCheck, got: torch.Tensor, exp: torch.Tensor, inst: Instance,
              ref: Any, mag: Any = None) -> None:
     """Add the FP64-reference error and the inexactness of the expected value to the check of
     an ``expected: auto`` buffer (``ref``: the FP64 reference; ``mag``: the same over
     |inputs|, for sums); with error bounds (``error:``), judge its values by them: here only
-    the non-finite pattern must match, the parent compares the metrics."""
+    the non-finite pattern must match, the parent compares the metrics. An inexact expected
+    value of a sum under such bounds also gets :func:`order_range`."""
     if not isinstance(ref, torch.Tensor):
         return
     floats = floating(got)
@@ -207,6 +235,10 @@ def annotate(check: TensorCheck, got: torch.Tensor, exp: torch.Tensor, inst: Ins
     check.error = error_metrics(got, ref)
     if isinstance(mag, torch.Tensor) and inst.reduce_op != "product":
         check.beyond_order = beyond_any_order(got, ref, mag, inst)
+        if check.inexact and inst.numerics is not None and inst.numerics.error:
+            # The case's bound judges this result (harness.verdict.numerics); the message
+            # says whether any result could meet it, and whether every order would.
+            check.rounded_error, check.order_error = order_range(got, exp, ref, mag, inst)
     if inst.numerics is not None and inst.numerics.error:
         bad = nonfinite_mismatch(got, exp)
         check.wrong = int(bad.sum())

@@ -4,7 +4,10 @@ at a glance (the HTML adds a small inline SVG line per row; no scripts), and the
 that were uncheckable or broke a numerics property.
 
 Reads only the records' ``numerics`` blocks (harness.verdict.numerics). Rows whose every
-instance was bit-exact against FP64 are left out and counted.
+instance was bit-exact against FP64 are left out and counted. Instances declared known-wrong
+(``xfail``) or declared to be rejected (``limitation``) are left out of the table too and
+counted: a known-wrong result's error is not the backend's accuracy, and a worst-error cell
+cannot carry a mark; below the table they are listed last, each marked with its outcome.
 """
 
 from __future__ import annotations
@@ -17,16 +20,30 @@ from typing import Any
 from .mdtext import code, escape
 
 Key = tuple[str, str]  # (op, dtype)
+# Outcomes declared in the case (a known-wrong result, a declared rejection): not in the table.
+DECLARED = ("xfail", "limitation")
+
+
+def _measured(r: dict[str, Any]) -> dict[str, Any]:
+    errors = (r.get("numerics") or {}).get("error") or {}
+    return errors if isinstance(errors, dict) else {}
+
+
+def declared(recs: list[dict[str, Any]]) -> int:
+    """How many instances measured an error but are left out of the table as declared
+    (``xfail``, ``limitation``)."""
+    return sum(1 for r in recs if r.get("outcome") in DECLARED and _measured(r))
 
 
 def summarize(recs: list[dict[str, Any]]) -> tuple[dict[Key, dict[int, dict[str, float]]], int]:
-    """Per (op, dtype), per world size, the worst of each metric over instances and buffers;
-    and how many measured instances were left out because every error was zero."""
+    """Per (op, dtype), per world size, the worst of each metric over instances and buffers
+    (declared outcomes left out: :func:`declared`); and how many measured instances were left
+    out because every error was zero."""
     table: dict[Key, dict[int, dict[str, float]]] = defaultdict(dict)
     measured: dict[Key, int] = defaultdict(int)
     for r in recs:
-        errors = (r.get("numerics") or {}).get("error") or {}
-        if not isinstance(errors, dict) or not errors:
+        errors = _measured(r)
+        if not errors or r.get("outcome") in DECLARED:
             continue
         key = (str(r.get("op", "?")), str(r.get("dtype", "?")))
         measured[key] += 1
@@ -53,23 +70,33 @@ def _cell(metrics: dict[str, float] | None) -> str:
 
 
 def flagged(recs: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(instance key, what): uncheckable instances and numerics properties that broke."""
+    """(instance key, what): uncheckable instances and numerics properties that broke; those
+    of declared outcomes last, each marked with its outcome."""
     out: list[tuple[str, str]] = []
+    known: list[tuple[str, str]] = []
     for r in recs:
         num = r.get("numerics") or {}
+        mark = f"{r.get('outcome')} (declared): " if r.get("outcome") in DECLARED else ""
+        into = known if mark else out
         if num.get("uncheckable"):
-            out.append((str(r["key"]), f"uncheckable: {num['uncheckable']}"))
+            into.append((str(r["key"]), f"{mark}uncheckable: {num['uncheckable']}"))
         for prop, verdict in sorted((num.get("properties") or {}).items()):
             if verdict != "held":
-                out.append((str(r["key"]), f"{prop}: {verdict}"))
-    return out
+                into.append((str(r["key"]), f"{mark}{prop}: {verdict}"))
+    return out + known
+
+
+def _declared_text(recs: list[dict[str, Any]]) -> str:
+    n = declared(recs)
+    return (f"{n} xfail or limitation instance(s) left out of the table: declared known-wrong "
+            "or rejected, so their error is not the backend's accuracy." if n else "")
 
 
 def markdown(recs: list[dict[str, Any]]) -> list[str]:
     """The Markdown section (empty when no record measured an error)."""
     table, left_out = summarize(recs)
     bad = flagged(recs)
-    if not table and not bad:
+    if not table and not bad and not declared(recs):
         return []
     out = ["### Numerics: worst error against FP64", ""]
     if table:
@@ -83,6 +110,8 @@ def markdown(recs: list[dict[str, Any]]) -> list[str]:
     if left_out:
         out.append(f"{left_out} more instance(s) were bit-exact against FP64 (rows left out).")
         out.append("")
+    if _declared_text(recs):
+        out += [_declared_text(recs), ""]
     for key, what in bad[:50]:
         out.append(f"- {code(key)}: {escape(what)}")
     if bad:
@@ -117,7 +146,7 @@ def html(recs: list[dict[str, Any]]) -> list[str]:
     """The HTML section: the same table, a sparkline per row (log scale shared by all rows)."""
     table, left_out = summarize(recs)
     bad = flagged(recs)
-    if not table and not bad:
+    if not table and not bad and not declared(recs):
         return []
     out = ["<h3>Numerics: worst error against FP64</h3>"]
     if table:
@@ -138,6 +167,8 @@ def html(recs: list[dict[str, Any]]) -> list[str]:
     if left_out:
         out.append(f'<p class="meta">{left_out} more instance(s) were bit-exact against FP64 '
                    "(rows left out).</p>")
+    if _declared_text(recs):
+        out.append(f'<p class="meta">{_e(_declared_text(recs))}</p>')
     if bad:
         out.append("<ul>" + "".join(f"<li><code>{_e(k)}</code>: {_e(w)}</li>"
                                     for k, w in bad[:50]) + "</ul>")

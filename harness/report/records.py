@@ -144,6 +144,9 @@ def _check_entry(c: Any) -> dict[str, Any]:
         entry["inexact"] = c.inexact
     if c.beyond_order:
         entry["beyond_order"] = c.beyond_order
+    for key in ("rounded_error", "order_error"):
+        if getattr(c, key):
+            entry[key] = {k: float(f"{v:.4g}") for k, v in getattr(c, key).items()}
     if c.first_wrong:
         entry["first_wrong"] = [{"index": i, "expected": e, "got": g}
                                 for i, e, g in c.first_wrong]

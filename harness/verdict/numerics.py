@@ -2,6 +2,10 @@
 the properties a case requires (deterministic, offset_invariant, fusion_invariant), each with
 its own line; rank agreement (the op table's ``agree``) is recorded as a property too.
 
+A bound the case states itself (``error:``, ``tolerance:``) judges float values even where
+the expected value is not unique (a sum whose order decides the rounding): ``uncheckable`` is
+left for results no stated bound can judge.
+
 Runs in the parent on what the ranks reported (:class:`~harness.model.TensorCheck` error and
 inexactness, the extra runs' digests); never says more than they observed.
 """
@@ -11,13 +15,25 @@ from __future__ import annotations
 from typing import Any
 
 from .. import ops
-from ..model import ORDER_SENSITIVE, Instance, InstanceResult, NumericsPlan, RankResult
+from ..model import ORDER_SENSITIVE, Instance, InstanceResult, NumericsPlan, RankResult, TensorCheck
 
 FLOATS = ("float", "bfloat", "complex")
 LABELS = {"run": "deterministic", "iteration": "iterations", "offset 0": "offset_invariant",
           "one by one": "fusion_invariant", "size": "size_invariant"}
 
 
+def own_bound(inst: Instance) -> str:
+    """The bound the case states for its float values, in words ("" if none): its ``error:``
+    bounds against FP64, else its ``tolerance:``. Either judges a result whose exact value is
+    not unique at this dtype and world size, so such a result is never uncheckable."""
+    if inst.numerics is not None and inst.numerics.error:
+        return "error bound " + ", ".join(f"{k} {v:g}" for k, v in inst.numerics.error)
+    return inst.tolerance.describe() if inst.tolerance is not None else ""
+
+
+def _floats(inst: Instance, check: TensorCheck) -> bool:
+    """Whether a checked buffer holds floats (the only values a bound can judge)."""
+    return bool(check.error) or inst.dtype.startswith(FLOATS)
 
 
 def _random_input(inst: Instance) -> bool:
@@ -67,14 +83,60 @@ def _fmt(errors: dict[str, dict[str, float]]) -> str:
 
 
 def bound_violations(inst: Instance, results: dict[int, RankResult]) -> list[str]:
-    """One line per (rank, buffer, metric) above the case's ``error:`` bound."""
+    """One line per (rank, buffer, metric) above the case's ``error:`` bound: the bound, the
+    measured error and, where the expected value is not unique, whether any result or every
+    order of the additions could meet the bound."""
     bounds = dict(inst.numerics.error) if inst.numerics is not None else {}
     lines: list[str] = []
     for r, rr in sorted(results.items()):
         for c in rr.checks:
-            lines += [f"  rank {r}, buffer {c.tensor!r}: {k} {c.error[k]:.3g} exceeds the bound "
-                      f"{b:g}" for k, b in bounds.items() if c.error.get(k, 0.0) > b]
+            for k, b in bounds.items():
+                head = f"  rank {r}, buffer {c.tensor!r}: "
+                if k in c.error:
+                    if c.error[k] > b:
+                        lines.append(f"{head}{k} {c.error[k]:.3g} exceeds the bound {b:g}"
+                                     + _standing(inst, c, k, b))
+                elif k == "rel_l2" and c.error.get("max_abs", 0.0) > 0:
+                    # ||ref|| is 0 (or not finite) and the error is not: no ratio to measure,
+                    # and no bound on it can hold.
+                    lines.append(f"{head}rel_l2 cannot be met (the FP64 reference's norm is 0 "
+                                 f"or not finite, the error's is not: max_abs "
+                                 f"{c.error['max_abs']:.3g}), bound {b:g}")
     return lines
+
+
+def _standing(inst: Instance, c: TensorCheck, k: str, b: float) -> str:
+    """Where bound ``b`` on metric ``k`` stands against the expected value's ambiguity."""
+    if k in c.rounded_error and c.rounded_error[k] > b:
+        return (f" (no {inst.dtype} result can meet it: the exact result rounded once to "
+                f"{inst.dtype} is already at {k} {c.rounded_error[k]:.3g})")
+    if k in c.order_error and c.order_error[k] > b:
+        return (f" (a correct order of the additions could exceed it too: the most any order "
+                f"gives here is {k} {c.order_error[k]:.3g})")
+    if k in c.order_error:
+        return (f" (no order of the additions gives that: every order stays within {k} "
+                f"{c.order_error[k]:.3g})")
+    return ""
+
+
+def _decided_text(inst: Instance, results: dict[int, RankResult], reason: str) -> str:
+    """For a pass the case's own bound decided although the expected value is not unique:
+    why it is not, and whether every order of the additions meets the bound."""
+    text = (f"the expected value is not unique here ({reason.split(', so')[0]}), so the "
+            f"case's {own_bound(inst)} decided")
+    bounds = dict(inst.numerics.error) if inst.numerics is not None else {}
+    worst = {k: max(c.order_error[k] for rr in results.values() for c in rr.checks
+                    if k in c.order_error)
+             for k in bounds if any(k in c.order_error for rr in results.values()
+                                    for c in rr.checks)}
+    if not worst:
+        return text
+    over = {k: v for k, v in worst.items() if v > bounds[k]}
+    if over:
+        return text + ("; a correct order of the additions could exceed it: "
+                       + ", ".join(f"{k} up to {v:.3g}" for k, v in over.items()))
+    return text + ("; every order of the additions meets it: "
+                   + ", ".join(f"{k} at most {v:.3g}" for k, v in worst.items()))
 
 
 def property_lines(inst: Instance, results: dict[int, RankResult]
@@ -167,10 +229,16 @@ def apply(inst: Instance, results: dict[int, RankResult], res: InstanceResult,
         numerics["error"] = errors
     if props:
         numerics["properties"] = props
-    reason = static_reason(inst) or next(
-        (c.inexact for _, rr in sorted(results.items()) for c in rr.checks if c.inexact), "")
+    own = own_bound(inst)
+    inexact = [c for _, rr in sorted(results.items()) for c in rr.checks if c.inexact]
+    # A float buffer under the case's own bound is judged by it, unique expected value or not.
+    open_ = [c.inexact for c in inexact if not (own and _floats(inst, c))]
+    decided = next((c.inexact for c in inexact if own and _floats(inst, c)), "")
+    reason = static_reason(inst) or (open_[0] if open_ else "")
     if reason:
         numerics["uncheckable"] = reason
+    elif decided:
+        numerics["inexact"] = decided
     res.numerics = numerics
     where = inst.where()
     beyond = [f"  rank {r}, buffer {c.tensor!r}: {c.beyond_order} element(s) outside what any "
@@ -188,15 +256,28 @@ def apply(inst: Instance, results: dict[int, RankResult], res: InstanceResult,
                        f"value is inexact; the value check alone said {res.outcome})")
         res.outcome = "uncheckable"
         return
-    bad = bound_violations(inst, results) + lines
+    over = bound_violations(inst, results)
+    bad = over + lines
     if res.outcome == "passed" and bad:
         res.outcome = "failed"
-        res.message = f"{where}: numerics properties do not hold\n" + "\n".join(bad)
+        heads = ((["the error against the FP64 reference exceeds the case's bound"] if over
+                  else []) + (["numerics properties do not hold"] if lines else []))
+        line = inst.numerics.error_line if over and inst.numerics is not None else 0
+        res.message = f"{inst.where(line or None)}: {'; '.join(heads)}\n" + "\n".join(bad)
     elif res.outcome == "passed":
         held = [k for k, v in props.items() if v == "held"]
-        extra = (["error within " + ", ".join(f"{k} {v:g}" for k, v in inst.numerics.error)]
+        measured = {k: max((m[k] for m in errors.values() if k in m), default=None)
+                    for k, _ in (inst.numerics.error if inst.numerics is not None else ())}
+        extra = (["error within " + ", ".join(
+            f"{k} {b:g}" + (f" (measured {measured[k]:.3g})" if measured[k] is not None
+                            else "") for k, b in inst.numerics.error)]
                  if inst.numerics is not None and inst.numerics.error else [])
+        if decided:
+            extra.append(_decided_text(inst, results, decided))
         if held or extra:
             res.message += " (" + "; ".join(extra + [f"{k} held" for k in held]) + ")"
     elif bad:
         res.message += "\n" + "\n".join(bad)
+    if res.outcome == "failed" and decided:
+        res.message += (f"\n  (the expected value is not unique here: {decided}; the case's "
+                        f"{own_bound(inst)} decides)")
