@@ -240,6 +240,11 @@ class Expectation:
     xfail: str = ""  # non-empty: a known divergence; failing is expected (reason)
     skip: str = ""  # non-empty: skipped with this reason
     reason: str = ""  # why the expectation differs from the contract (from an override)
+    # Non-empty: an override changed the expected values or their tolerance (its reason). A
+    # pass against them is a declared divergence (a limitation), never "conformant".
+    diverges: str = ""
+    # The overrides that applied: (line, reason, the keys each patched), for the record.
+    applied: tuple[tuple[int, str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -535,6 +540,8 @@ class InstanceResult:
     # Where the parent's time for this instance went (seconds; see harness.report.costs).
     phases: dict[str, float] = field(default_factory=dict)
     numerics: dict[str, Any] = field(default_factory=dict)  # harness.verdict.numerics
+    # What the verdict compared (harness.verdict.evidence): empty, it can never be "passed".
+    evidence: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from ..errors import CaseFileError, CaseFileErrors
 from ..model import Case
 from . import (
     addressing,
+    coverage,
     cudasteps,
     entries,
     groups,
@@ -192,6 +193,7 @@ def check_steps(case: Case) -> None:
                     case, (*epath, tname), fill, True)
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
+    errs.extend(coverage.check(case))
     if errs:
         raise CaseFileErrors(errs)
 
