@@ -338,6 +338,14 @@ class NumericsPlan:
     size: int = 0  # size_invariant: the element count of the extra run (0: not asked)
     prefix: int = 0  # size_invariant: the leading elements both runs must agree on
     same_bits: tuple[tuple[str, ...], ...] = ()  # buffers of a program that must match
+    # An extra run of a property (harness.program.reruns): digest every buffer, as run 1 does.
+    rerun: bool = False
+
+    def compares_runs(self) -> bool:
+        """Whether the bits of this run are compared with another run's, so every buffer
+        (expected or not) needs a digest."""
+        return (self.deterministic > 1 or self.iterations > 1 or self.offset_invariant
+                or self.fusion_invariant or self.prefix > 0 or self.rerun)
 
 
 @dataclass(frozen=True)

@@ -92,8 +92,9 @@ def require(inst: Instance, res: InstanceResult) -> None:
     if res.outcome != "passed" or res.evidence:
         return
     res.outcome = "failed"
-    res.message = (f"{inst.where()}: nothing was compared, so this cannot pass: no buffer had "
-                   "an expected value on any rank (a program's written buffers need "
-                   "expected: or unchecked:), no step stated a return, warning or error, no "
-                   "numerics property compared a buffer and no ordering check ran"
+    res.message = (f"{inst.where()}: nothing was compared, so this cannot pass: no buffer was "
+                   "compared with an expected value on any rank (buffers under unchecked: are "
+                   "not), no step stated a return, warning or error, no numerics property "
+                   "compared a buffer and no ordering check ran; give a buffer a value under "
+                   "expected: or ask for a property (deterministic, same_bits)"
                    + (f"\n  (the run itself: {res.message})" if res.message else ""))

@@ -160,6 +160,8 @@ def compared_buffers(inst: Instance, results: dict[int, RankResult]
     for r, rr in sorted(results.items()):
         sized = {c.tensor for c in rr.checks if c.total > 0}
         first = {c.tensor for c in rr.checks if c.digest} & sized
+        # Fresh-input iterations compare values, not bits: only buffers with a value count.
+        valued = {c.tensor for c in rr.checks if c.expectation != "unspecified"} & sized
         prefixed = {c.tensor for c in rr.checks if c.prefix_digest}
         seen: dict[str, set[str]] = {}
         runs: dict[str, int] = {}
@@ -168,7 +170,7 @@ def compared_buffers(inst: Instance, results: dict[int, RankResult]
                 seen.setdefault("same_bits", set()).update(group)
         for run in rr.reruns:
             prop = _property_of(str(run.get("label", "")))
-            names = (prefixed if prop == "size_invariant" else first) & set(
+            names = {"size_invariant": prefixed, "iterations": valued}.get(prop, first) & set(
                 run.get("digests", {}))
             if prop and run.get("status") == "ok" and names:
                 seen.setdefault(prop, set()).update(names)
