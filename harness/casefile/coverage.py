@@ -10,9 +10,9 @@ that some op step may write (an output or in-place role, an ``irecv`` entry) mus
 - named under ``unchecked: {BUFFER: "why its value is not checked"}``;
 
 a case whose own contract is to raise, hang or crash is exempt (its buffers are not its
-contract), and so is a step with its own ``raises:``. ``unchecked:`` buffers are still digested for the numerics properties, so
-``deterministic: 3`` with ``unchecked: {out: ...}`` checks that ``out`` comes back bit for bit
-the same, and nothing more.
+contract), and so is a step with its own ``raises:``. ``unchecked:`` buffers are still
+digested for the numerics properties, so ``deterministic: 3`` with ``unchecked: {out: ...}``
+checks that ``out`` comes back bit for bit the same, and nothing more.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ def check(case: Case) -> list[CaseFileError]:
     raw = case.raw
     tensors = raw.get("tensors") or {}
     unchecked = raw.get("unchecked") or {}
-    expected = raw.get("expected") if isinstance(raw.get("expected"), dict) else {}
+    given = raw.get("expected")
+    expected: dict[str, Any] = given if isinstance(given, dict) else {}
     errs: list[CaseFileError] = []
     for name in unchecked:
         if name not in tensors:
