@@ -241,6 +241,11 @@ class Expectation:
     xfail: str = ""  # non-empty: a known divergence; failing is expected (reason)
     skip: str = ""  # non-empty: skipped with this reason
     reason: str = ""  # why the expectation differs from the contract (from an override)
+    # Non-empty: an override changed the expected values or their tolerance (its reason). A
+    # pass against them is a declared divergence (a limitation), never "conformant".
+    diverges: str = ""
+    # The overrides that applied: (line, reason, the keys each patched), for the record.
+    applied: tuple[tuple[int, str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -335,6 +340,14 @@ class NumericsPlan:
     size: int = 0  # size_invariant: the element count of the extra run (0: not asked)
     prefix: int = 0  # size_invariant: the leading elements both runs must agree on
     same_bits: tuple[tuple[str, ...], ...] = ()  # buffers of a program that must match
+    # An extra run of a property (harness.program.reruns): digest every buffer, as run 1 does.
+    rerun: bool = False
+
+    def compares_runs(self) -> bool:
+        """Whether the bits of this run are compared with another run's, so every buffer
+        (expected or not) needs a digest."""
+        return (self.deterministic > 1 or self.iterations > 1 or self.offset_invariant
+                or self.fusion_invariant or self.prefix > 0 or self.rerun)
 
 
 @dataclass(frozen=True)
@@ -541,6 +554,8 @@ class InstanceResult:
     # Where the parent's time for this instance went (seconds; see harness.report.costs).
     phases: dict[str, float] = field(default_factory=dict)
     numerics: dict[str, Any] = field(default_factory=dict)  # harness.verdict.numerics
+    # What the verdict compared (harness.verdict.evidence): empty, it can never be "passed".
+    evidence: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

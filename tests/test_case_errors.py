@@ -272,7 +272,7 @@ def test_premul_factor_expression_per_instance() -> None:
         steps:
           - {op: all_reduce, tensor: t, reduce_op: premul_sum, premul_factor: "2 / world_size"}
           - {op: all_reduce, tensor: t, reduce_op: max}
-        expected: {t: unspecified}
+        expected: {t: "i * 2"}
     """), "cases/x.yaml")
     cases = validate.load_cases(doc)
     mean = expand.expand(cases[0], "gloo")

@@ -130,7 +130,7 @@ PROGRAM = ("cases:\n  - name: p\n    world_size: 2\n    tensors:\n"
     ("    same_bits: [[a, c]]\n", "cases/x.yaml:10:21", "names 'c', which is not a tensor"),
     ("    same_bits: [[a, b, a]]\n", "cases/x.yaml:10:24", "names 'a' twice"),
     ("    same_bits: [[a]]\n", "cases/x.yaml:10:17", "is too short"),
-    ("    expected: {a: auto}\n", "cases/x.yaml:10:19", "'auto' needs the op: form"),
+    ("    expected: {a: auto, b: 1}\n", "cases/x.yaml:10:19", "'auto' needs the op: form"),
 ])
 def test_bad_program_numerics_are_located_errors(extra: str, where: str, words: str) -> None:
     err = case_error(PROGRAM + extra)
@@ -243,6 +243,7 @@ cases:
       - {op: reduce_scatter_tensor, output: shard, input: grad}
       - {op: all_gather_into_tensor, output: zero, input: shard}
     same_bits: [[ddp, zero]]
+    unchecked: {shard: "an intermediate: its values reach zero, which same_bits compares"}
   - name: iters
     op: all_reduce
     world_size: 2

@@ -49,6 +49,7 @@ def check_instance(case: Case, inst: Instance, limits: Limits) -> None:
                          f"ranks; the limit is {limits.instance_bytes}",
                          "make them smaller, or raise --max-instance-bytes / ini "
                          "collective_max_instance_bytes")
+    _check_extra_runs(case, inst, limits)
     for tname, fill in inst.expected:
         target = shapes.get(tname)
         if target is None or target.dtype == "object":
@@ -76,6 +77,51 @@ def check_instance(case: Case, inst: Instance, limits: Limits) -> None:
         raise case.error(("steps",), f"one rank sleeps or delays {worst:g} s in {inst.id}; "
                          f"the limit is {limits.sleep:g} s",
                          "shorten the sleeps, or raise --max-sleep / ini collective_max_sleep")
+
+
+def _runs(inst: Instance) -> int:
+    """How many times the ranks run the program: the first run and a property's extra runs
+    (harness.program.reruns)."""
+    plan = inst.numerics
+    if plan is None:
+        return 1
+    return (plan.deterministic + plan.iterations - 1 + int(plan.offset_invariant)
+            + int(plan.fusion_invariant) + int(plan.size > 0))
+
+
+def _check_extra_runs(case: Case, inst: Instance, limits: Limits) -> None:
+    """The work of every run is bounded: the calls a rank issues over all runs, and the
+    buffers of size_invariant's extra run (every buffer resized to its element count)."""
+    captured = sum(s.repeat for top in inst.steps for s in top.steps if s.kind == "op")
+    replays = sum(int(s.value or 1) for s in inst.steps if s.kind == "replay")
+    per_run = (sum(s.repeat for s in inst.steps if s.kind == "op")
+               + captured * (1 + replays))  # a replay issues the captured calls again
+    calls = per_run * _runs(inst)
+    if calls > limits.calls:
+        key = next((k for k in ("deterministic", "iterations", "steps", "name")
+                    if k in case.raw), "name")
+        raise case.error((key,), f"one rank of {inst.id} would issue {calls} collective "
+                         f"calls over {_runs(inst)} run(s); the limit is {limits.calls}",
+                         "lower repeat, deterministic or iterations, or raise --max-calls / "
+                         "ini collective_max_calls")
+    size = inst.numerics.size if inst.numerics is not None else 0
+    if not size:
+        return
+    total = 0
+    for spec in inst.tensors:
+        nbytes = size * max(1, dtypes.info(spec.dtype).bits // 8) if spec.dtype != "object" else 0
+        if nbytes > limits.buffer_bytes:
+            raise case.error(("size_invariant",), f"size_invariant: {size} elements make "
+                             f"buffer {spec.name!r} ({spec.dtype}) {nbytes} bytes per rank in "
+                             f"the extra run; the limit is {limits.buffer_bytes}",
+                             "use a smaller size, or raise --max-buffer-bytes / ini "
+                             "collective_max_buffer_bytes")
+        total += nbytes * inst.world_size
+    if total > limits.instance_bytes:
+        raise case.error(("size_invariant",), f"size_invariant: the extra run's buffers take "
+                         f"{total} bytes over all ranks; the limit is {limits.instance_bytes}",
+                         "use a smaller size, or raise --max-instance-bytes / ini "
+                         "collective_max_instance_bytes")
 
 
 def _tensor_path(case: Case, name: str, inst: Instance) -> Path:

@@ -34,6 +34,10 @@ class Limits:
     object_bytes: int = 16 * MIB  # payload of one object (the objects generator's size)
     deadline: float = 600.0  # the most a case's own `deadline:` may ask for, in seconds
     sleep: float = 60.0  # sleeps and delays one rank of one instance may ask for, in seconds
+    # Collective calls one rank of one instance may issue over all its runs (repeat x
+    # deterministic x iterations x steps): 100 runs of 100,000 legal calls would outlast any
+    # deadline and be recorded as a hang of a correct backend.
+    calls: int = 100_000
 
     def __post_init__(self) -> None:
         if self.world_size == 0:
@@ -66,4 +70,7 @@ OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "the most a case's own 'deadline:' may raise the deadline to, in seconds"),
     ("sleep", "--max-sleep", "collective_max_sleep",
      "seconds of sleeps and delays one rank of one instance may ask for"),
+    ("calls", "--max-calls", "collective_max_calls",
+     "collective calls one rank of one instance may issue over all its runs (repeat x "
+     "deterministic x iterations)"),
 )

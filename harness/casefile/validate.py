@@ -130,6 +130,9 @@ def check_case(case: Case) -> None:
         if "tensors" in raw:
             errs.append(case.error(("tensors",), "'tensors' belongs to the 'steps' form",
                                    "with 'op:' describe the buffer with 'input' and 'shape'"))
+        if "unchecked" in raw:
+            errs.append(case.error(("unchecked",), "'unchecked' belongs to the 'steps' form",
+                                   "with 'op:' the output is always checked; drop it"))
         if "input" not in raw and raw.get("op") in ops.ALL_OPS and ops.get(raw["op"]).in_role:
             errs.append(case.error(("name",), "'input' is required with 'op'",
                                    "give per-rank values, an expression over i, or a generator"))

@@ -4,7 +4,8 @@ The gate classifies records, and a report could say PASS around records that wer
 added, duplicated or edited: a summary is only a claim. :func:`problems` recomputes what the
 records show and compares it with what the report states; every disagreement is named, and the
 gate fails on any of them (they are never a policy choice: a report that contradicts itself
-proves nothing). A session that did not finish is the ``incomplete`` policy key, checked by
+proves nothing). A passed record without evidence (what it compared: harness.verdict.evidence)
+is one of them. A session that did not finish is the ``incomplete`` policy key, checked by
 :func:`harness.gate.compare.check_session`.
 """
 
@@ -58,6 +59,12 @@ def problems(report: dict[str, Any]) -> list[str]:
     if dup:
         out.append(f"{len(dup)} records share a key with another record, so one would hide "
                    f"the other ({_keys(dup)})")
+    bare = [r for r in records if r.get("outcome") == "passed"
+            and not (isinstance(r.get("evidence"), dict) and r["evidence"])]
+    if bare:
+        out.append(f"{len(bare)} passed record(s) say nothing about what they compared "
+                   f"({_keys(bare)}): a pass needs evidence (a report written before records "
+                   "carried it, or edited); rerun the suite with this harness")
     out += _summary(report.get("summary"), records, session)
     return out
 

@@ -663,6 +663,10 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
             if _must_agree(inst, spec.name) or _compared(inst, spec.name):
                 # no expected value, but a digest to compare
                 checks.append(_digest_only(spec.name, got))
+                if inst.numerics is not None and inst.numerics.prefix and isinstance(
+                        got, torch.Tensor):
+                    checks[-1].prefix_digest = tensors.digest(
+                        got.reshape(-1)[:inst.numerics.prefix])
             continue
         if spec.dtype == "object":
             checks.append(objects.compare(spec.name, got, exp, how))
@@ -722,8 +726,13 @@ def _must_agree(inst: Instance, name: str) -> bool:
 
 
 def _compared(inst: Instance, name: str) -> bool:
-    """Whether ``same_bits`` compares this buffer with others (it needs a digest)."""
-    return inst.numerics is not None and any(name in g for g in inst.numerics.same_bits)
+    """Whether a property compares this buffer's bits (it needs a digest): ``same_bits`` with
+    other buffers, or the extra runs of deterministic / iterations / offset, fusion and size
+    invariance with this run, which hold for every written buffer, expected or not."""
+    plan = inst.numerics
+    if plan is None:
+        return False
+    return any(name in g for g in plan.same_bits) or plan.compares_runs()
 
 
 def _digest_only(name: str, got: Any) -> TensorCheck:
@@ -731,4 +740,5 @@ def _digest_only(name: str, got: Any) -> TensorCheck:
         return TensorCheck(tensor=name, ok=True, expectation="unspecified",
                            total=got.numel(), digest=tensors.digest(got))
     return TensorCheck(tensor=name, ok=True, expectation="unspecified",
+                       total=len(got) if isinstance(got, list) else 1,
                        digest=objects.digest(got))

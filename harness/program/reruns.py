@@ -37,9 +37,8 @@ def variants(inst: Instance) -> list[tuple[str, Instance]]:
     if plan is None:
         return []
     # The extra runs keep the error bounds (their values are judged the same way), not the
-    # properties (no runs of their own).
-    bare = replace(inst, perf=None,
-                   numerics=NumericsPlan(error=plan.error) if plan.error else None)
+    # properties (no runs of their own); they digest every buffer, as the first run does.
+    bare = replace(inst, perf=None, numerics=NumericsPlan(error=plan.error, rerun=True))
     out = [(f"run {k}", bare) for k in range(2, plan.deterministic + 1)]
     out += [(f"iteration {k}", replace(bare, tensors=tuple(
         replace(t, init=reseeded(t.init, k)) for t in inst.tensors)))
@@ -50,7 +49,8 @@ def variants(inst: Instance) -> list[tuple[str, Instance]]:
     if plan.fusion_invariant and plan.unfused:
         out.append(("one by one", replace(bare, steps=(*plan.unfused, *inst.steps[1:]))))
     if plan.size:
-        resized = replace(bare, numerics=NumericsPlan(error=plan.error, prefix=plan.prefix),
+        resized = replace(bare, numerics=NumericsPlan(error=plan.error, prefix=plan.prefix,
+                                                      rerun=True),
                           tensors=tuple(replace(t, shape=(plan.size,)) for t in inst.tensors))
         out.append((f"size {plan.size}", resized))
     return out

@@ -5,7 +5,8 @@ instance has a result, none failed, errored, hung or crashed, and no declared fa
 (xpass). ``INCOMPLETE`` wins over everything: a session stopped early (Ctrl-C, SIGTERM, ``-x``,
 ``--maxfail``, a crash) never reads PASS for what happened to run. The headline counts what each
 outcome means: conformant instances (the backend did what the contract says), known divergences
-(xfail), limitations (rejected, crashed or hung exactly as an override declares), failures.
+(xfail), limitations (rejected, crashed, hung or computed exactly what an override declares),
+failures.
 """
 
 from __future__ import annotations

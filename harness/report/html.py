@@ -58,7 +58,8 @@ OUTCOMES: tuple[Shade, ...] = (
     Shade("xpass", "#e85aad", "passed, but a known failure was declared"),
     Shade("xfail", "#d4a72c", "failed as a documented divergence declares"),
     Shade("uncheckable", "#bf8700", "the expected value is inexact here: not a pass"),
-    Shade("limitation", "#0969da", "rejected, crashed or hung as the case declares"),
+    Shade("limitation", "#0969da",
+          "rejected, crashed, hung or computed what an override declares"),
     Shade("passed", "#2da44e", "met the contract"),
     Shade("skipped", "#8c959f", "not run"),
 )

@@ -162,8 +162,9 @@ def render(report: dict[str, Any]) -> str:
         out.append("")
         out.append("Legend: " + " ".join(f"{s}{NBSP}{o}" for o, s in SYMBOLS.items()
                                          if o not in ("limitation", "uncheckable"))
-                   + f" 🚫{NBSP}limitation (rejected, crashed or hung as the case declares; not "
-                     f"a pass) ❔{NBSP}uncheckable (the expected value is inexact; not a pass)")
+                   + f" 🚫{NBSP}limitation (rejected, crashed, hung or computed what an "
+                     f"override declares; not a pass) ❔{NBSP}uncheckable (the expected value "
+                     "is inexact; not a pass)")
         out.append("")
         out.extend(matrix(recs))
         out.append("")

@@ -120,6 +120,11 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
         record["numerics"] = result.numerics
     if result.harness_error:
         record["harness_error"] = result.harness_error
+    if result.evidence or result.outcome not in ("skipped",):
+        record["evidence"] = result.evidence
+    if inst.expectation.applied:
+        record["overrides_applied"] = [{"line": line, "reason": reason, "patched": list(keys)}
+                                       for line, reason, keys in inst.expectation.applied]
     if result.overrides_not_applied:
         record["overrides_not_applied"] = result.overrides_not_applied
     return dict(clean(record))

@@ -158,6 +158,14 @@ def property_lines(inst: Instance, results: dict[int, RankResult]
         if plan.same_bits:
             asked["same_bits"] = "held"
     lines: list[str] = []
+    compared = compared_buffers(inst, results)
+    for prop in asked:
+        if not compared.get(prop):
+            # A property over no buffer (none checked or digested, or all of them empty)
+            # would "hold" on nothing: it does not hold.
+            asked[prop] = ("compared nothing: no non-empty buffer of the run was checked or "
+                           "digested")
+            lines.append(f"  {prop}: {asked[prop]}")
     for r, rr in sorted(results.items()):
         first = {c.tensor: c.digest for c in rr.checks if c.digest}
         for group in plan.same_bits if plan is not None else ():
@@ -169,9 +177,7 @@ def property_lines(inst: Instance, results: dict[int, RankResult]
                 lines.append(f"  same_bits: {text}")
         for run in rr.reruns:
             label = str(run.get("label", ""))
-            prop = LABELS.get(label.split(" ")[0] if label.startswith(("run ", "iteration ",
-                                                                       "size "))
-                              else label, "")
+            prop = _property_of(label)
             if not prop:
                 continue
             if run.get("status") != "ok":
@@ -199,6 +205,45 @@ def property_lines(inst: Instance, results: dict[int, RankResult]
                 asked[prop] = text
             lines.append(f"  {prop}: {text}")
     return asked, lines
+
+
+def _property_of(label: str) -> str:
+    """The property an extra run's label belongs to ("" for none)."""
+    return LABELS.get(label.split(" ")[0] if label.startswith(("run ", "iteration ", "size "))
+                      else label, "")
+
+
+def compared_buffers(inst: Instance, results: dict[int, RankResult]
+                     ) -> dict[str, dict[str, Any]]:
+    """Per property asked: the non-empty buffers whose digests it compared, on which ranks,
+    and in how many runs (the evidence of :mod:`harness.verdict.evidence`)."""
+    plan = inst.numerics
+    out: dict[str, dict[str, Any]] = {}
+    for r, rr in sorted(results.items()):
+        sized = {c.tensor for c in rr.checks if c.total > 0}
+        first = {c.tensor for c in rr.checks if c.digest} & sized
+        # Fresh-input iterations compare values, not bits: only buffers with a value count.
+        valued = {c.tensor for c in rr.checks if c.expectation != "unspecified"} & sized
+        prefixed = {c.tensor for c in rr.checks if c.prefix_digest}
+        seen: dict[str, set[str]] = {}
+        runs: dict[str, int] = {}
+        for group in plan.same_bits if plan is not None else ():
+            if set(group) <= first:
+                seen.setdefault("same_bits", set()).update(group)
+        for run in rr.reruns:
+            prop = _property_of(str(run.get("label", "")))
+            names = {"size_invariant": prefixed, "iterations": valued}.get(prop, first) & set(
+                run.get("digests", {}))
+            if prop and run.get("status") == "ok" and names:
+                seen.setdefault(prop, set()).update(names)
+                runs[prop] = runs.get(prop, 1) + 1
+        for prop, names in seen.items():
+            entry = out.setdefault(prop, {"buffers": set(), "ranks": []})
+            entry["buffers"] |= names
+            entry["ranks"].append(r)
+            if prop in runs:
+                entry["runs"] = runs[prop]
+    return {p: {**e, "buffers": sorted(e["buffers"])} for p, e in out.items()}
 
 
 def _size_text(plan: NumericsPlan | None) -> str:

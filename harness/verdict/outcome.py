@@ -7,7 +7,7 @@ from ..casefile import patterns
 from ..errors import trim_traceback
 from ..model import BAD_OUTCOMES, Instance, InstanceResult, Outcome, PoolRun, RankResult, RankState
 from ..ordering import verdicts as ordering
-from . import numerics
+from . import evidence, numerics
 from . import steps as stepverdicts
 
 MAX_TB_LINES = 25
@@ -138,6 +138,8 @@ def judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
         numerics.apply(inst, run.results, res, disagreements(inst, run.results))
     ordering.apply(inst, run.results, res,
                    completed=run.kind == "done" and not _raised(run.results))
+    res.evidence = evidence.gather(inst, run, res)
+    evidence.require(inst, res)
     res.expected_kind = exp.kind
     res.reason = exp.reason
     if exp.xfail:
@@ -153,6 +155,14 @@ def judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
         # not a pass. (A case whose own contract is to raise or hang, such as misuse in
         # errors.yaml, passes when it does: that is what the contract says.)
         res.outcome = "limitation"
+    known = sorted(c for c, v in res.ordering.items() if isinstance(v, dict) and v.get("known"))
+    if res.outcome == "passed" and (exp.diverges or known):
+        # The values or the ordering it met are what an override declares instead of the
+        # contract: a declared divergence, counted with the limitations, never conformant.
+        res.outcome = "limitation"
+        res.reason = exp.diverges or res.ordering[known[0]]["known"]
+        res.message += (f"\n  not conformant: passed only against what an override declares "
+                        f"instead of the contract ({res.reason})")
     return res
 
 

@@ -1,0 +1,245 @@
+"""Evidence for every PASS: each record says what it compared, and nothing passes on nothing.
+
+Each scenario is a real session (a separate pytest process on Gloo, or on the fault-injecting
+``mutant`` backend with one fault), run the way a user runs the harness; the assertions read
+the JSON report and the Markdown. The collection rule (a program buffer that an op writes and
+nothing checks) is checked on the case-file stage directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.casefile import collect
+from harness.errors import CaseFileErrors
+
+REPO = Path(__file__).resolve().parent.parent
+
+CASES = """\
+cases:
+  - name: plain
+    op: all_reduce
+    world_size: 2
+    dtype: float32
+    shape: [3]
+    input: "rank + i"
+    expected: auto
+  - name: bare_barrier
+    op: barrier
+    world_size: 2
+  - name: rejects
+    op: all_reduce
+    world_size: 2
+    dtype: float32
+    shape: [2]
+    input: 1
+    reduce_op: bxor
+    raises: "(?i)bxor|unsupported|not supported|cannot use"
+  - name: nothing_compared
+    world_size: 2
+    tensors:
+      t: {shape: [4], dtype: float32, init: "rank"}
+    steps:
+      - {op: all_reduce, tensor: t}
+    unchecked: {t: "the test states nothing about it"}
+  - name: empty_size_invariant
+    op: all_reduce
+    world_size: 2
+    dtype: float32
+    shape: [0]
+    input: {generator: constant, value: 1}
+    error: {rel_l2: 1.0e-3}
+    size_invariant: 16
+  - name: deterministic_unchecked
+    world_size: 2
+    dtype: float32
+    tensors:
+      t: {shape: [64], init: {generator: random, seed: 5}}
+    steps:
+      - {op: all_reduce, tensor: t}
+    unchecked: {t: "only its run-to-run bits are stated"}
+    deterministic: 3
+  - name: wrong_override
+    op: all_reduce
+    world_size: 2
+    dtype: int64
+    shape: [2]
+    input: "rank + 1"
+    reduce_op: bxor
+    expected: auto
+    overrides:
+      - when: {backend: mutant}
+        expected: 3
+        reason: the mutant computes BXOR as BOR (a declared divergence)
+"""
+
+
+def _session(tmp_path: Path, backend: str, fault: str = "none", *keys: str
+             ) -> tuple[int, str, dict[str, dict[str, Any]], str]:
+    """Run the cases above; (exit status, output, records by case name, Markdown)."""
+    (tmp_path / "cases").mkdir(exist_ok=True)
+    (tmp_path / "cases" / "ev.yaml").write_text(CASES)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLLECTIVE_MUTANT": fault}
+    cmd = [sys.executable, "-m", "pytest", "cases", "--rootdir=.", "-p", "no:cacheprovider",
+           "-q", "--backend", backend, "--deadline", "60", "-k", " or ".join(keys),
+           "--report-json", "r.json", "--report-md", "r.md"]
+    if backend == "mutant":
+        cmd += ["--backend-module", "harness.mutate.backend"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    out = proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    records = {r["case"]: {**r, "_dir": str(tmp_path)} for r in report["records"]}
+    return proc.returncode, out, records, (tmp_path / "r.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def gloo(tmp_path_factory: pytest.TempPathFactory
+         ) -> tuple[int, str, dict[str, dict[str, Any]], str]:
+    return _session(tmp_path_factory.mktemp("ev"), "gloo", "none", "plain", "bare_barrier",
+                    "rejects", "nothing_compared", "empty_size_invariant")
+
+
+def test_a_pass_lists_what_it_compared(gloo: tuple[int, str, dict[str, Any], str]) -> None:
+    _, out, records, _ = gloo
+    plain = records["plain"]
+    assert plain["outcome"] == "passed", out
+    checks = {c["what"]: c for c in plain["evidence"]["checks"]}
+    assert checks["tensor"]["how"] == "auto"
+    assert checks["tensor"]["ranks"] == [0, 1]
+    assert checks["tensor"]["elements"] == 6  # 3 elements on each of 2 ranks
+    assert plain["evidence"]["agreement"] == [{"buffer": "tensor", "ranks": [0, 1]}]
+    barrier = records["bare_barrier"]
+    assert barrier["outcome"] == "passed"
+    assert barrier["evidence"]["completed"] == {"ops": ["barrier"], "ranks": [0, 1]}
+    rejects = records["rejects"]
+    if rejects["outcome"] == "passed":  # Gloo rejects BXOR on floats
+        assert rejects["evidence"]["raised"]["ranks"] == [0, 1]
+        assert rejects["evidence"]["raised"]["pattern"].startswith("(?i)bxor")
+
+
+def test_the_gate_refuses_a_pass_without_evidence(
+        gloo: tuple[int, str, dict[str, Any], str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A report whose passed record lost its evidence (an older harness, or an edit) is not
+    made a baseline and fails the gate."""
+    from harness.gate import cli as gate
+
+    _, _, records, _ = gloo
+    report = json.loads((Path(records["plain"]["_dir"]) / "r.json").read_text())
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(report))
+    assert gate.main([str(good), str(tmp_path / "base.json"), "--update"]) == 0
+    for rec in report["records"]:
+        if rec["case"] == "plain":
+            del rec["evidence"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(report))
+    capsys.readouterr()
+    assert gate.main([str(bad), str(tmp_path / "base.json")]) != 0
+    assert "1 passed record(s) say nothing about what they compared" in capsys.readouterr().out
+    assert gate.main([str(bad), str(tmp_path / "other.json"), "--update"]) != 0
+    assert not (tmp_path / "other.json").exists()
+
+
+def test_nothing_compared_is_a_failure_that_says_so(
+        gloo: tuple[int, str, dict[str, Any], str]) -> None:
+    rc, out, records, _ = gloo
+    rec = records["nothing_compared"]
+    assert rec["outcome"] == "failed", out
+    assert "nothing was compared" in rec["message"]
+    assert rec["evidence"] == {}
+    assert rc == 1
+
+
+def test_a_property_over_an_empty_buffer_does_not_hold(
+        gloo: tuple[int, str, dict[str, Any], str]) -> None:
+    _, out, records, _ = gloo
+    rec = records["empty_size_invariant"]
+    assert rec["outcome"] == "failed", out
+    assert rec["numerics"]["properties"]["size_invariant"].startswith("compared nothing")
+
+
+def test_deterministic_compares_an_unchecked_buffer(tmp_path: Path) -> None:
+    """With no expected value, ``deterministic: 3`` still compares the written buffer's bits
+    across the runs: the run_dependent_sum fault (every second all_reduce differs) fails it."""
+    rc, out, records, _ = _session(tmp_path, "mutant", "run_dependent_sum",
+                                   "deterministic_unchecked")
+    rec = records["deterministic_unchecked"]
+    assert rec["outcome"] == "failed", out
+    assert "deterministic" in rec["message"] and "'t'" in rec["message"]
+    assert rc == 1
+
+
+def test_deterministic_held_names_the_buffers_it_compared(tmp_path: Path) -> None:
+    _, out, records, _ = _session(tmp_path, "gloo", "none", "deterministic_unchecked")
+    rec = records["deterministic_unchecked"]
+    assert rec["outcome"] == "passed", out
+    assert rec["evidence"]["properties"] == [
+        {"property": "deterministic", "buffers": ["t"], "ranks": [0, 1], "runs": 3}]
+    assert "checks" not in rec["evidence"]  # the values themselves were not compared
+
+
+def test_an_override_with_wrong_values_is_a_declared_divergence(tmp_path: Path) -> None:
+    rc, out, records, md = _session(tmp_path, "mutant", "bxor_as_bor", "wrong_override")
+    rec = records["wrong_override"]
+    assert rec["outcome"] == "limitation", out
+    assert rec["reason"].startswith("the mutant computes BXOR as BOR")
+    assert rec["overrides_applied"][0]["patched"] == ["expected"]
+    assert "not conformant" in rec["message"]
+    assert "0 conformant" in out and "1 limitation" in out
+    assert "the mutant computes BXOR as BOR" in md
+    assert rc == 0  # declared, so not a failure; but never counted as conformant
+
+
+def test_a_written_buffer_nothing_checks_is_a_collection_error() -> None:
+    text = textwrap.dedent("""\
+        cases:
+          - name: forgot
+            world_size: 2
+            tensors:
+              t: {shape: [4], dtype: float32, init: 1}
+              out: {shape: [8], dtype: float32, init: 0}
+            steps:
+              - {op: all_gather_into_tensor, output: out, input: t}
+            expected: {t: unchanged, out: unspecified}
+        """)
+    with pytest.raises(CaseFileErrors) as info:
+        collect.from_text(text, "forgot.yaml", "gloo")
+    message = str(info.value)
+    assert "forgot.yaml:8:46:" in message
+    assert "buffer 'out' is written by all_gather_into_tensor but nothing checks it" in message
+    assert "unchecked: {out:" in message
+
+
+def test_unchecked_needs_a_declared_tensor_and_the_steps_form() -> None:
+    text = textwrap.dedent("""\
+        cases:
+          - name: typo
+            world_size: 2
+            tensors:
+              t: {shape: [4], dtype: float32, init: 1}
+            steps:
+              - {op: all_reduce, tensor: t}
+            unchecked: {tt: "a typo"}
+            expected: {t: 2}
+          - name: shorthand
+            op: all_reduce
+            world_size: 2
+            shape: [2]
+            input: 1
+            unchecked: {output: "not here"}
+        """)
+    with pytest.raises(CaseFileErrors) as info:
+        collect.from_text(text, "typo.yaml", "gloo")
+    message = str(info.value)
+    assert "typo.yaml:8:" in message and "unchecked: unknown tensor 'tt'" in message
+    assert "'unchecked' belongs to the 'steps' form" in message
