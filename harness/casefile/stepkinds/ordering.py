@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import CaseFileError, CaseFileErrors
+from ...errors import CaseFileError, CaseFileErrors, quote
 from ...expr import Expr
 from ...model import Case, Fill, Step
 from ..fields import KEYWORDS, check_expr, check_fill, parse_fill, suggest
@@ -58,7 +58,10 @@ def _check_expect(case: Case, path: tuple[Any, ...], value: Any,
 
 def _tensor(case: Case, path: tuple[Any, ...], key: str, name: Any,
             tensors: dict[str, Any], errs: list[CaseFileError]) -> None:
-    if name not in tensors:
+    if not isinstance(name, str):  # the schema allows lists for op steps' repeat
+        errs.append(case.error((*path, key), f"'{key}' names one tensor; got "
+                               f"{quote(name, 60)}", "give one tensor name"))
+    elif name not in tensors:
         errs.append(case.error((*path, key), f"unknown tensor {name!r}",
                                suggest(str(name), tuple(tensors)) if tensors else
                                "declare it under 'tensors:'"))
