@@ -243,3 +243,28 @@ def test_unchecked_needs_a_declared_tensor_and_the_steps_form() -> None:
     message = str(info.value)
     assert "typo.yaml:8:" in message and "unchecked: unknown tensor 'tt'" in message
     assert "'unchecked' belongs to the 'steps' form" in message
+
+
+def test_the_op_forms_output_cannot_be_left_unspecified() -> None:
+    text = textwrap.dedent("""\
+        cases:
+          - name: shrug
+            op: all_reduce
+            world_size: 2
+            shape: [2]
+            input: 1
+            expected: unspecified
+          - name: rejected
+            op: all_reduce
+            world_size: 2
+            shape: [2]
+            input: 1
+            expected: unspecified
+            raises: "."
+        """)
+    with pytest.raises(CaseFileErrors) as info:
+        collect.from_text(text, "shrug.yaml", "gloo")
+    message = str(info.value)
+    assert "shrug.yaml:7:" in message
+    assert "expected: unspecified leaves the op's output unchecked" in message
+    assert "1 problem(s)" in message  # the case that must raise may leave it unspecified

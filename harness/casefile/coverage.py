@@ -84,3 +84,16 @@ def check(case: Case) -> list[CaseFileError]:
             f"give it a value under expected:, compare it with same_bits, or declare "
             f"unchecked: {{{name}: \"why its value is not checked\"}}")))
     return errs
+
+
+def check_shorthand(case: Case) -> list[CaseFileError]:
+    """The ``op:`` form's output is its contract: ``expected: unspecified`` would leave it
+    unchecked (allowed only where the case's contract is to raise, hang or crash)."""
+    raw = case.raw
+    if raw.get("expected") != "unspecified" or any(k in raw for k in ("raises", "hangs",
+                                                                      "crashes")):
+        return []
+    return [case.error(("expected",), "expected: unspecified leaves the op's output unchecked, "
+                       "so the case would pass whatever the backend returns",
+                       "give the values, or auto (the reference model); to state only that "
+                       "the call is accepted, write the program form with unchecked:")]

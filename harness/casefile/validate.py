@@ -15,6 +15,7 @@ from ..model import Case
 from . import (
     addressing,
     caseenv,
+    coverage,
     entries,
     numerics,
     opargs,
@@ -144,6 +145,7 @@ def check_case(case: Case) -> None:
               raw.get("input", 0), False)
         guard(opargs.check_object_fill if out_obj else check_fill, case, ("expected",),
               raw.get("expected", "auto"), True)
+        errs.extend(coverage.check_shorthand(case))
         if raw.get("op") in ops.ALL_OPS:
             op = ops.get(raw["op"])
             args = raw.get("args", {})
