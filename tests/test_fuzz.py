@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -43,6 +44,9 @@ def _fuzz(*args: str, fault: str | None = None, timeout: float = 240,
     # checked once, by the coordinator, before any lane's worker starts
     (["--backend", "gloo", "--lanes", "2", "--ops", "frobnicate"], "--ops"),
     (["--backend", "gloo", "--lanes", "17"], "--lanes"),
+    # the range's ends are checked before it is expanded (this one built 10**11 sizes)
+    (["--backend", "gloo", "--world-size", "1-100000000000"], "--world-size"),
+    (["--backend", "gloo", "--world-size", "4-2"], "--world-size"),
 ])
 def test_bad_input_is_one_line_naming_the_option(tmp_path: Path, args: list[str],
                                                  names: str) -> None:
@@ -197,6 +201,53 @@ def test_digests_report_round_trip_and_hostile_input(tmp_path: Path) -> None:
                  str(tmp_path / "o"), timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def _small() -> None:
+    # Past a bound, the reader fails here with a MemoryError instead of filling the machine.
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge-integer", "duplicate-key"])
+def test_against_report_reads_only_a_bounded_regular_file(tmp_path: Path, kind: str) -> None:
+    """A FIFO blocked the start forever, /dev/zero filled memory, a long integer gave a
+    traceback, a repeated key hid the first: each is one line naming the file. (In a child,
+    with a timeout: a regression fails the test instead of hanging it.)"""
+    path = tmp_path / "r.json"
+    head = '{"schema": "collective-fuzz-digests/1", "instances": {}, '
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path = Path("/dev/zero")
+    elif kind == "huge-integer":
+        path.write_text(head + '"n": ' + "9" * 5000 + "}")
+    else:
+        path.write_text(head + '"instances": {}}')
+    code = ("import sys\nfrom harness.fuzz.differential import BadReport, load_digests\n"
+            "try:\n    load_digests(sys.argv[1])\nexcept BadReport as e:\n    print(e)\n"
+            "    raise SystemExit(2)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=60, preexec_fn=_small, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stdout.splitlines()) == 1 and proc.stdout.startswith(f"{path}: ")
+    assert {"fifo": "not a regular file", "device": "not a regular file",
+            "huge-integer": "not valid JSON", "duplicate-key": "'instances' appears twice"
+            }[kind] in proc.stdout
+
+
+def test_a_file_where_the_example_database_goes_is_an_error(tmp_path: Path) -> None:
+    """Hypothesis saved nothing into a file at --out/.hypothesis and said nothing: a run
+    would never replay its findings. It is refused before anything runs."""
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / ".hypothesis").write_text("not a folder")
+    proc = _fuzz("--backend", "gloo", "--out", str(out), "--examples", "1", timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert f"--out: {out / '.hypothesis'} is not a folder; it is where the example database " \
+        "goes" in err
 
 
 def test_known_overrides_naming_a_root_by_an_expression_absorb_the_number() -> None:

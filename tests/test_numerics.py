@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.gate import bitdiff
+from harness.gate import bitdiff, versions
 from harness.gate import compare as gate
 from harness.gate.baseline import Baseline
 from harness.program import fp64, reruns
@@ -338,6 +338,10 @@ def test_uncheckable_reaches_the_junit_file_as_not_passed(tmp_path: Path) -> Non
 
 
 # -- bit-level A/B between reports -------------------------------------------------------------
+REFERENCE_QUICK = (Path(__file__).resolve().parents[1] / "reports" / "reference"
+                   / "gloo-cpu-quick-torch2.13.0.json.gz")
+
+
 def _passing(key: str, digest: str, outcome: str = "passed") -> dict[str, Any]:
     return {"key": f"c.yaml::s[{key}]", "file": "c.yaml", "case": "s", "backend": "gloo",
             "axes": {"k": key}, "op": "all_reduce", "dtype": "bfloat16", "outcome": outcome,
@@ -348,10 +352,73 @@ def _passing(key: str, digest: str, outcome: str = "passed") -> dict[str, Any]:
 def test_bitdiff_lists_passing_instances_whose_bits_changed() -> None:
     a = {"records": [_passing("x", "aa"), _passing("y", "bb"), _passing("z", "cc", "failed")]}
     b = {"records": [_passing("x", "aa"), _passing("y", "b2"), _passing("z", "c2")]}
-    found, both, compared = bitdiff.changes(a, b)
-    assert (both, compared) == (2, 2)  # z failed in A: not a pass on both sides
-    assert [(c.key, c.buffers) for c in found] == [("c.yaml::s[y]", ["'t' on rank(s) 1"])]
-    assert "all_reduce bfloat16: 1 instance(s)" in bitdiff.render(found, both, compared, "A", "B")
+    diff = bitdiff.changes(a, b)
+    assert (diff.passed_both, diff.compared) == (2, 2)  # z failed in A: not a pass on both sides
+    assert [(c.key, c.buffers) for c in diff.changed] == [("c.yaml::s[y]", ["'t' on rank(s) 1"])]
+    assert diff.uncompared == []
+    assert "all_reduce bfloat16: 1 instance(s)" in bitdiff.render(diff, "A", "B")
+
+
+def _without(record: dict[str, Any], rank: int | None = None) -> dict[str, Any]:
+    """``record`` with no digest on ``rank`` (on any rank when None)."""
+    out: dict[str, Any] = json.loads(json.dumps(record))
+    for rk in out.get("ranks") or []:
+        if rank is None or rk["rank"] == rank:
+            rk["checks"] = [{k: v for k, v in c.items() if k != "digest"} for c in rk["checks"]]
+    return out
+
+
+@pytest.mark.parametrize(("b_records", "listed"), [
+    ([], "not compared: no record in B: 2 instance(s)"),
+    ([_passing("x", "aa"), _passing("y", "bb", "failed")],
+     "not compared: did not pass in B: 1 instance(s)\n    c.yaml::s[y]: failed"),
+    ([_passing("x", "aa"), _without(_passing("y", "bb"))],
+     "not compared: passed in B without digests: 1 instance(s)\n    c.yaml::s[y]"),
+    ([_passing("x", "aa"), _without(_passing("y", "bb"), rank=1)],
+     "not compared: buffers without a digest in B: 1 instance(s)\n    c.yaml::s[y]: 't' on "
+     "rank(s) 1"),
+    ([_passing("x", "aa"), {**_passing("y", "bb"), "ranks": [
+        {"rank": 0, "checks": [{"tensor": "t", "digest": "same"}]},
+        {"rank": 1, "checks": [{"tensor": "u", "digest": "bb"}]}]}],
+     "c.yaml::s[y]: 't' on rank(s) 1"),
+])
+def test_bitdiff_names_what_a_compared_and_b_cannot_and_fails_on_it(
+        tmp_path: Path, b_records: list[dict[str, Any]], listed: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Missing records, outcomes, digests, ranks or buffers in B: nothing to compare is no
+    "0 changed bits"; --fail-on-change fails, and without it the listing still says so."""
+    a = {"records": [_passing("x", "aa"), _passing("y", "bb")]}
+    diff = bitdiff.changes(a, {"records": b_records})
+    assert diff.changed == [] and diff.uncompared
+    text = bitdiff.render(diff, "A", "B")
+    assert listed in text, text
+    assert "compared in A could not be compared in B" in text.splitlines()[0]
+    assert bitdiff.failed(diff)
+    old, new = tmp_path / "a.json", tmp_path / "b.json"
+    report = versions.load(str(REFERENCE_QUICK))
+    first = next(r for r in report["records"] if bitdiff.digests(r))
+    old.write_text(json.dumps({**report, "records": [first]}))
+    new.write_text(json.dumps({**report, "records": []}))
+    assert bitdiff.main([str(old), str(new)]) == 0
+    assert "not compared: no record in B: 1 instance(s)" in capsys.readouterr().out
+    assert bitdiff.main([str(old), str(new), "--fail-on-change"]) == 1
+
+
+def test_bitdiff_of_reports_without_digests_compares_nothing_and_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = versions.load(str(REFERENCE_QUICK))
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({**report, "records": []}))
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({**report, "records": [_without(r) for r in report["records"]
+                                                      [:20]]}))
+    for a, b in ((empty, empty), (bare, bare)):
+        assert bitdiff.main([str(a), str(b)]) == 0
+        out = capsys.readouterr().out
+        assert "0 with digests to compare; nothing compared" in out, out
+        assert "changed bits" not in out
+        assert bitdiff.main([str(a), str(b), "--fail-on-change"]) == 1
+        capsys.readouterr()
 
 
 def test_bitdiff_between_the_torch_2_4_and_2_13_gloo_references(tmp_path: Path) -> None:

@@ -4,10 +4,13 @@ what the trace lacked is written down; hostile and foreign files are refused in 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
+import pickletools
 import re
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.record import fromtrace, importing
+from harness.record import fromtrace, importing, plaindata
 from harness.record.fromtrace import recording_from_files
 from harness.record.trace import TraceError
 
@@ -65,11 +68,20 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _import(tmp: Path, *paths: Path, extra: tuple[str, ...] = ()
+def _small() -> None:
+    # A hostile file that gets past a bound fails the test with a MemoryError here, instead
+    # of filling the machine (the import itself needs well under 100 MiB).
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+def _import(tmp: Path, *paths: Path, extra: tuple[str, ...] = (), timeout: float = 120
             ) -> subprocess.CompletedProcess[str]:
+    """collective-record --from-trace in a child: a file that blocks it or costs without
+    bound fails the test (timeout, memory limit) rather than hanging it."""
     return subprocess.run([PY, "-m", "harness.record", "--from-trace", *map(str, paths),
                            *extra, "-o", str(tmp / "out.yaml")], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          preexec_fn=_small)
 
 
 def _cases(path: Path) -> dict[str, dict[str, Any]]:
@@ -154,6 +166,20 @@ def _dump(tmp: Path, *entries: Any, name: str = "fr_0", **top: Any) -> Path:
     return path
 
 
+def _init(size: str) -> dict[str, Any]:
+    """An execution trace's process_group:init node: the default group of ``size`` ranks (JSON
+    text, as torch writes it)."""
+    return {"id": 1, "name": "## process_group:init ##", "inputs": {"values": [
+        '[{"pg_name": "0", "pg_desc": "default_pg", "group_size": ' + size + "}]"]}}
+
+
+ET_NODE = {"id": 7, "name": "c10d::allreduce_", "ctrl_deps": 1, "inputs": {
+    "values": [[[2, 3, 0, 4, 4, "cpu"]], "<Object>"], "shapes": [[[4]], []],
+    "types": ["GenericList[Tensor(float)]", "Object"]},
+    "attrs": [{"name": "op_schema", "value": "c10d::allreduce_(Tensor[] tensors, "
+               "__torch__.torch.classes.c10d.ProcessGroup process_group) -> Tensor[]"}]}
+
+
 @pytest.mark.parametrize(("doc", "message"), [
     ('{"version": "2.10", "entries": [{"record_id"',
      "not JSON at line 1 column 45 .*a truncated dump"),
@@ -172,6 +198,27 @@ def _dump(tmp: Path, *entries: Any, name: str = "fr_0", **top: Any) -> Path:
      "--skip-unknown"),
     ({"entries": [{**ENTRY, "profiling_name": "mystery:all_reduce"}]},
      "backend 'mystery' .* is not one this import reads"),
+    # issue 38: what got past the checks before, each a traceback, a hang or a memory blow-up
+    ('{"version": "2.10", "entries": [{"record_id": ' + "9" * 5000 + "}]}",
+     r"at entries\[0\]\.record_id: an integer of 5000 digits"),
+    ({"pg_config": {"0": {"desc": "default_pg", "ranks": "[" * 100_000}}, "entries": []},
+     r"pg_config\['0'\]: ranks \[\[\[.*: JSON nested more than 64 levels deep"),
+    ({"pg_config": {"0": {"desc": "default_pg", "ranks": "[" * 80 + "]" * 80}}, "entries": []},
+     r"pg_config\['0'\]: ranks .*: at \[0\].*: nested more than 64 levels deep"),
+    ({"pg_config": {"0": {"desc": "default_pg", "ranks": json.dumps([0, 1 << 20])}},
+      "entries": []}, r"pg_config\['0'\]: ranks is not a list of at most 1048576 ranks"),
+    ({"rank": 1 << 20, "entries": [ENTRY]}, "field 'rank' is not a rank below 1048576"),
+    ({"entries": [{**ENTRY, "input_dtypes": [], "output_dtypes": float("inf")}]},
+     r"entry 0 \(gloo:all_reduce\): no input sizes or dtypes for a all_reduce"),
+    ({"schema": "1.1.0", "nodes": [_init("Infinity")]},
+     r"entry 0 \(process_group:init\): a group is not \{pg_desc: name, group_size: "
+     r"1\.\.1048576\}: pg_desc 'default_pg', group_size inf"),
+    ({"schema": "1.1.0", "nodes": [_init(str(10 ** 12)), ET_NODE]},
+     r"entry 0 \(process_group:init\): a group is not .*group_size 1000000000000$"),
+    ({"schema": "1.1.0", "nodes": [{**ET_NODE, "id": [7]}]},
+     r"entry 0: 'id' is not a node id \(an integer\): \[7\]"),
+    ({"schema": "1.1.0", "nodes": [ET_NODE, {**ET_NODE, "id": 8, "ctrl_deps": {"a": 1}}]},
+     r"entry 1: 'ctrl_deps' is not a node id"),
 ])
 def test_a_bad_file_is_one_line_naming_the_file_and_entry(tmp_path: Path, doc: Any,
                                                           message: str) -> None:
@@ -201,8 +248,121 @@ def test_work_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(importing, "MAX_ENTRIES", 2)
     with pytest.raises(TraceError, match="3 entries, more than the 2 an import reads"):
         recording_from_files([path])
-    monkeypatch.setattr(fromtrace, "MAX_IMPORT_BYTES", 100)
+    monkeypatch.setattr(plaindata, "MAX_IMPORT_BYTES", 100)
     with pytest.raises(TraceError, match=f"{path}: .* bytes, larger than"):
+        recording_from_files([path])
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_only_a_regular_file_is_read(tmp_path: Path, kind: str) -> None:
+    """A FIFO would block the import forever, /dev/zero fill its memory: both are refused
+    before a byte is read."""
+    path = tmp_path / "fr_0"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path = Path("/dev/zero")
+    res = _import(tmp_path, path, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith(f"collective-record: error: {path}: "), res.stderr
+    assert ("is a directory" if kind == "directory" else "not a regular file") in res.stderr
+
+
+def _pickle(entries: Any, **top: Any) -> bytes:
+    return pickle.dumps({"version": "2.10", "pg_config": {}, "entries": entries, **top},
+                        protocol=2)
+
+
+def _shared(levels: int) -> list[Any]:
+    """A list whose two items are one list, ``levels`` deep: a few hundred bytes pickled,
+    2**levels values once expanded."""
+    part: list[Any] = [ENTRY]
+    for _ in range(levels):
+        part = [part, part]
+    return part
+
+
+def _tuple_bomb() -> bytes:
+    """A dump whose pg_config has a key made of 60 levels of shared pairs: written opcode by
+    opcode, since building it here would hash it (2**61 leaves) as the unpickler would."""
+    def text(s: str) -> bytes:
+        return b"X" + len(s).to_bytes(4, "little") + s.encode()
+    pairs = b"K\x00K\x00\x86q\x00" + b"".join(
+        b"h" + bytes([i]) + b"h" + bytes([i]) + b"\x86q" + bytes([i + 1]) for i in range(60))
+    data = (b"\x80\x02}(" + text("version") + text("2.10") + text("entries") + b"]"
+            + text("pg_config") + b"}" + pairs + b"K\x01su.")
+    pickletools.dis(data, out=io.StringIO())  # well formed, read without running it
+    return data
+
+
+def _self_list() -> list[Any]:
+    loop: list[Any] = []
+    loop.append(loop)
+    return loop
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (_pickle(_shared(40)), r"at entries\[0\]\[0\].*: more than 67108864 values \(a part "
+                           r"shared in the file counts each time it is used\)"),
+    (_pickle([ENTRY], frames=_self_list()), r"at frames\[0\]: the document contains itself"),
+    (_tuple_bomb(),
+     r"refused without running it \(a dict key that is not a string at byte \d+\)"),
+    (_pickle([ENTRY], pg_config={1 << 61: 1}), "a dict key that is not a string"),
+    (_pickle([{**ENTRY, "record_id": 10 ** 5000}]),
+     r"at entries\[0\]\.record_id: an integer of more than 4000 digits"),
+    (pickle.dumps({"version": "2.10", "entries": {1, 2}}, protocol=4),
+     r"refuses the opcode EMPTY_SET at byte \d+"),
+    (b"\x80\x02]r\xf0\xff\xff\xff.", r"a memo entry 4294967280 at byte 3 that does not "
+                                       "follow what was read"),
+], ids=["shared-list", "contains-itself", "tuple-key", "int-key", "huge-int", "set",
+        "memo-index"])
+def test_a_pickle_costs_at_most_its_size(tmp_path: Path, data: bytes, message: str) -> None:
+    """Sharing, cycles, hashing, integers and memo indices: each under 3 KB, and each ran
+    without bound, grew memory or gave a traceback before it was refused."""
+    assert len(data) < 3000
+    path = tmp_path / "fr_pkl_0"
+    path.write_bytes(data)
+    res = _import(tmp_path, path, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith(f"collective-record: error: {path}: "), res.stderr
+    assert re.search(message, res.stderr), res.stderr
+
+
+def test_a_torch_pickle_that_shares_its_frames_is_read(tmp_path: Path) -> None:
+    """torch's own dumps share stack frames between entries: sharing is counted, not refused,
+    and every entry still gets its call site."""
+    frames = [{"name": "main", "filename": "/w/train.py", "line": 7}]
+    path = tmp_path / "fr_pkl_0"
+    path.write_bytes(_pickle([{**ENTRY, "record_id": i, "frames": frames} for i in range(3)]))
+    rec = recording_from_files([path])
+    assert [c.site for c in rec.calls] == ["/w/train.py:7"] * 3
+    # The loader is the restricted one: it refuses any global, even a harmless one.
+    with pytest.raises(pickle.UnpicklingError, match=r"refuses the global __builtin__\.set"):
+        plaindata.PlainUnpickler(io.BytesIO(pickle.dumps({1}, protocol=2))).load()
+
+
+def test_a_rank_in_a_name_is_bounded(tmp_path: Path) -> None:
+    """The digits ending a name are a rank too: bounded before a group of that size is built."""
+    path = _dump(tmp_path, ENTRY, name="fr_99999999999999")
+    res = _import(tmp_path, path, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert "the digits ending its name, 99999999999999, are not a rank below 1048576" in \
+        res.stderr
+
+
+def test_calls_share_their_group_and_their_total_size_is_bounded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _dump(tmp_path, ENTRY, ENTRY, ENTRY, rank=3)
+    rec = recording_from_files([path])
+    assert len(rec.calls) == 3 and len({id(c.group) for c in rec.calls}) == 1
+    monkeypatch.setattr(fromtrace, "MAX_CALL_RANKS", 11)  # 3 calls x 4 ranks = 12
+    with pytest.raises(TraceError, match=f"{path}: the calls imported so far, each counted by "
+                       "the ranks of its group, exceed the 11 an import handles"):
         recording_from_files([path])
 
 

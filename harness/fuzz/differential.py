@@ -8,8 +8,11 @@ such a report (another torch's run of the same seed) and compares. Where the ref
 accepts more than one answer (float reductions of random data within a tolerance), a
 different rounding between two backends or releases is a finding all the same.
 
-The report read back is hostile input: size-capped, every field type- and length-checked;
-a bad one is a one-line error, never a traceback.
+The report read back is hostile input: read only as a regular file of at most
+:data:`MAX_BYTES` (:func:`harness.report.jsonfile.read_json`: a FIFO or ``/dev/zero`` is
+refused before a byte is read; duplicated keys, deep nesting and integers past Python's digit
+limit are refused too), every field type- and length-checked; a bad one is a one-line error
+naming the file, never a traceback.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..report.jsonfile import UnreadableFile, printable, read_json
 from .execute import Executor, Ran
 
 SCHEMA = "collective-fuzz-digests/1"
@@ -52,12 +56,9 @@ def compare(mine: dict[str, str], theirs: dict[str, str], label: str) -> str:
 def load_digests(path: str) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
     """The digests by document key, and the run's metadata; BadReport if it is not one."""
     try:
-        size = os.path.getsize(path)
-        if size > MAX_BYTES:
-            raise BadReport(f"{path} is {size} bytes, above the {MAX_BYTES} limit")
-        doc = json.loads(Path(path).read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise BadReport(f"{path} is not a readable JSON file ({type(exc).__name__})") from None
+        doc = read_json(path, "digests report", max_bytes=MAX_BYTES)
+    except UnreadableFile as exc:
+        raise BadReport(str(exc)) from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise BadReport(f"{path} is not a collective-fuzz digests report (schema {SCHEMA})")
     meta = doc.get("meta", {})
@@ -74,8 +75,8 @@ def load_digests(path: str) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
                 and len(digests) <= 4096
                 and all(isinstance(k, str) and KEY.match(k) and isinstance(v, str)
                         and HEX.match(v) for k, v in digests.items())):
-            raise BadReport(f"{path}: instance {key[:80]!r} is malformed (a hex key, and "
-                            "'rank/tensor' -> hex digest)")
+            raise BadReport(f"{path}: instance {printable(repr(key), 80)} is malformed (a hex "
+                            "key, and 'rank/tensor' -> hex digest)")
         out[key] = digests
     return out, meta
 

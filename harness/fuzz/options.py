@@ -23,6 +23,8 @@ from .summary import PROG
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "": 1}
 BUNDLED = Path(__file__).resolve().parents[2] / "cases"
+MAX_WORLD = 8
+DATABASE = ".hypothesis"  # the example database's folder, under --out
 
 
 class Usage(Exception):
@@ -39,20 +41,26 @@ def parse_time(text: str) -> float:
 
 
 def parse_world_sizes(text: str) -> tuple[int, ...]:
-    """``2``, ``1-4`` or ``2,3`` -> world sizes within 1..8."""
+    """``2``, ``1-4`` or ``2,3`` -> world sizes within 1..MAX_WORLD (a range's ends are
+    checked before it is expanded)."""
     try:
         if "-" in text:
             lo, hi = (int(x) for x in text.split("-", 1))
-            sizes = tuple(range(lo, hi + 1))
+            bounds = [lo, hi]
         else:
-            sizes = tuple(sorted({int(x) for x in text.split(",")}))
+            bounds = sorted({int(x) for x in text.split(",")})
     except ValueError:
         raise argparse.ArgumentTypeError(f"{printable(text, 40)!r} is not a world size, a "
                                          "range like 1-4 or a list like 2,3") from None
-    if not sizes or min(sizes) < 1 or max(sizes) > 8:
+    if min(bounds) < 1 or max(bounds) > MAX_WORLD:
         raise argparse.ArgumentTypeError(f"{printable(text, 40)!r}: world sizes must lie "
-                                         "within 1..8")
-    return sizes
+                                         f"within 1..{MAX_WORLD}")
+    if "-" not in text:
+        return tuple(bounds)
+    if lo > hi:
+        raise argparse.ArgumentTypeError(f"{printable(text, 40)!r}: an empty range (write "
+                                         "the smaller size first)")
+    return tuple(range(lo, hi + 1))
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -78,7 +86,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int_in(0, 2**63), default=0, help="Hypothesis seed")
     ap.add_argument("--out", default="fuzz-findings", help="folder for the case files")
     ap.add_argument("--world-size", type=parse_world_sizes, default=(1, 2, 3, 4),
-                    help="world sizes to draw from: 2, 1-4 (default) or 2,3; at most 8")
+                    help="world sizes to draw from: 2, 1-4 (default) or 2,3; at most "
+                    f"{MAX_WORLD}")
     ap.add_argument("--ops", default=None,
                     help="comma-separated ops / program kinds (default: all; see --list-ops)")
     ap.add_argument("--list-ops", action="store_true", help="print what can be generated")
@@ -148,6 +157,11 @@ def check(args: argparse.Namespace) -> tuple[str, ...]:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise Usage(f"--out: {printable(args.out, 120)} is not a folder")
+    database = out / DATABASE
+    if (database.exists() or database.is_symlink()) and not database.is_dir():
+        # Hypothesis would fail to save quietly and replay nothing: no database at all.
+        raise Usage(f"--out: {printable(database, 160)} is not a folder; it is where the "
+                    "example database goes (remove it, or give another --out)")
     if args.report:
         why = unwritable(args.report, "--report file")
         if why:
@@ -161,16 +175,23 @@ def env_var(item: str) -> tuple[str, str]:
     return name, value
 
 
+def database_path(args: argparse.Namespace) -> Path:
+    """The folder of the Hypothesis example database: ``--out``/.hypothesis."""
+    return Path(args.out) / DATABASE
+
+
 def make_out(args: argparse.Namespace) -> None:
-    """Create ``--out`` (only once every other option is known to be good)."""
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out):
-            pass
-    except OSError as exc:
-        raise Usage(f"--out: {printable(args.out, 120)} is not a writable folder "
-                    f"({exc.strerror or type(exc).__name__})") from None
+    """Create ``--out`` and its example database folder, each checked writable (only once
+    every other option is known to be good)."""
+    for folder, what in ((Path(args.out), "--out"), (database_path(args),
+                                                      "the example database")):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise Usage(f"--out: {printable(folder, 160)} is not a writable folder for "
+                        f"{what} ({exc.strerror or type(exc).__name__})") from None
 
 
 def backend_known(name: str, modules: tuple[str, ...]) -> bool:

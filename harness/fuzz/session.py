@@ -16,14 +16,13 @@ import argparse
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from . import space
 from .differential import Differ
 from .engine import AlsoFails, Budget, Finding, Fuzzer, Stats
 from .execute import Executor, Ran
 from .known import KnownLibrary, load_library
-from .options import BUNDLED, differ_label, env_var
+from .options import BUNDLED, database_path, differ_label, env_var
 from .summary import Tally
 
 
@@ -60,7 +59,7 @@ class Session:
         self.fuzzer = Fuzzer(
             self.executor, ops, args.world_size, args.seed + lane,
             Budget(args.examples, args.time, args.shrink_time, args.stop_at_first),
-            database=Path(args.out) / ".hypothesis", on_finding=on_finding,
+            database=database_path(args), on_finding=on_finding,
             on_progress=on_progress, on_ran=on_ran,
             differ=self.differ.check if self.differ else None,
             skip={x.strip() for x in args.skip_signatures.split(",") if x.strip()},

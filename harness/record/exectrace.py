@@ -15,12 +15,20 @@ trace started.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
-from harness.record.importing import Imported, check_count, dtype, shape, where
+from harness.record.importing import (
+    MAX_RANKS,
+    Imported,
+    check_count,
+    dtype,
+    embedded_json,
+    shape,
+    short,
+    where,
+)
 from harness.record.optable import WAIT_OPS, UnknownOp, translate
 from harness.record.trace import TraceError
 
@@ -106,17 +114,44 @@ def _args(at: str, node: dict[str, Any]) -> dict[str, Any]:
 
 def _world(path: Path, nodes: list[Any]) -> tuple[int, list[str]]:
     """The default group's size and the sizes of the other groups listed at init."""
-    for node in nodes:
+    for k, node in enumerate(nodes):
         if isinstance(node, dict) and node.get("name") == "## process_group:init ##":
-            try:
-                groups = json.loads(node["inputs"]["values"][0])
-                sizes = [(str(g["pg_desc"]), int(g["group_size"])) for g in groups]
-            except (KeyError, IndexError, TypeError, ValueError, json.JSONDecodeError):
-                raise TraceError(f"{path}: the process_group:init node is not a list of "
-                                 "groups") from None
+            at = where(path, k, "process_group:init")
+            inputs = node.get("inputs")
+            values = inputs.get("values") if isinstance(inputs, dict) else None
+            if not isinstance(values, list) or not values:
+                raise TraceError(f"{at}: no values listing the groups")
+            groups = embedded_json(at, values[0], "the list of groups")
+            sizes = [_group(at, g) for g in (groups if isinstance(groups, list) else [None])]
             world = next((n for d, n in sizes if d == "default_pg"), 0)
             return world, [d for d, n in sizes if world and n != world]
     return 0, []
+
+
+def _group(at: str, g: Any) -> tuple[str, int]:
+    """(pg_desc, group_size) of one group listed at init, the size within 1..MAX_RANKS."""
+    desc, size = (g.get("pg_desc"), g.get("group_size")) if isinstance(g, dict) else (None, None)
+    if not isinstance(desc, str) or type(size) is not int or not 0 < size <= MAX_RANKS:
+        raise TraceError(f"{at}: a group is not {{pg_desc: name, group_size: 1..{MAX_RANKS}}}: "
+                         + (f"pg_desc {short(repr(desc), 30)}, group_size "
+                            f"{short(repr(size), 30)}" if isinstance(g, dict)
+                            else short(repr(g), 40)))
+    return desc, size
+
+
+def _ids(path: Path, nodes: list[Any]) -> dict[int, dict[str, Any]]:
+    """Node id -> node; an id or parent id that is not an integer is refused with its node."""
+    by_id: dict[int, dict[str, Any]] = {}
+    for k, node in enumerate(nodes):
+        if not isinstance(node, dict):
+            continue
+        for key in ("id", "ctrl_deps"):
+            if node.get(key) is not None and type(node.get(key)) is not int:
+                raise TraceError(f"{where(path, k)}: '{key}' is not a node id (an integer): "
+                                 f"{short(repr(node.get(key)), 40)}")
+        if node.get("id") is not None:
+            by_id[node["id"]] = node
+    return by_id
 
 
 def calls_from_et(path: Path, doc: dict[str, Any], rank: int, world_hint: int) -> Imported:
@@ -128,8 +163,8 @@ def calls_from_et(path: Path, doc: dict[str, Any], rank: int, world_hint: int) -
     nodes = check_count(path, doc["nodes"], "nodes")
     world, smaller = _world(path, nodes)
     got = Imported(KIND, rank, world, lacks=list(LACKS))
-    size = world or world_hint
-    by_id = {n.get("id"): n for n in nodes if isinstance(n, dict)}
+    group = tuple(range(world or world_hint))  # shared by every call (their sole group)
+    by_id = _ids(path, nodes)
     skipped = 0
     for k, node in enumerate(nodes):
         if not isinstance(node, dict) or not isinstance(node.get("name"), str):
@@ -144,7 +179,7 @@ def calls_from_et(path: Path, doc: dict[str, Any], rank: int, world_hint: int) -
         if smaller:
             skipped += 1
             continue
-        rec = {"op": name, "args": _args(at, node), "group": list(range(size)),
+        rec = {"op": name, "args": _args(at, node), "group": group,
                "seq": node.get("id") if type(node.get("id")) is int else k,
                "site": path.name, "api": ""}
         try:
@@ -158,13 +193,15 @@ def calls_from_et(path: Path, doc: dict[str, Any], rank: int, world_hint: int) -
     return got
 
 
-def _under_collective(node: dict[str, Any], by_id: dict[Any, Any]) -> bool:
+def _under_collective(node: dict[str, Any], by_id: dict[int, dict[str, Any]]) -> bool:
     """Whether a parent (ctrl_deps chain, bounded) is itself a collective node."""
     seen = 0
-    parent = by_id.get(node.get("ctrl_deps"))
-    while isinstance(parent, dict) and seen < 64:
-        if str(parent.get("name", "")).startswith(PREFIXES):
+    parent = by_id.get(node["ctrl_deps"]) if type(node.get("ctrl_deps")) is int else None
+    while parent is not None and seen < 64:
+        name = parent.get("name")
+        if isinstance(name, str) and name.startswith(PREFIXES):
             return True
-        parent = by_id.get(parent.get("ctrl_deps"))
+        up = parent.get("ctrl_deps")
+        parent = by_id.get(up) if type(up) is int else None
         seen += 1
     return False

@@ -12,11 +12,19 @@ rooted ops get every rank of the group as a ``src``/``dst`` axis rather than a g
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from harness.record.importing import Imported, check_count, dtype, shape, where
+from harness.record.importing import (
+    Imported,
+    check_count,
+    dtype,
+    embedded_json,
+    rank_list,
+    shape,
+    short,
+    where,
+)
 from harness.record.optable import Call
 from harness.record.trace import TraceError
 
@@ -41,28 +49,23 @@ REQUIRED = (("profiling_name", str), ("process_group", list), ("input_sizes", li
             ("output_sizes", list), ("input_dtypes", list), ("record_id", int))
 
 
-def _groups(path: Path, doc: dict[str, Any]) -> tuple[dict[str, list[int]], int]:
+def _groups(path: Path, doc: dict[str, Any]) -> tuple[dict[str, tuple[int, ...]], int]:
     """Process-group name -> global ranks where the dump lists them, and the world size (0
-    where the dump does not say)."""
+    where the dump does not say). Each group is built once and shared by its calls."""
     cfg = doc.get("pg_config", {})
     if not isinstance(cfg, dict):
         raise TraceError(f"{path}: 'pg_config' is not an object")
-    groups: dict[str, list[int]] = {}
+    groups: dict[str, tuple[int, ...]] = {}
     world = 0
     for name, pg in cfg.items():
+        at = f"{path}: pg_config[{short(repr(str(name)), 30)}]"
         if not isinstance(pg, dict):
-            raise TraceError(f"{path}: pg_config[{str(name)[:30]!r}] is not an object")
-        try:
-            ranks = json.loads(str(pg.get("ranks", "[]")))
-        except json.JSONDecodeError:
-            raise TraceError(f"{path}: pg_config[{str(name)[:30]!r}]: ranks "
-                             f"{str(pg.get('ranks'))[:40]!r} is not a list") from None
-        if not (isinstance(ranks, list) and all(type(r) is int and 0 <= r < 1 << 20
-                                                for r in ranks)):
-            raise TraceError(f"{path}: pg_config[{str(name)[:30]!r}]: ranks is not a list of "
-                             "ranks")
+            raise TraceError(f"{at} is not an object")
+        raw = pg.get("ranks", "[]")
+        ranks = rank_list(at, embedded_json(at, raw if isinstance(raw, str) else str(raw),
+                                            "ranks"), "ranks")
         if ranks:
-            groups[str(name)] = ranks
+            groups[str(name)] = tuple(ranks)
             if pg.get("desc") == "default_pg":
                 world = len(ranks)
     return groups, world
@@ -98,15 +101,17 @@ def _site(frames: Any, fallback: str) -> tuple[str, str]:
     return site, api
 
 
-def _ops(path: Path, n: int, e: dict[str, Any], rank: int, group: list[int],
+def _ops(path: Path, n: int, e: dict[str, Any], rank: int, group: tuple[int, ...],
          backend: str, op: str, meta: str | None) -> list[Call]:
     at = where(path, n, e["profiling_name"][:60])
     ins = [shape(at, s, "an input size") for s in e["input_sizes"]]
     outs = [shape(at, s, "an output size") for s in e["output_sizes"]]
+    out_types = e.get("output_dtypes")
     types = [dtype(at, d) for d in e["input_dtypes"]] or [
-        dtype(at, d) for d in e.get("output_dtypes", []) if isinstance(d, str)]
+        dtype(at, d) for d in (out_types if isinstance(out_types, list) else [])
+        if isinstance(d, str)]
     site, api = _site(e.get("frames"), path.name)
-    common = {"rank": rank, "group": tuple(group), "device": "cuda" if backend in GPU_BACKENDS
+    common = {"rank": rank, "group": group, "device": "cuda" if backend in GPU_BACKENDS
               else "cpu", "layout": "contiguous", "site": site, "api": api,
               "seq": e["record_id"]}
 
@@ -182,7 +187,7 @@ def calls_from_fr(path: Path, doc: dict[str, Any], rank: int, world_hint: int) -
         pg_name, desc = e["process_group"]
         group = groups.get(pg_name)
         if group is None and desc == "default_pg":
-            group = list(range(world or world_hint))
+            group = groups.setdefault(pg_name, tuple(range(world or world_hint)))
         if group is None:
             unknown_groups[pg_name] = unknown_groups.get(pg_name, 0) + 1
             continue

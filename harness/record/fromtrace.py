@@ -2,21 +2,20 @@
 
 ``collective-record --from-trace PATH...`` reads, per rank, one of
 - a torch Flight Recorder dump as JSON (``_dump_fr_trace_json``) or as a pickle (what
-  ``TORCH_FR_DUMP_TEMP_FILE`` dumps write; ``_dump_fr_trace``): the pickle is read by a
-  restricted unpickler that builds only plain containers, strings and numbers and refuses
-  every global, so a hostile pickle runs nothing;
+  ``TORCH_FR_DUMP_TEMP_FILE`` dumps write; ``_dump_fr_trace``): the pickle's opcodes are
+  checked to build plain data only, then a restricted unpickler that refuses every global
+  loads it, so a hostile pickle runs nothing (:mod:`harness.record.plaindata` reads both
+  forms, bounded);
 - a torch execution trace (``torch.profiler.ExecutionTraceObserver`` JSON).
 The format is told by the content, never by the name. The rank a file belongs to is its
 ``rank`` field where it has one, else the digits that end its name (torch's own
-``<prefix><rank>`` convention). Work is bounded (file size, entry count, sizes); every fault
-is one line naming the file and the entry.
+``<prefix><rank>`` convention), below MAX_RANKS either way. Work is bounded (file size,
+values, entry count, sizes, ranks, and the calls times their group sizes); every fault is
+one line naming the file and the entry.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import pickle
 import re
 from pathlib import Path
 from typing import Any
@@ -24,72 +23,11 @@ from typing import Any
 from harness.record.cases import Recording
 from harness.record.exectrace import calls_from_et
 from harness.record.flightrec import calls_from_fr
-from harness.record.importing import Imported
+from harness.record.importing import MAX_CALL_RANKS, MAX_RANKS, Imported, short
+from harness.record.plaindata import load_document
 from harness.record.trace import TraceError
 
-MAX_IMPORT_BYTES = 256 << 20
 MAX_FILES = 4096
-# what a restricted unpickle may build besides dicts, lists, tuples, strings and numbers
-_SAFE_GLOBALS = {("builtins", "set"), ("builtins", "frozenset")}
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    """Unpickles plain data only: any class or function reference is refused before it is
-    looked up, so ``__reduce__`` tricks (os.system, open, eval) never run."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _SAFE_GLOBALS:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refuses the global {module}.{name}")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("refuses a persistent id")
-
-
-def _short(text: str, limit: int = 80) -> str:
-    text = text if len(text) <= limit else text[:limit] + "..."
-    return text.encode("unicode_escape").decode("ascii")
-
-
-def load_document(path: Path) -> Any:
-    """The file's content as plain Python data (JSON or a restricted pickle)."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_IMPORT_BYTES:
-            raise TraceError(f"{path}: {size} bytes, larger than the "
-                             f"{MAX_IMPORT_BYTES >> 20} MiB an imported trace may have")
-        raw = path.read_bytes()
-    except OSError as e:
-        raise TraceError(f"{path}: cannot read: {e.strerror or e}") from None
-    if raw[:1] == b"\x80":  # a pickle (protocol 2 and later)
-        try:
-            return _as_json(_PlainUnpickler(io.BytesIO(raw)).load(), 0)
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError,
-                IndexError, AttributeError, RecursionError, MemoryError,
-                UnicodeDecodeError) as e:
-            raise TraceError(f"{path}: not a plain-data pickle, refused without running it "
-                             f"({_short(str(e) or type(e).__name__)})") from None
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise TraceError(f"{path}: neither JSON nor a pickle (byte {e.start} is not UTF-8)"
-                         ) from None
-    except json.JSONDecodeError as e:
-        raise TraceError(f"{path}: not JSON at line {e.lineno} column {e.colno} ({e.msg}); "
-                         "a truncated dump?") from None
-    except RecursionError:
-        raise TraceError(f"{path}: JSON nested too deeply") from None
-
-
-def _as_json(value: Any, depth: int) -> Any:
-    """The unpickled data as JSON would give it (tuples and sets as lists)."""
-    if depth > 64:
-        raise RecursionError("nested too deeply")
-    if isinstance(value, dict):
-        return {k: _as_json(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_as_json(v, depth + 1) for v in value]
-    return value
 
 
 def _kind(path: Path, doc: Any) -> str:
@@ -99,20 +37,24 @@ def _kind(path: Path, doc: Any) -> str:
         return "et"
     keys = ", ".join(sorted(map(str, doc))[:6]) if isinstance(doc, dict) else type(doc).__name__
     raise TraceError(f"{path}: neither a Flight Recorder dump (entries, version, pg_config) "
-                     f"nor an execution trace (schema, nodes); it has: {_short(keys)}")
+                     f"nor an execution trace (schema, nodes); it has: {short(keys)}")
 
 
 def file_rank(path: Path, doc: dict[str, Any]) -> int:
     """The rank a dump belongs to: its ``rank`` field, else the digits ending its name."""
     rank = doc.get("rank")
     if rank is not None:
-        if type(rank) is not int or not 0 <= rank < 1 << 20:
-            raise TraceError(f"{path}: field 'rank' is not a rank: {_short(repr(rank))}")
+        if type(rank) is not int or not 0 <= rank < MAX_RANKS:
+            raise TraceError(f"{path}: field 'rank' is not a rank below {MAX_RANKS}: "
+                             f"{short(repr(rank))}")
         return rank
     m = re.search(r"(\d+)$", path.stem if path.suffix in {".json", ".pkl"} else path.name)
     if m is None:
         raise TraceError(f"{path}: cannot tell which rank wrote it (no 'rank' field and no "
                          "digits ending its name); name it <prefix><rank>, as torch's dumps do")
+    if len(m.group(1)) > len(str(MAX_RANKS)) or int(m.group(1)) >= MAX_RANKS:
+        raise TraceError(f"{path}: the digits ending its name, {short(m.group(1), 20)}, are "
+                         f"not a rank below {MAX_RANKS}; give it a 'rank' field or rename it")
     return int(m.group(1))
 
 
@@ -133,8 +75,19 @@ def recording_from_files(paths: list[Path], skip_unknown: bool = False) -> Recor
     if len({kind for _, kind, _, _ in docs}) > 1:
         raise TraceError("mixed inputs: give Flight Recorder dumps or execution traces, not both")
     hint = max(len(docs), max(seen) + 1)
-    parts = [(kind, calls_from_fr(path, doc, rank, hint) if kind == "fr"
-              else calls_from_et(path, doc, rank, hint)) for path, kind, rank, doc in docs]
+    parts: list[tuple[str, Imported]] = []
+    rank_calls = 0
+    for path, kind, rank, doc in docs:
+        part = (calls_from_fr(path, doc, rank, hint) if kind == "fr"
+                else calls_from_et(path, doc, rank, hint))
+        # Writing the cases costs each call the size of its group (signatures, world checks):
+        # bounded here, before that work, since groups come from the files.
+        rank_calls += sum(len(c.group) or part.world_size or hint for c in part.calls)
+        if rank_calls > MAX_CALL_RANKS:
+            raise TraceError(f"{path}: the calls imported so far, each counted by the ranks of "
+                             f"its group, exceed the {MAX_CALL_RANKS} an import handles; import "
+                             "fewer files or a shorter trace")
+        parts.append((kind, part))
     unknown = [u for _, p in parts for u in p.unknown]
     if unknown and not skip_unknown:
         raise TraceError(f"{unknown[0]}" + (f" (and {len(unknown) - 1} more)" if len(unknown)

@@ -13,9 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from harness.record.optable import Call
+from harness.record.plaindata import Refused, json_value
 from harness.record.trace import TraceError
 
 MAX_ENTRIES = 1_000_000
+# Every rank, group size and world size a file states, or its name gives: checked before a
+# group is built from it.
+MAX_RANKS = 1 << 20
+# The calls of one import, each counted by the size of its group: writing the cases costs that
+# much (signatures, world checks), so it is bounded before the cases are written.
+MAX_CALL_RANKS = 1 << 32
 MAX_DIMS = 16
 MAX_DIM = 1 << 40
 
@@ -42,6 +49,31 @@ class Imported:
     lacks: list[str] = field(default_factory=list)  # what the format does not record
     not_replayed: list[str] = field(default_factory=list)
     partial: list[str] = field(default_factory=list)
+
+
+def short(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters, control characters escaped: for messages."""
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return text.encode("unicode_escape").decode("ascii")
+
+
+def embedded_json(at: str, text: Any, what: str) -> Any:
+    """The JSON a string field holds (torch writes group lists so), bounded like a file."""
+    if not isinstance(text, str):
+        raise TraceError(f"{at}: {what} is not a string of JSON")
+    try:
+        return json_value(text)
+    except Refused as e:
+        raise TraceError(f"{at}: {what} {short(text, 40)}: {e}") from None
+
+
+def rank_list(at: str, value: Any, what: str) -> list[int]:
+    """A list of at most MAX_RANKS ranks, each below MAX_RANKS."""
+    if not (isinstance(value, list) and len(value) <= MAX_RANKS
+            and all(type(r) is int and 0 <= r < MAX_RANKS for r in value)):
+        raise TraceError(f"{at}: {what} is not a list of at most {MAX_RANKS} ranks below "
+                         f"{MAX_RANKS}")
+    return value
 
 
 def where(path: Path, index: int, extra: str = "") -> str:

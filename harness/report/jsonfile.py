@@ -59,36 +59,64 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _raw(path: str, what: str, missing_hint: str) -> bytes:
+def read_bytes(path: str, what: str = "file", missing_hint: str = "",
+               max_bytes: int = MAX_BYTES, gunzip: bool | None = None) -> bytes:
+    """The bytes of the regular file at ``path``, at most ``max_bytes`` of them (decompressed
+    when ``gunzip``, by default when the name ends in ``.gz``).
+
+    :class:`UnreadableFile` (one line naming the file) for a missing file (``missing_hint``
+    follows), a directory, a FIFO, device or socket (it would block or never end: refused
+    before a byte is read, the type taken from the opened file itself), or more bytes than
+    ``max_bytes``, which are never read past."""
     try:
-        info = os.stat(path)
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; the type is then checked on
+        # the descriptor itself, so a file swapped after a stat cannot slip through.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise UnreadableFile(f"{path}: {what} not found{missing_hint}") from None
     except NotADirectoryError:
         raise UnreadableFile(f"{path}: {what} not found (a part of the path is a file, "
                              "not a folder)") from None
+    except IsADirectoryError:
+        raise UnreadableFile(f"{path}: is a directory; give the {what}'s file path") from None
     except (OSError, ValueError) as exc:
         raise UnreadableFile(f"{path}: cannot read the {what}: {_why(exc)}") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise UnreadableFile(f"{path}: is a directory; give the {what}'s file path")
-    if not stat.S_ISREG(info.st_mode):
-        raise UnreadableFile(f"{path}: not a regular file (a device, FIFO or socket); give the "
-                             f"{what}'s file path")
-    try:
-        if path.endswith(".gz"):
-            with gzip.open(path, "rb") as fh:
-                data = fh.read(MAX_BYTES + 1)
-        else:
-            with open(path, "rb") as fh:
-                data = fh.read(MAX_BYTES + 1)
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise UnreadableFile(f"{path}: not a complete gzip file (truncated or corrupt: "
-                             f"{_why(exc)})") from None
-    except OSError as exc:
-        raise UnreadableFile(f"{path}: cannot read the {what}: {_why(exc)}") from None
-    if len(data) > MAX_BYTES:
-        raise UnreadableFile(f"{path}: larger than {MAX_BYTES >> 20} MiB; not a {what}")
+    refusal = _refusal(path, what, os.fstat(fd), max_bytes)
+    if refusal:
+        os.close(fd)
+        raise UnreadableFile(refusal)
+    with os.fdopen(fd, "rb") as raw:
+        try:
+            if path.endswith(".gz") if gunzip is None else gunzip:
+                with gzip.open(raw, "rb") as fh:
+                    data = fh.read(max_bytes + 1)
+            else:
+                data = raw.read(max_bytes + 1)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise UnreadableFile(f"{path}: not a complete gzip file (truncated or corrupt: "
+                                 f"{_why(exc)})") from None
+        except OSError as exc:
+            raise UnreadableFile(f"{path}: cannot read the {what}: {_why(exc)}") from None
+    if len(data) > max_bytes:  # grew while being read, or decompresses to more
+        raise UnreadableFile(f"{path}: larger than the {_size(max_bytes)} a {what} may have")
     return data
+
+
+def _refusal(path: str, what: str, info: os.stat_result, max_bytes: int) -> str:
+    """Why an opened file is not read ("" when it is read)."""
+    if stat.S_ISDIR(info.st_mode):
+        return f"{path}: is a directory; give the {what}'s file path"
+    if not stat.S_ISREG(info.st_mode):
+        return (f"{path}: not a regular file (a device, FIFO or socket); give the {what}'s "
+                "file path")
+    if info.st_size > max_bytes:
+        return (f"{path}: {info.st_size} bytes, larger than the {_size(max_bytes)} a {what} "
+                "may have")
+    return ""
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n} bytes"
 
 
 def _why(exc: BaseException) -> str:
@@ -108,13 +136,15 @@ def _depth_ok(doc: Any) -> bool:
     return True
 
 
-def read_json(path: str, what: str = "file", missing_hint: str = "") -> Any:
-    """The JSON document at ``path`` (gzip-compressed when it ends in ``.gz``).
+def read_json(path: str, what: str = "file", missing_hint: str = "",
+              max_bytes: int = MAX_BYTES) -> Any:
+    """The JSON document at ``path`` (gzip-compressed when it ends in ``.gz``), read by
+    :func:`read_bytes` (a regular file of at most ``max_bytes``).
 
     :class:`UnreadableFile` for anything else: missing (``missing_hint`` follows), a directory
     or special file, not UTF-8, not JSON, nested deeper than :data:`MAX_DEPTH` or holding a key
     twice in one object (a later value would silently hide an earlier one)."""
-    data = _raw(path, what, missing_hint)
+    data = read_bytes(path, what, missing_hint, max_bytes)
     for bom, name in _BOMS:
         if data.startswith(bom):
             raise UnreadableFile(f"{path}: the text is {name} (it starts with a byte order "
