@@ -2,8 +2,9 @@
 # Run the bundled conformance suite on one backend and gate the report against a baseline.
 # Usage: bash ci/gate.sh BACKEND BASELINE [extra pytest args...]
 # Writes reports/{conformance.json,.md,.html, junit.xml, gate.md, gate.json}. Exit status: the
-# gate's (1 on regressions, new failures, an incomplete session, or a pytest failure that no
-# failing record explains), or pytest's own when it could not run the suite. The gate is told
+# gate's (1 on regressions, new failures, an incomplete session, a run in which no instance
+# ran, or a pytest failure that no failing record explains), or pytest's own when it could not
+# run the suite (4 for an unknown --backend). The gate is told
 # pytest's exit status, so it is never more positive than pytest's own evidence.
 # Without a baseline file, any failing instance fails (bootstrap: create one with --update).
 set -uo pipefail

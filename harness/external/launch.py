@@ -42,7 +42,7 @@ class Watchdog:
     deadline: there is no pool to recover it, so the launcher restarts the ranks."""
 
     def __init__(self, rank: int, state: State,
-                 last_words: Callable[[], None] | None = None) -> None:
+                 last_words: Callable[[], object] | None = None) -> None:
         self.rank = rank
         self.state = state
         self.last_words = last_words  # rank 0: write the report of what finished

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from ..casefile import collect
 from ..errors import CaseFileError, CaseFileErrors
-from ..model import BAD_OUTCOMES, Instance, PoolRun, RankState
+from ..model import Instance, PoolRun, RankState
 from ..ordering.probes import run_probes
 from ..program.interpreter import RankEnv, prepare_groups
 from ..program.perf import time_instance
@@ -137,6 +137,9 @@ class ExternalRun:
         for mod in self.args.backend_module:
             importlib.import_module(mod)
         self.caps = probe_here(tuple(self.args.backend_module))
+        unknown = self.caps.unknown_backend(self.args.backend, tuple(self.args.backend_module))
+        if unknown:  # as pytest's usage error: every rank stops here alike, before joining
+            raise SystemExit(f"{PROG}: --backend {unknown}")
         self.runner = Runner(self.settings, caps=self.caps)
         chosen = [i for i in load_instances(self.args.paths, self.args.backend, self.world)
                   if self.args.keyword in i.key and (self.args.full or "full" not in i.marks)]
@@ -256,11 +259,10 @@ class ExternalRun:
         Whether the backend conformed is the report's to say (gate it)."""
         if self.rank == 0:
             self.state.finished()
-            self.flush_report(done=True)
-            bad = [r for r in self.records if r["outcome"] in BAD_OUTCOMES]
-            print(f"collective-harness (external, {self.world} ranks): {len(self.records)} "
-                  f"instances, {len(bad)} not conforming; report: "
-                  f"{self.report_files.paths[0]}", flush=True)
+            report = self.flush_report(done=True)
+            print(f"collective-harness (external, {self.world} ranks): "
+                  f"{report['summary']['headline']}; report: {self.report_files.paths[0]}",
+                  flush=True)
         dist.destroy_process_group()
 
     # ---- the pieces the steps share -----------------------------------------------------
@@ -278,7 +280,8 @@ class ExternalRun:
             self.groups[members] = dist.new_group(list(members))
         return self.groups[members]
 
-    def flush_report(self, done: bool = False) -> None:
+    def flush_report(self, done: bool = False) -> dict[str, Any]:
+        """Write the report of what has a record so far (complete when ``done``); return it."""
         meta = {**self.caps.metadata(), "options": {
             **self.settings.metadata(), "mode": "external", "full": self.args.full,
             "launched_world_size": self.world, "packed": self.packed,
@@ -289,7 +292,9 @@ class ExternalRun:
                    "without_result": len(self.instances) - len(self.records),
                    "ended_by": "finished" if done else
                    "in progress (or stopped by a hang or a crash: relaunch with --resume)"}
-        self.report_files.write(build_report(self.records, meta, session))
+        report = build_report(self.records, meta, session)
+        self.report_files.write(report)
+        return report
 
     def run_round(self, index: int, slots: tuple[schedule.Slot, ...], alone: str,
                   retry: bool) -> list[dict[str, Any]]:

@@ -4,7 +4,8 @@
     collective-gate reports/conformance.json ci/baselines/gloo-cpu.json --update
     collective-gate --perf reports/conformance.json ci/baselines/gloo-cpu-perf.json
 
-Exit status: 0 when the gate passes, 1 when it fails, 2 for unusable input (with a message).
+Exit status: 0 when the gate passes, 1 when it fails (always when no instance of the report
+ran: verdict NOTHING RAN), 2 for unusable input (with a message).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .compare import (
     check_exit_status,
     check_session,
     compare,
+    nothing_ran,
     render_markdown,
     render_text,
     to_json,
@@ -222,15 +224,20 @@ def perf_main(args: argparse.Namespace) -> int:
                                     f"{exc.strerror or exc}") from None
             return 0
         res = perf.compare(report, perf.load(args.baseline), args.threshold, args.report)
-        text = perf.render_text(res, args.max_list)
+        # No number at all: every baseline entry "missing" (which alone does not fail) is not
+        # a pass.
+        why = nothing_ran(report)
+        text = (f"collective-gate --perf: FAIL: {printable(why)}\n" if why
+                else perf.render_text(res, args.max_list))
         sys.stdout.write(text)
         if args.markdown:  # a key holding a fence must not end the code block
             _write(args.markdown, "```\n" + text.replace("```", "'''") + "```\n")
         if args.json_path:
-            _write(args.json_path, json.dumps(perf.to_json(res), indent=1) + "\n")
+            doc = {**perf.to_json(res), **({"ok": False, "nothing_ran": why} if why else {})}
+            _write(args.json_path, json.dumps(doc, indent=1) + "\n")
     except BaselineError as exc:
         return _error(exc)
-    return 0 if res.ok else 1
+    return 0 if res.ok and not why else 1
 
 
 if __name__ == "__main__":

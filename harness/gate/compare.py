@@ -16,9 +16,11 @@ pass that becomes a limitation is a regression (the backend stopped doing what t
 says), a limitation that becomes a pass is ``fixed``, one that starts failing a regression.
 
 Besides the instances, the gate checks the session behind the report: an incomplete session
-(policy key ``incomplete``, default fail) and pytest failures that no failing record explains
-(always fail: the gate is never more positive than the evidence); and the command checks that
-the records are the evidence the report claims (:mod:`harness.gate.evidence`, always fail).
+(policy key ``incomplete``, default fail), pytest failures that no failing record explains and
+a report in which no instance was executed (verdict NOTHING RAN: every record skipped, or none;
+both always fail, whatever the baseline says: the gate is never more positive than the
+evidence); and the command checks that the records are the evidence the report claims
+(:mod:`harness.gate.evidence`, always fail).
 
 Across versions (report and baseline from different torch releases or NCCL versions, see
 :mod:`harness.gate.versions`) a matched instance whose outcome differs is ``changed``, never a
@@ -45,9 +47,10 @@ BAD = frozenset(BAD_OUTCOMES)
 PASSING = frozenset({"passed", "xpass"})
 MET = frozenset({"passed", "xpass", "xfail", "limitation"})
 Match = Literal["auto", "exact", "agnostic"]
-# Problems no policy can allow: pytest failures the records do not explain, and records that
-# are not the evidence the report claims (see :mod:`harness.gate.evidence`).
-ALWAYS_FAIL = frozenset({"unexplained", "evidence"})
+# Problems no policy can allow: pytest failures the records do not explain, records that are
+# not the evidence the report claims (see :mod:`harness.gate.evidence`), and no record at all
+# of an instance that ran (a baseline of skips would otherwise be met by a run of skips).
+ALWAYS_FAIL = frozenset({"unexplained", "evidence", "nothing_ran"})
 TITLES = {"regression": "Regressions", "new_failure": "New failures", "missing": "Missing",
           "newly_skipped": "Newly skipped", "fixed": "Fixed", "new": "New",
           "changed": "Changed", "unchanged": "Unchanged"}
@@ -205,9 +208,32 @@ def compare(report_entries: list[Entry], base: Baseline, match: Match = "auto",
                       notes=notes, across_versions=across_versions)
 
 
+def executed(report: dict[str, Any]) -> int:
+    """How many of ``report``'s records are of an instance that ran (any outcome but
+    ``skipped``)."""
+    return sum(isinstance(r, dict) and r.get("outcome") != "skipped"
+               for r in report.get("records") or [])
+
+
+def nothing_ran(report: dict[str, Any]) -> str:
+    """Why ``report`` judged no instance (one line), or "" when at least one ran."""
+    if executed(report):
+        return ""
+    total = len(report.get("records") or [])
+    what = (f"all {total} instance(s) of the report were skipped (each record says why)"
+            if total else "the report holds no instance (none was collected or all were "
+            "deselected)")
+    return (f"nothing ran: {what}; a run that judged nothing passes nothing, whatever the "
+            "baseline says")
+
+
 def check_session(res: GateResult, report: dict[str, Any]) -> None:
-    """Add the session-level problems of ``report`` to ``res``: an incomplete session, and
-    pytest failures that no failing record explains (a lost record, a collection error)."""
+    """Add the session-level problems of ``report`` to ``res``: no instance executed, an
+    incomplete session, and pytest failures that no failing record explains (a lost record,
+    a collection error)."""
+    why = nothing_ran(report)
+    if why:
+        res.problems.append(("nothing_ran", why))
     session = report.get("session")
     if not isinstance(session, dict):
         return
@@ -242,6 +268,10 @@ def check_exit_status(res: GateResult, status: int, report: dict[str, Any]) -> N
         res.problems.append(("unexplained", "pytest exited with status 1 but no record failed:"
                              " the failure (a collection error, a non-case test, a lost "
                              "record) is not in the report; see the pytest log"))
+    elif status == 5 and executed(report):
+        res.problems.append(("unexplained", f"pytest exited with status 5 (nothing ran) but "
+                             f"the report holds {executed(report)} instance(s) that ran: it is"
+                             " not the report of that run"))
     elif status not in (0, 1, 5):
         res.problems.append(("unexplained", f"pytest exited with status {status} "
                              "(interrupted, internal or usage error): the run is not complete"))

@@ -63,6 +63,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
                 and named_directory(file_path, parent.config) is not None):
             harness_session(parent.config).skipped_yaml.append(file_path)
         return None
+    harness_session(parent.config).saw_case_file = True
     mark_started(parent.config, harness_session(parent.config))
     return CaseFile.from_parent(parent, path=file_path)
 
@@ -171,6 +172,7 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
         hs = harness_session(config)
         cases = [i for i in ids if i.split("::", 1)[0].endswith((".yaml", ".yml"))]
         if cases:
+            hs.saw_case_file = True
             mark_started(config, hs)
         hs.collected.update(cases)
 

@@ -2,7 +2,9 @@
 
 The report's ``session`` block says whether every collected instance has a record and why the
 session ended (an incomplete session is never PASS); the reports are written as one set by
-the controller only; with ``--baseline`` the exit status follows the gate's verdict.
+the controller only; with ``--baseline`` the exit status follows the gate's verdict. A
+``--backend`` that names no backend is a usage error at start-up, and a session of case files
+in which no instance ran (NOTHING RAN) exits 5, as pytest does when it collects nothing.
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ import pytest
 from .. import ops
 from ..gate import baseline, compare, versions
 from ..model import BAD_OUTCOMES
-from ..report import html, markdown
+from ..report import headline, html, markdown
 from ..report import paths as report_paths_mod
-from ..report.headline import verdict as report_verdict
 from ..report.jsonfile import unwritable
+from ..report.junitfile import add_session_error
 from ..report.records import build_report, json_text, write_all
 from ..run.capabilities import probe
-from ..run.torchfacts import ProbeError
+from ..run.torchfacts import BUILTIN_BACKENDS, ProbeError
 from .state import (
     BASELINE_KEY,
     CONFIG,
@@ -35,6 +37,7 @@ from .state import (
     INFO_KEY,
     MAX_MISSING_LISTED,
     SESSION_KEY,
+    VERDICT_KEY,
     WRITTEN_KEY,
     HarnessSession,
     harness_session,
@@ -48,6 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
         # A bad ordering or perf setting is a usage error now, not per instance.
         harness_session(config).read_settings()
         load_baseline(config)
+        check_backend(config, harness_session(config))
     except pytest.UsageError as exc:
         # A harness option is wrong, so this was meant to be a harness run: an earlier
         # report must not be taken for its result (a script that ignores the exit status).
@@ -72,10 +76,34 @@ def _sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt("SIGTERM")
 
 
+def check_backend(config: pytest.Config, hs: HarnessSession) -> None:
+    """A ``--backend`` that torch neither has built in nor has registered (by a
+    ``--backend-module`` or a torch plugin's entry point) is a usage error naming the nearest
+    known name, before any rank starts: not a session in which every instance is skipped.
+    A built-in name costs nothing; another costs the capability probe, whose answer the
+    session's skip checks then reuse. Checked once, by the process that reports (not by
+    xdist workers); a probe that fails leaves the records to say why."""
+    if (hs.backend in BUILTIN_BACKENDS or hs.is_worker
+            or getattr(config.option, "help", False)):
+        return
+    try:
+        why = probe(hs.backend_modules).unknown_backend(hs.backend, hs.backend_modules)
+    except ProbeError:
+        return
+    if why:
+        raise pytest.UsageError(f"--backend {why}")
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     hs = config.stash.get(SESSION_KEY, None)
     if hs is not None:
         hs.close()  # usually a no-op: pytest_sessionfinish closed it and said how that went
+    word, line = config.stash.get(VERDICT_KEY, ("", ""))
+    junit = junit_path(config)
+    if word == headline.NOTHING_RAN and junit:
+        # pytest wrote its file in its own pytest_sessionfinish, all skipped or empty (green
+        # in a CI's test view): one test case in error says that nothing ran.
+        add_session_error(junit, line)
 
 
 def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
@@ -134,10 +162,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if hs.fallback and session.exitstatus == pytest.ExitCode.OK:
             # The report is not where the caller will look for it: not a clean run.
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    word = "PASS"
+    if hs.records or hs.collected or hs.started_report or hs.saw_case_file:
+        summary = {**Counter(r["outcome"] for r in hs.records), "total": len(hs.records)}
+        word = headline.verdict(summary, info)
+        config.stash[VERDICT_KEY] = (word, headline.headline(summary, info))
+    if word == headline.NOTHING_RAN and session.exitstatus == pytest.ExitCode.OK:
+        # Every instance skipped: pytest says 0, but a run that judged nothing passed nothing.
+        # 5 is pytest's own "no tests collected", which a session that selected none gets.
+        session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
     if base is not None:
         gate_session(session, hs, base, info)
-    elif session.exitstatus == pytest.ExitCode.OK and report_verdict(
-            dict(Counter(r["outcome"] for r in hs.records)), info) != "PASS":
+    elif session.exitstatus == pytest.ExitCode.OK and word != "PASS":
         # pytest exits 0 on a non-strict xpass; the report says FAIL, and a script or CI job
         # that reads only the exit status must not see a pass the report does not give.
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -84,6 +84,9 @@ class HarnessSession:
         # The report paths were replaced by an INCOMPLETE report when the first case file was
         # collected: from then on only this session's own report may stand there.
         self.started_report = False
+        # A case file was collected (also under --no-report): this is a harness run, so a
+        # session in which no instance ran must not exit 0 (harness.plugin.session).
+        self.saw_case_file = False
         self.fallback = ""  # where the report went when its own paths failed (the message)
         # YAML files under a directory named on the command line that are not case files.
         self.skipped_yaml: list[Path] = []
@@ -177,3 +180,7 @@ GATE_KEY = pytest.StashKey[Any]()
 
 
 WRITTEN_KEY = pytest.StashKey[str]()
+
+
+# The session's verdict and headline (set at its end, on the controller).
+VERDICT_KEY = pytest.StashKey[tuple[str, str]]()

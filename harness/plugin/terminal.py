@@ -1,5 +1,5 @@
 """The terminal summary: where the reports went, limitations (``-rL``), an incomplete
-session, and the gate's verdict."""
+session, a session in which nothing ran, and the gate's verdict."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from ..gate import compare
-from .state import GATE_KEY, INFO_KEY, RECORD_ATTR, WRITTEN_KEY, harness_session
+from ..report.headline import NOTHING_RAN
+from .state import GATE_KEY, INFO_KEY, RECORD_ATTR, VERDICT_KEY, WRITTEN_KEY, harness_session
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
@@ -18,10 +19,15 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
     if hs.fallback:
         terminalreporter.write_line(hs.fallback, red=True, bold=True)
     written = config.stash.get(WRITTEN_KEY, None)
+    word, headline = config.stash.get(VERDICT_KEY, ("", ""))
+    nothing = word == NOTHING_RAN
     if written is not None:
         terminalreporter.ensure_newline()
-        for line in written.splitlines():
-            terminalreporter.write_line(line)
+        for n, line in enumerate(written.splitlines()):
+            terminalreporter.write_line(line, red=nothing and n == 0, bold=nothing and n == 0)
+    elif nothing:  # --no-report: the verdict is still said
+        terminalreporter.ensure_newline()
+        terminalreporter.write_line(f"collective-harness: {headline}", red=True, bold=True)
     chars = str(getattr(config.option, "reportchars", "") or "")
     limits = terminalreporter.stats.get("limitation", [])
     if limits and ("L" in chars or "A" in chars):

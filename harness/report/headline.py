@@ -3,7 +3,10 @@
 ``PASS`` means nothing unexpected happened and the session is complete: every collected
 instance has a result, none failed, errored, hung or crashed, and no declared failure passed
 (xpass). ``INCOMPLETE`` wins over everything: a session stopped early (Ctrl-C, SIGTERM, ``-x``,
-``--maxfail``, a crash) never reads PASS for what happened to run. The headline counts what each
+``--maxfail``, a crash) never reads PASS for what happened to run. ``NOTHING RAN`` is a complete
+session without a failure in which no instance was executed (none collected, every one
+deselected or skipped): a verdict needs at least one instance whose ranks ran and were judged,
+so a misspelt backend or a missing capability never reads PASS. The headline counts what each
 outcome means: conformant instances (the backend did what the contract says), known divergences
 (xfail), limitations (rejected, crashed, hung or computed exactly what an override declares),
 failures.
@@ -14,17 +17,29 @@ from __future__ import annotations
 from typing import Any
 
 from ..model import BAD_OUTCOMES as BAD
+from ..model import OUTCOMES
 from ..model import UNEXPECTED_OUTCOMES as UNEXPECTED
+
+NOTHING_RAN = "NOTHING RAN"
+VERDICTS = ("PASS", "FAIL", "INCOMPLETE", NOTHING_RAN)
+
+
+def executed(summary: dict[str, Any]) -> int:
+    """How many instances ran and were judged: every outcome but ``skipped`` (counted from the
+    outcomes, not ``total``, so a bare count of outcomes answers the same)."""
+    return sum(summary.get(o, 0) for o in OUTCOMES if o != "skipped")
 
 
 def verdict(summary: dict[str, Any], session: dict[str, Any] | None) -> str:
-    """``PASS``, ``FAIL`` or ``INCOMPLETE`` (see the module docstring)."""
+    """``PASS``, ``FAIL``, ``INCOMPLETE`` or ``NOTHING RAN`` (see the module docstring)."""
     if session is not None and not session.get("complete", True):
         return "INCOMPLETE"
     if any(summary.get(o, 0) for o in UNEXPECTED):
         return "FAIL"
     if session is not None and session.get("unexplained_failures", 0):
         return "FAIL"
+    if not executed(summary):
+        return NOTHING_RAN
     return "PASS"
 
 
@@ -56,6 +71,8 @@ def headline(summary: dict[str, Any], session: dict[str, Any] | None) -> str:
     total = summary.get("total", 0)
     unexpected = sum(summary.get(o, 0) for o in UNEXPECTED)
     tail = "nothing unexpected" if not unexpected else _n(unexpected, "unexpected result")
+    if word == NOTHING_RAN:
+        tail = nothing_ran_text(summary, session)
     if session is not None and session.get("unexplained_failures", 0):
         tail += (f"; pytest reported {_n(session['unexplained_failures'], 'failure')} that no "
                  "record explains")
@@ -66,6 +83,18 @@ def headline(summary: dict[str, Any], session: dict[str, Any] | None) -> str:
         return (f"INCOMPLETE: {incomplete_text(session)}. Of the {total:,} with a result: "
                 f"{counts_text(summary)}; {tail}")
     return f"{word}: {total:,} instances: {counts_text(summary)}; {tail}"
+
+
+def nothing_ran_text(summary: dict[str, Any], session: dict[str, Any] | None) -> str:
+    """``no instance was executed: all 68 were skipped (each record says why)``, or that none
+    was collected (``3 deselected``): why a NOTHING RAN report says nothing about a backend."""
+    total = summary.get("total", 0)
+    if total:
+        which = "the one instance was" if total == 1 else f"all {total:,} were"
+        return f"no instance was executed: {which} skipped (each record says why)"
+    deselected = ((session or {}).get("selection") or {}).get("deselected", 0)
+    return ("no instance was executed: none was collected"
+            + (f" ({deselected:,} deselected)" if deselected else ""))
 
 
 def selection_text(session: dict[str, Any] | None) -> str:

@@ -8,6 +8,7 @@ reports every test as skipped instead of spawning ranks that fail.
 
 from __future__ import annotations
 
+import difflib
 import platform
 import socket
 import sys
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import ops
+from ..errors import quote
 from ..model import Instance, flat_steps
 from . import torchfacts
 from .pool import start_child  # a fork of the pools' forkserver, where torch is imported
@@ -206,6 +208,26 @@ class Capabilities:
 
     def _registered(self, backend: str) -> bool:
         return backend.upper() in self.facts.plugins or backend in self.facts.backend_list
+
+    def unknown_backend(self, backend: str, backend_modules: tuple[str, ...]) -> str:
+        """Why ``backend`` names no backend here, as one line for the person who typed it
+        (it starts with the quoted name), or "" when torch has it built in or it is registered:
+        by ``backend_modules`` (already imported in the probe) or by a torch plugin's
+        ``torch.backends`` entry point (loaded when torch was imported there)."""
+        if backend in BUILTIN_BACKENDS or self._registered(backend):
+            return ""
+        if self.facts.module_error:
+            return f"{quote(backend)} is not registered: {self.facts.module_error}"
+        names = sorted({*BUILTIN_BACKENDS, *self.facts.backend_list,
+                        *(p.lower() for p in self.facts.plugins)} - {"undefined"})
+        near = difflib.get_close_matches(backend.lower(), names, n=1)
+        hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(names)}"
+        how = (f"--backend-module {' '.join(backend_modules)} was imported but registered no "
+               "backend of that name" if backend_modules else
+               "a third-party backend needs --backend-module MODULE, a module that registers "
+               "it (torch.distributed.Backend.register_backend)")
+        return (f"{quote(backend)} is not a backend torch has built in or one registered here "
+                f"({hint}); {how}")
 
 
 
