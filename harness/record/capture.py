@@ -273,10 +273,8 @@ def call_json(op: str, args: tuple[tuple[str, Captured], ...], api: str | None) 
     return got
 
 
-def format_call(c: CallTuple) -> str:
-    """One kept call as its trace line (without the newline)."""
-    op, args, api, site, thread, seq = c
-    static = call_json(op, resolve(args), api)
+def call_line(static: str, site: str, thread: str, seq: int) -> str:
+    """A call's trace line (without the newline) from its :func:`call_json` text."""
     return f'{{"call":{static},"site":{site},"thread":{_ENC.encode(thread)},"seq":{seq}}}}}'
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
@@ -42,6 +42,11 @@ class Recording:
     waits: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
 
+def calls_in(calls: list[Call]) -> int:
+    """How many calls these stand for (a trace counts a repeated call once, with its count)."""
+    return sum(c.count for c in calls)
+
+
 def ranks_text(ranks: list[int]) -> str:
     ranks = sorted(set(ranks))
     if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
@@ -50,7 +55,9 @@ def ranks_text(ranks: list[int]) -> str:
 
 
 def sites_text(calls: list[Call]) -> str:
-    count = Counter((c.site, c.api) for c in calls)
+    count: Counter[tuple[str, str | None]] = Counter()
+    for c in calls:
+        count[(c.site, c.api)] += c.count
     parts = []
     for (site, api), n in sorted(count.items()):
         short = re.sub(r"^.*/", "", site)
@@ -63,7 +70,9 @@ def sites_text(calls: list[Call]) -> str:
 
 
 def _waits(calls: list[Call]) -> str:
-    waited = Counter(c.waited for c in calls if c.waited)
+    waited: Counter[str] = Counter()
+    for c in calls:
+        waited.update(dict(c.waits))
     if not waited:
         return ""
     top, n = waited.most_common(1)[0]
@@ -101,7 +110,7 @@ def _collective_cases(calls: list[Call], world: int, used: set[str]) -> list[dic
                            reduce_op or "", f"g{'_'.join(map(str, group))}"
                            if group and list(group) != list(range(world)) else "",
                            "async" if async_op else ""], used),
-            "description": (f"Recorded: {op} issued {len(cs)} time(s) by "
+            "description": (f"Recorded: {op} issued {calls_in(cs)} time(s) by "
                             f"{ranks_text([c.rank for c in cs])} at {sites_text(cs)}."
                             f"{_waits(cs)}"),
             "op": op,
@@ -137,6 +146,37 @@ def _collective_cases(calls: list[Call], world: int, used: set[str]) -> list[dic
     return out
 
 
+def _match(ss: list[Call], rs: list[Call]) -> tuple[list[tuple[Call, Call]], list[Call]]:
+    """Sends paired with receives in order, each call standing for ``count`` messages (a
+    counted call is split where it meets calls of other counts; its waits stay with its first
+    part), and what is left unmatched."""
+    out: list[tuple[Call, Call]] = []
+    i = j = 0
+    sn = ss[0].count if ss else 0
+    rn = rs[0].count if rs else 0
+    while i < len(ss) and j < len(rs):
+        n = min(sn, rn)
+        out.append((_part(ss[i], sn, n), _part(rs[j], rn, n)))
+        sn, rn = sn - n, rn - n
+        if not sn:
+            i += 1
+            sn = ss[i].count if i < len(ss) else 0
+        if not rn:
+            j += 1
+            rn = rs[j].count if j < len(rs) else 0
+    if i < len(ss):
+        return out, [_part(ss[i], sn, sn), *ss[i + 1:]]
+    if j < len(rs):
+        return out, [_part(rs[j], rn, rn), *rs[j + 1:]]
+    return out, []
+
+
+def _part(c: Call, left: int, n: int) -> Call:
+    if left == c.count and n == c.count:
+        return c
+    return replace(c, count=n, waits=c.waits if left == c.count else ())
+
+
 def _p2p_cases(calls: list[Call], world: int, used: set[str]) -> tuple[list[dict[str, Any]],
                                                                        list[str]]:
     sends: dict[tuple[int, int, int], list[Call]] = defaultdict(list)
@@ -151,12 +191,13 @@ def _p2p_cases(calls: list[Call], world: int, used: set[str]) -> tuple[list[dict
             loose.append(f"recv from any source on rank {c.rank} at {c.site}")
     pairs: dict[tuple[Any, ...], list[tuple[Call, Call]]] = defaultdict(list)
     for key in sorted(set(sends) | set(recvs)):
-        ss, rs = sends.get(key, []), recvs.get(key, [])
-        for s, r in zip(ss, rs, strict=False):
+        matched, rest = _match(sends.get(key, []), recvs.get(key, []))
+        for s, r in matched:
             pairs[(s.rank, r.rank, s.tag, s.shape, s.dtype, s.async_op, r.async_op,
                    s.device)].append((s, r))
-        for c in ss[len(rs):] + rs[len(ss):]:
-            loose.append(f"unmatched {c.op} on rank {c.rank} (peer {c.peer}) at {c.site}")
+        for c in rest:
+            loose.append(f"unmatched {c.op} on rank {c.rank} (peer {c.peer}) at {c.site}"
+                         + (f" ({c.count}x)" if c.count > 1 else ""))
     out = []
     for (src, dst, tag, shape, dtype, s_async, r_async, device), ps in pairs.items():
         both = [p[0] for p in ps] + [p[1] for p in ps]
@@ -178,7 +219,8 @@ def _p2p_cases(calls: list[Call], world: int, used: set[str]) -> tuple[list[dict
             tensor["device"] = "cuda"
         out.append({
             "name": unique_name(["p2p", dtype, f"{src}to{dst}", f"tag{tag}" if tag else ""], used),
-            "description": (f"Recorded: {len(ps)} message(s) rank {src} -> rank {dst} "
+            "description": (f"Recorded: {calls_in([p[0] for p in ps])} message(s) rank {src} "
+                            f"-> rank {dst} "
                             f"({dtype}, shape {list(shape)}) at {sites_text(both)}.{_waits(both)}"),
             "world_size": world,
             "tensors": {"buf": tensor},
@@ -198,7 +240,7 @@ def build(rec: Recording) -> tuple[dict[str, Any], list[str]]:
     uneven = [c for c in coll if c.op == "all_to_all_single" and c.splits
               and len(set(c.splits)) > 1]
     if uneven:
-        notes.append(f"not replayed: {len(uneven)} all_to_all_single call(s) with uneven "
+        notes.append(f"not replayed: {calls_in(uneven)} all_to_all_single call(s) with uneven "
                      "splits (the case would need every rank's splits matrix)")
         coll = [c for c in coll if c not in uneven]
     cases = _collective_cases(coll, rec.world_size, used)
@@ -216,11 +258,11 @@ def render(rec: Recording, builder: Builder = build) -> str:
     ``builder`` makes the cases (:func:`build`: one instance per distinct call)."""
     doc, notes = builder(rec)
     head = [f"# Recorded by collective-record from: {rec.source}",
-            f"# {len(rec.calls)} call(s) at world size {rec.world_size} -> "
+            f"# {calls_in(rec.calls)} call(s) at world size {rec.world_size} -> "
             f"{len(doc['cases'])} case(s). Regenerate rather than edit."]
     if rec.partial:
-        head.append("# PARTIAL recording: the run did not finish; the cases cover the calls "
-                    "made before it stopped.")
+        head.append("# PARTIAL recording: the cases do not cover every call the run made; "
+                    "what is missing:")
         head += [f"#   {line}" for line in rec.partial]
     head += [f"# {line}" for line in notes]
     head += [f"# not translated (op table lacks it): {u}" for u in rec.unknown]

@@ -1,8 +1,9 @@
 """``collective-record``: run a launch command with the recorder, write the case file.
 
-Exit status: 0 the case file is written from a complete run; 1 it is written but the run was
-partial (the command failed or a rank stopped early: the file says so); 2 bad input (an
-unreadable trace, an op the op table lacks, a bad option), one line on stderr, no file.
+Exit status: 0 the case file is written from a complete run; 1 it is written but partial
+(the command failed, a rank stopped early, or a trace's cap left calls out: the file says
+what is missing); 2 bad input (an unreadable trace, an op the op table lacks, a bad option),
+one line on stderr, no file.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from harness.record.cases import Recording, build, render
@@ -44,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the other calls when some op is not in the op table (they are "
                         "listed in the file's header)")
     p.add_argument("--trace-dir", type=Path,
-                   help="keep the per-rank traces here (default: a temporary folder)")
+                   help="keep the per-rank traces (and the counts of long runs, .tally) here "
+                        "(default: a temporary folder)")
     p.add_argument("--from-trace", nargs="+", type=Path, metavar="PATH",
                    help="write the case file from traces others captured, one file per rank "
                         "(no launch command): torch Flight Recorder dumps (JSON, or the "
@@ -108,16 +112,29 @@ def _where(call: dict[str, object]) -> str:
     return f"{call.get('op')} at {call.get('site')}"
 
 
+def _waited_text(site: object, between: int) -> str:
+    return f"at {Path(str(site)).name} after {between} later call(s)"
+
+
 def translate_traces(traces: list[RankTrace], skip_unknown: bool
                      ) -> tuple[list[Call], list[str]]:
-    """Every rank's calls in the case vocabulary, waits attached; unknown ops raise
-    RecordError (or are returned as lines with ``skip_unknown``)."""
+    """Every rank's calls in the case vocabulary, each with the repeats its trace counted and
+    its waits attached; unknown ops raise RecordError (or are returned as lines with
+    ``skip_unknown``)."""
     calls: list[Call] = []
     unknown: list[str] = []
     for t in traces:
-        waited = {w["call"]: f"at {Path(str(w.get('site', '?'))).name} after "
-                  f"{max(0, int(w.get('after', 0)) - int(w['call']) - 1)} later call(s)"
-                  for w in t.waits if type(w.get("call")) is int}
+        waited: dict[int, Counter[str]] = defaultdict(Counter)
+        for w in t.waits:
+            if type(w.get("call")) is int:
+                waited[w["call"]][_waited_text(w.get("site", "?"), max(
+                    0, int(w.get("after", 0)) - int(w["call"]) - 1))] += 1
+        same: dict[int, int] = {}
+        until = None
+        if t.tally is not None:
+            same, until = t.tally.same, t.tally.ordered_until
+            for seq, _, between, site, n in t.tally.waits:
+                waited[seq][_waited_text(site, between)] += n
         for n, rec in enumerate(t.calls):
             if rec["op"] in WAIT_OPS:
                 continue
@@ -130,14 +147,34 @@ def translate_traces(traces: list[RankTrace], skip_unknown: bool
                                       "calls") from None
                 unknown.append(line)
                 continue
-            for c in out:
-                w = waited.get(c.seq)
-                calls.append(c if w is None else Call(**{**c.__dict__, "waited": w}))
+            seq = rec["seq"]
+            seen_waits = waited.get(seq)
+            waits = tuple(sorted(seen_waits.items())) if seen_waits else ()
+            count, ordered = 1 + same.get(seq, 0), until is None or seq < until
+            calls += [replace(c, waits=waits, count=count, ordered=ordered) for c in out]
     return calls, unknown
 
 
-def partial_notes(traces: list[RankTrace], rc: int | None) -> list[str]:
-    """One line per way the recording is incomplete (empty: complete)."""
+def _count(trace: RankTrace) -> tuple[int, int]:
+    """(calls the trace accounts for, of them not stored), in records."""
+    lost = sum(n for _, _, n in trace.tally.dropped) if trace.tally else 0
+    repeats = sum(trace.tally.same.values()) if trace.tally else 0
+    return len(trace.calls) + repeats + lost, lost
+
+
+def _latest(trace: RankTrace) -> str:
+    if not trace.calls:
+        return "no call"
+    if trace.tally is not None and trace.tally.ordered_until is not None:
+        # past the in-order part only new distinct calls are written: the last record is
+        # not the last call
+        return f"latest distinct call stored: {_where(trace.calls[-1])}"
+    return f"last: {_where(trace.calls[-1])}"
+
+
+def partial_notes(traces: list[RankTrace], rc: int | None, order: bool = False) -> list[str]:
+    """One line per way the recording is incomplete (empty: complete); ``order``: the case
+    file needs every call in issue order (``--granularity program``)."""
     notes = []
     if rc:
         notes.append(f"the launch command exited with status {rc}")
@@ -146,13 +183,30 @@ def partial_notes(traces: list[RankTrace], rc: int | None) -> list[str]:
     if missing:
         notes.append(f"ranks {missing} wrote no trace")
     for t in traces:
-        if not t.ended:
-            last = _where(t.calls[-1]) if t.calls else "no call"
-            notes.append(f"rank {t.rank} stopped after {len(t.calls)} call(s); last: {last}"
-                         + (f" ({t.truncated})" if t.truncated else ""))
+        known, lost = _count(t)
+        torn = f" ({t.truncated})" if t.truncated else ""
+        if t.stopped:
+            notes.append(f"rank {t.rank} stopped by {t.stopped} after {known} call(s); "
+                         f"{_latest(t)}{torn}")
+        elif not t.ended:
+            notes.append(f"rank {t.rank}: the end of its run is unknown (no end record: "
+                         f"killed by SIGKILL or a crash); its trace accounts for {known} "
+                         f"call(s), {len(t.calls)} of them stored, and any it made after its "
+                         f"last flush are lost; {_latest(t)}{torn}")
         elif rc and t.calls:
-            notes.append(f"rank {t.rank} made {len(t.calls)} call(s) before the run failed; "
-                         f"last: {_where(t.calls[-1])}")
+            notes.append(f"rank {t.rank} made {known} call(s) before the run failed; "
+                         f"{_latest(t)}")
+        if lost and t.tally is not None:
+            what = "; ".join(f"{n} {op} ({why})" for op, why, n in t.tally.dropped)
+            notes.append(f"rank {t.rank}: {lost} of its {known} call(s) were counted but not "
+                         f"stored: {what}")
+        for why, n in t.tally.waits_dropped if t.tally else []:
+            notes.append(f"rank {t.rank}: {n} wait(s) were counted but not stored ({why})")
+        until = t.tally.ordered_until if t.tally else None
+        if order and until is not None:
+            notes.append(f"rank {t.rank}: its first {until} call(s) were stored in issue order "
+                         f"and the programs cover them; its {known - until} later call(s) "
+                         "were counted per distinct call, their order not kept")
     return notes
 
 
@@ -182,15 +236,17 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     state = "PARTIAL" if rec.partial else "complete"
-    print(f"collective-record: {len(rec.calls)} call(s) -> {args.output} ({state})")
+    print(f"collective-record: {sum(c.count for c in rec.calls)} call(s) -> {args.output} "
+          f"({state})")
     return 1 if rec.partial else 0
 
 
 def _record(command: list[str], args: argparse.Namespace) -> Recording:
     if args.trace_dir:
         args.trace_dir.mkdir(parents=True, exist_ok=True)
-        for old in args.trace_dir.glob("trace-*.jsonl"):
-            old.unlink()
+        for pattern in ("trace-*.jsonl", "trace-*.tally"):
+            for old in args.trace_dir.glob(pattern):
+                old.unlink()
         return _record_into(command, args, args.trace_dir)
     with tempfile.TemporaryDirectory(prefix="collective-record-") as tmp:
         return _record_into(command, args, Path(tmp))
@@ -205,7 +261,8 @@ def _record_into(command: list[str], args: argparse.Namespace, folder: Path) -> 
     calls, unknown = translate_traces(traces, args.skip_unknown)
     world = max(t.world_size for t in traces)
     return Recording(world_size=world, calls=calls, source=" ".join(command),
-                     partial=partial_notes(traces, rc), unknown=unknown,
+                     partial=partial_notes(traces, rc, args.granularity == "program"),
+                     unknown=unknown,
                      waits=wait_points(traces))
 
 

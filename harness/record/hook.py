@@ -204,8 +204,10 @@ def install(folder: str) -> None:
     orig_exit = os._exit
 
     def _exit(status: int) -> NoReturn:  # a rank that leaves without Python's shutdown: flush first
-        rec.flush()
-        orig_exit(status)
+        try:
+            rec.stop(f"os._exit({status})")
+        finally:
+            orig_exit(status)
 
     os._exit = _exit
     _patch_destroy(rec)

@@ -37,7 +37,10 @@ class Call:
     site: str = "?"
     api: str | None = None
     seq: int = 0
-    waited: str | None = None  # where the Work was waited, when it was seen
+    # where its Work was waited, when that was seen: (at site, after N later calls) -> times
+    waits: tuple[tuple[str, int], ...] = ()
+    count: int = 1  # identical calls it stands for (the trace counted the repeats)
+    ordered: bool = True  # within the part of the trace kept in issue order
 
 
 class UnknownOp(Exception):

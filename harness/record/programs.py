@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from harness.record.cases import Recording, ranks_text, sites_text, unique_name
@@ -341,7 +341,9 @@ def program_case(name: str, label: str, part: dict[int, list[Event]], world: int
 def build_programs(rec: Recording) -> tuple[dict[str, Any], list[str]]:
     """The case document and its header notes, one program per recorded step."""
     used: set[str] = set()
-    events = rank_events(rec.calls, rec.waits)
+    # only the part each trace kept in issue order: a program is that order (a call the
+    # trace counted past it is not an event here; the header says the recording is partial)
+    events = rank_events([replace(c, count=1) for c in rec.calls if c.ordered], rec.waits)
     parts = split(events)
     cases = [program_case(unique_name(["program", label], used), label, part,
                           rec.world_size, times) for label, part, times in parts]

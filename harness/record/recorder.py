@@ -3,13 +3,16 @@
 Records are kept in memory and written in batches by a daemon thread every ``FLUSH_SECONDS``,
 so a call costs a deque append of a small tuple on the rank's own thread, not a write: the
 JSON text is made when a batch is written, on the writer's thread (see
-:mod:`harness.record.capture`). Only past ``MAX_KEPT`` waiting records does a recording thread
-write the batch itself, which bounds the memory when the writer falls behind. What
-a dying process has not written yet is written on the way out: at exit (atexit), in
-``os._exit`` (wrapped by the hook), and on SIGTERM/SIGHUP (when their action is the default:
-the flusher thread is woken through the signal wakeup fd, so a rank blocked in a collective is
-flushed too, then dies by the signal as it would have). Only a SIGKILL or a crash in C++ can
-lose records: at most the last ``FLUSH_SECONDS``.
+:mod:`harness.record.capture`), and what of it is written (every record while the trace is
+small, then one record per distinct call, counted) is :mod:`harness.record.store`'s call. Only
+past ``MAX_KEPT`` waiting records does a recording thread write the batch itself, which
+bounds the memory when the writer falls behind. What a dying process has not written yet is
+written on the way out: at exit (atexit, then an ``end`` record), in ``os._exit`` (wrapped by
+the hook) and on SIGTERM/SIGHUP (when their action is the default: the flusher thread is woken
+through the signal wakeup fd, so a rank blocked in a collective is flushed too, then dies by
+the signal as it would have), each then a ``stop`` record saying how. Only a SIGKILL or a
+crash in C++ can lose records, at most the last ``FLUSH_SECONDS``; such a trace has neither
+record, and the reader says its end is unknown.
 """
 
 from __future__ import annotations
@@ -31,22 +34,14 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
-from harness.record.capture import format_call, format_other, format_wait
 from harness.record.native import records
+from harness.record.store import FLUSH_SECONDS, Store
 from harness.record.trace import FORMAT, VERSION
 
-FLUSH_SECONDS = 0.5  # the flusher thread writes what is waiting this often ...
-MAX_KEPT = 1 << 16  # ... and a recording thread writes it itself past this many records
+MAX_KEPT = 1 << 16  # records waiting past which a recording thread writes them itself
 MAX_PENDING = 4096  # Works kept to match a later wait(); the oldest forgotten past this
 SIGNALS = ("SIGTERM", "SIGHUP")  # flushed, then the default action (the process dies)
-
-
-def _line(record: Any) -> str:
-    if type(record) is dict:
-        return format_other(record)
-    if type(record[0]) is str:  # a call starts with its JSON text, a wait with a seq or None
-        return format_call(record)
-    return format_wait(*record)
+ARGV_CHARS = 1000  # of each argument the header keeps: its line stays far under MAX_LINE
 
 
 class Recorder:
@@ -61,6 +56,8 @@ class Recorder:
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self.out: TextIO | None = None
+        self.path: Path | None = None
+        self.store = Store()
         self.buf: deque[Any] = deque()
         self.started = False  # the header is taken at the first record
         self.seq = itertools.count()
@@ -165,22 +162,31 @@ class Recorder:
         with self.lock:
             self._write()
 
-    def _write(self) -> None:  # the lock is held
+    def _write(self, final: bool = False) -> None:  # the lock is held
         self.pull()
-        buf = self.buf
+        buf, store = self.buf, self.store
         # Only what is there now: threads that keep recording must not keep this one writing.
-        # Formatted and written before they leave the queue: a failed write loses nothing.
-        n = len(buf)
-        lines = [_line(r) + "\n" for r in itertools.islice(buf, n)]
-        if not lines:
-            return
-        if self.out is None:
-            self.open()
-        assert self.out is not None
-        self.out.write("".join(lines))
-        self.out.flush()
-        for _ in range(n):
-            buf.popleft()
+        # The store keeps the text until it is written: a failed write loses nothing.
+        store.add_batch([buf.popleft() for _ in range(len(buf))], final)
+        if store.text:
+            if self.out is None:
+                self.open()
+            assert self.out is not None
+            self.out.write("".join(store.text))
+            self.out.flush()
+            store.text.clear()
+        if self.path is not None:  # after the lines its counts refer to
+            store.write_tally(self.path, force=final)
+
+    def stop(self, how: str) -> None:
+        """Write what is kept and a ``stop`` record: the process ends here, by ``how``."""
+        with self.lock:
+            self.pull()
+            if self.out is None and not self.buf:
+                return
+            self._write(final=True)
+            self.buf.append({"stop": {"calls": self.call_count(), "how": how}})
+            self._write()
 
     def header(self) -> dict[str, Any]:
         """The header line, taken at the first record (the group may be gone by the time a
@@ -188,13 +194,14 @@ class Recorder:
         rank = dist.get_rank() if dist.is_initialized() else -1
         world = dist.get_world_size() if dist.is_initialized() else -1
         return {"format": FORMAT, "version": VERSION, "torch": torch.__version__, "rank": rank,
-                "world_size": world, "pid": os.getpid(), "argv": sys.argv[:8],
+                "world_size": world, "pid": os.getpid(),
+                "argv": [a[:ARGV_CHARS] for a in sys.argv[:8]],
                 "hook": "native" if self.native is not None else "python" + self.hook_note}
 
     def open(self) -> None:
         """Open this process's trace file (truncated the first time, appended after)."""
-        path = Path(self.folder) / f"trace-{os.getpid()}.jsonl"
-        self.out = path.open("a" if self.opened else "w", encoding="utf-8")
+        self.path = Path(self.folder) / f"trace-{os.getpid()}.jsonl"
+        self.out = self.path.open("a" if self.opened else "w", encoding="utf-8")
         self.opened = True
 
     def close(self) -> None:
@@ -202,6 +209,7 @@ class Recorder:
         with self.lock:
             self.pull()
             if self.out is not None or self.buf:
+                self._write(final=True)  # the calls and their final tally, then the end
                 self.buf.append({"end": {"calls": self.call_count()}})
                 self._write()
             if self.out is not None:
@@ -213,6 +221,7 @@ class Recorder:
         gets its own wakeup pipe (the parent's is shared) and its own flusher thread."""
         self.lock = threading.RLock()
         self.out, self.buf, self.opened, self.started = None, deque(), False, False
+        self.path, self.store = None, Store()
         if self.native is not None:
             self.native.restart()
         self.new_works.clear()
@@ -249,9 +258,11 @@ class Recorder:
 
 def die_by(rec: Recorder, sig: int) -> None:
     """Flush, then take the signal's default action (from any thread)."""
-    rec.flush()
-    ctypes.CDLL(None).signal(sig, 0)  # SIG_DFL, set from any thread
-    os.kill(os.getpid(), sig)
+    try:
+        rec.stop(signal.Signals(sig).name)
+    finally:  # a full disk must not keep the process alive past its signal
+        ctypes.CDLL(None).signal(sig, 0)  # SIG_DFL, set from any thread
+        os.kill(os.getpid(), sig)
 
 
 def start_flusher(rec: Recorder) -> None:
