@@ -249,8 +249,9 @@ def test_the_op_forms_output_cannot_be_left_unspecified() -> None:
     text = textwrap.dedent("""\
         cases:
           - name: shrug
-            op: all_reduce
+            op: reduce
             world_size: 2
+            args: {dst: 0}
             shape: [2]
             input: 1
             expected: unspecified
@@ -265,6 +266,34 @@ def test_the_op_forms_output_cannot_be_left_unspecified() -> None:
     with pytest.raises(CaseFileErrors) as info:
         collect.from_text(text, "shrug.yaml", "gloo")
     message = str(info.value)
-    assert "shrug.yaml:7:" in message
+    assert "shrug.yaml:8:" in message
     assert "expected: unspecified leaves the op's output unchecked" in message
     assert "1 problem(s)" in message  # the case that must raise may leave it unspecified
+
+
+def test_an_unspecified_output_that_ranks_must_agree_on_is_compared_across_ranks(
+        tmp_path: Path) -> None:
+    """all_reduce's output must be identical on every rank: with its values unspecified, that
+    is what is compared, and the record says so; at world size 1 nothing is, and it fails."""
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "agree.yaml").write_text(textwrap.dedent("""\
+        cases:
+          - name: agree
+            op: all_reduce
+            world_size: [1, 2]
+            shape: [3]
+            input: {generator: random, seed: 3}
+            dtype: float32
+            expected: unspecified
+        """))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "cases", "--rootdir=.", "-p",
+                           "no:cacheprovider", "-q", "--backend", "gloo", "--report-json",
+                           "r.json"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    records = {r["world_size"]: r for r in json.loads((tmp_path / "r.json").read_text())[
+        "records"]}
+    assert records[2]["outcome"] == "passed", proc.stdout
+    assert records[2]["evidence"] == {"agreement": [{"buffer": "tensor", "ranks": [0, 1]}]}
+    assert records[1]["outcome"] == "failed"
+    assert "nothing was compared" in records[1]["message"]
