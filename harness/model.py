@@ -393,6 +393,9 @@ class Instance:
     ordering: OrderingPlan | None = None  # async-contract checks (harness.ordering.plan)
     perf: PerfPlan | None = None  # time it after the checks (--perf; harness.perf.plan)
     numerics: NumericsPlan | None = None  # properties and error bounds (harness.verdict.numerics)
+    # Program buffers an op writes that nothing compares: (name, the case's reason from
+    # ``unchecked:``, "" where it gives none). The record reports them (harness.casefile.coverage).
+    unchecked: tuple[tuple[str, str], ...] = ()
     # Per buffer, the YAML line a value failure points at: its ``expected:`` entry, else the
     # ``input:`` it is derived from (``expected: auto``), else its declaration.
     value_lines: tuple[tuple[str, int], ...] = ()

@@ -43,13 +43,18 @@ cases:
     input: 1
     reduce_op: bxor
     raises: "(?i)bxor|unsupported|not supported|cannot use"
-  - name: nothing_compared
+  - name: partly_checked
     world_size: 2
     tensors:
       t: {shape: [4], dtype: float32, init: "rank"}
+      u: {shape: [4], dtype: float32, init: "rank"}
+      w: {shape: [4], dtype: float32, init: "rank"}
     steps:
       - {op: all_reduce, tensor: t}
-    unchecked: {t: "the test states nothing about it"}
+      - {op: all_reduce, tensor: u}
+      - {op: all_reduce, tensor: w}
+    expected: {t: 1}
+    unchecked: {u: "the test states nothing about it"}
   - name: empty_size_invariant
     op: all_reduce
     world_size: 2
@@ -105,7 +110,7 @@ def _session(tmp_path: Path, backend: str, fault: str = "none", *keys: str
 def gloo(tmp_path_factory: pytest.TempPathFactory
          ) -> tuple[int, str, dict[str, dict[str, Any]], str]:
     return _session(tmp_path_factory.mktemp("ev"), "gloo", "none", "plain", "bare_barrier",
-                    "rejects", "nothing_compared", "empty_size_invariant")
+                    "rejects", "partly_checked", "empty_size_invariant")
 
 
 def test_a_pass_lists_what_it_compared(gloo: tuple[int, str, dict[str, Any], str]) -> None:
@@ -150,14 +155,17 @@ def test_the_gate_refuses_a_pass_without_evidence(
     assert not (tmp_path / "other.json").exists()
 
 
-def test_nothing_compared_is_a_failure_that_says_so(
+def test_buffers_nothing_compares_are_reported_not_counted(
         gloo: tuple[int, str, dict[str, Any], str]) -> None:
     rc, out, records, _ = gloo
-    rec = records["nothing_compared"]
-    assert rec["outcome"] == "failed", out
-    assert "nothing was compared" in rec["message"]
-    assert rec["evidence"] == {}
-    assert rc == 1
+    rec = records["partly_checked"]
+    assert rec["outcome"] == "passed", out
+    assert [c["what"] for c in rec["evidence"]["checks"]] == ["t"]
+    assert rec["not_checked"] == [
+        {"buffer": "u", "reason": "the test states nothing about it"},
+        {"buffer": "w", "reason": "not stated by the case"}]
+    assert "not_checked" not in records["plain"]
+    assert rc == 1  # empty_size_invariant fails
 
 
 def test_a_property_over_an_empty_buffer_does_not_hold(
@@ -200,24 +208,39 @@ def test_an_override_with_wrong_values_is_a_declared_divergence(tmp_path: Path) 
     assert rc == 0  # declared, so not a failure; but never counted as conformant
 
 
-def test_a_written_buffer_nothing_checks_is_a_collection_error() -> None:
+@pytest.mark.parametrize(("program", "where", "words"), [
+    ("      - {op: all_reduce, tensor: t}\n    expected: {t: unspecified}\n",
+     "nothing.yaml:7:34:", "buffer 't' is written by all_reduce but nothing checks it, and "
+     "nothing else in the program is compared"),
+    ("      - {op: all_reduce, tensor: t}\n    unchecked: {t: a reason is no comparison}\n",
+     "nothing.yaml:7:34:", "buffer 't' is written by all_reduce but nothing checks it"),
+    ("      - {sleep: 0.01}\n      - {op: all_reduce, tensor: t, async: true, handle: h}\n"
+     "      - {wait: h}\n    expected: {t: unspecified}\n",
+     "nothing.yaml:8:34:", "nothing else in the program is compared"),
+])
+def test_a_program_that_compares_nothing_is_a_collection_error(
+        program: str, where: str, words: str) -> None:
+    text = ("cases:\n  - name: nothing\n    world_size: 2\n    tensors:\n"
+            "      t: {shape: [4], dtype: float32, init: 1}\n    steps:\n" + program)
+    with pytest.raises(CaseFileErrors) as info:
+        collect.from_text(text, "nothing.yaml", "gloo")
+    message = str(info.value)
+    assert where in message and words in message, message
+
+
+def test_a_program_with_one_comparison_may_leave_other_buffers_unchecked() -> None:
     text = textwrap.dedent("""\
         cases:
-          - name: forgot
+          - name: returns_only
             world_size: 2
             tensors:
               t: {shape: [4], dtype: float32, init: 1}
-              out: {shape: [8], dtype: float32, init: 0}
             steps:
-              - {op: all_gather_into_tensor, output: out, input: t}
-            expected: {t: unchanged, out: unspecified}
+              - {op: all_reduce, tensor: t, async: true, handle: h}
+              - {work_state: h, is_completed: true}
         """)
-    with pytest.raises(CaseFileErrors) as info:
-        collect.from_text(text, "forgot.yaml", "gloo")
-    message = str(info.value)
-    assert "forgot.yaml:8:46:" in message
-    assert "buffer 'out' is written by all_gather_into_tensor but nothing checks it" in message
-    assert "unchecked: {out:" in message
+    (inst,) = collect.from_text(text, "fine.yaml", "gloo")
+    assert inst.unchecked == (("t", ""),)
 
 
 def test_unchecked_needs_a_declared_tensor_and_the_steps_form() -> None:

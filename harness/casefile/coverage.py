@@ -1,18 +1,19 @@
-"""Every buffer a program's ops write is checked, or declared unchecked with a reason.
+"""What a program compares, known before it runs: nothing passes on nothing.
 
-A program (the ``steps:`` form) compares only the buffers its ``expected:`` names. A buffer an
-op writes and nothing compares would let the program pass whatever the backend put there, and a
-property such as ``deterministic`` would have held on nothing. So, at collection, each buffer
-that some op step may write (an output or in-place role, an ``irecv`` entry) must be
+A program (the ``steps:`` form) compares the buffers its ``expected:`` gives values (any fill
+but ``unspecified``), the groups of ``same_bits``, and whatever its steps state (``returns``,
+``warns``, a step's ``raises``, ``work_state``, ``blocks_until_all``, a read's or future's
+``expect``, the membership a ``new_group`` step checks); the numerics properties compare the
+bits of every buffer across runs; a declared tensor no op writes must come back untouched; an
+op that takes no buffer (``barrier``) is observed returning. A program with none of these
+would pass whatever the backend did, so it is a collection error at the step that writes
+its first unchecked buffer (or at ``steps:``).
 
-- given a value under ``expected:`` (``unspecified`` is no value), or
-- compared with other buffers by ``same_bits``, or
-- named under ``unchecked: {BUFFER: "why its value is not checked"}``;
-
-a case whose own contract is to raise, hang or crash is exempt (its buffers are not its
-contract), and so is a step with its own ``raises:``. ``unchecked:`` buffers are still
-digested for the numerics properties, so ``deterministic: 3`` with ``unchecked: {out: ...}``
-checks that ``out`` comes back bit for bit the same, and nothing more.
+A buffer that some op writes and nothing compares is allowed next to other evidence, but it
+is never silent: it is listed on the instance (:func:`unchecked`) and in the record's
+``not_checked``, with the case's reason when ``unchecked: {BUFFER: "why"}`` gives one. A case
+whose own contract is to raise, hang or crash is exempt (its buffers are not its contract),
+and so is a step with its own ``raises:``.
 """
 
 from __future__ import annotations
@@ -55,35 +56,77 @@ def written(raw: dict[str, Any]) -> dict[str, tuple[Path, str]]:
     return out
 
 
-def check(case: Case) -> list[CaseFileError]:
-    """The written buffers of ``case`` that nothing checks, and bad ``unchecked:`` entries."""
-    raw = case.raw
-    tensors = raw.get("tensors") or {}
-    unchecked = raw.get("unchecked") or {}
+STEP_CHECKS = ("returns", "warns", "raises", "work_state", "blocks_until_all", "new_group")
+
+
+def _valued(raw: dict[str, Any]) -> set[str]:
     given = raw.get("expected")
     expected: dict[str, Any] = given if isinstance(given, dict) else {}
+    return {str(n) for n, v in expected.items() if v != "unspecified"}
+
+
+def _same_bits(raw: dict[str, Any]) -> set[str]:
+    return {str(n) for group in raw.get("same_bits") or [] if isinstance(group, list)
+            for n in group}
+
+
+def unchecked(raw: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(buffer, the case's reason or "") for each buffer an op writes that nothing compares."""
+    if "steps" not in raw:
+        return ()
+    reasons = raw.get("unchecked") or {}
+    left = set(written(raw)) - _valued(raw) - _same_bits(raw)
+    return tuple((n, str(reasons.get(n, ""))) for n in sorted(left))
+
+
+def _compares_something(raw: dict[str, Any], writes: set[str]) -> bool:
+    """Whether anything of the program is compared (see the module docstring)."""
+    tensors = raw.get("tensors") or {}
+    if _valued(raw) or _same_bits(raw) or set(tensors) - writes:
+        return True  # a value, a same_bits group, or a buffer that must come back untouched
+    if any(raw.get(k) for k in ("deterministic", "iterations", "offset_invariant",
+                                "fusion_invariant", "size_invariant")):
+        return True
+    for _, step in walk(raw.get("steps") or []):
+        if not isinstance(step, dict):
+            continue
+        if any(k in step for k in STEP_CHECKS):
+            return True
+        if ("read" in step or "future" in step) and step.get("expect", "unspecified") != (
+                "unspecified"):
+            return True
+        op = ops.ALL_OPS.get(str(step.get("op")))
+        if op is not None and not op.roles and not op.p2p_entries:
+            return True  # barrier-like: its return on every rank is observed
+    return False
+
+
+def check(case: Case) -> list[CaseFileError]:
+    """Bad ``unchecked:`` entries, and a program that would compare nothing at all."""
+    raw = case.raw
+    tensors = raw.get("tensors") or {}
+    reasons = raw.get("unchecked") or {}
+    valued = _valued(raw)
     errs: list[CaseFileError] = []
-    for name in unchecked:
+    for name in reasons:
         if name not in tensors:
             errs.append(case.error(("unchecked", name), f"unchecked: unknown tensor {name!r}",
                                    suggest(str(name), tuple(tensors))))
-        elif name in expected and expected[name] != "unspecified":
+        elif name in valued:
             errs.append(case.error(("unchecked", name), f"{name!r} is both unchecked and "
                                    "given a value under expected:", "keep one of the two"))
-    if any(k in raw for k in ("raises", "hangs", "crashes")):
+    if errs or any(k in raw for k in ("raises", "hangs", "crashes")):
         return errs
-    same = {n for group in raw.get("same_bits") or [] if isinstance(group, list)
-            for n in group}
-    for name, (path, op) in written(raw).items():
-        valued = name in expected and expected[name] != "unspecified"
-        if valued or name in same or name in unchecked or name not in tensors:
-            continue
-        errs.append(case.error(path, (
-            f"buffer {name!r} is written by {op} but nothing checks it, so the program would "
-            "pass whatever the backend leaves there"), (
-            f"give it a value under expected:, compare it with same_bits, or declare "
-            f"unchecked: {{{name}: \"why its value is not checked\"}}")))
-    return errs
+    writes = written(raw)
+    if _compares_something(raw, set(writes)):
+        return []
+    left = [(n, w) for n, w in writes.items() if n in tensors]
+    path, what = ((left[0][1][0], f"buffer {left[0][0]!r} is written by {left[0][1][1]} but "
+                   "nothing checks it, and nothing else in the program is compared")
+                  if left else (("steps",), "nothing in this program is compared"))
+    return [case.error(path, f"{what}, so it would pass whatever the backend does", (
+        "give a buffer a value under expected:, compare buffers with same_bits, or state "
+        "what a step must do (returns, raises, work_state, a read's expect)"))]
 
 
 def check_shorthand(case: Case) -> list[CaseFileError]:

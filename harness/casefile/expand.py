@@ -22,7 +22,7 @@ from ..model import (
     Tolerance,
 )
 from ..ordering.plan import plan_instances
-from . import caseenv, lifecycle, numerics, opargs, stepkinds
+from . import caseenv, coverage, lifecycle, numerics, opargs, stepkinds
 from . import groups as named_groups
 from . import overrides as case_overrides
 from .bounds import check_instance
@@ -224,6 +224,7 @@ class _Expander:
             bind_device=device == "cuda" and named_groups.splits(steps),
             issued=issued if len(issued) > 1 else (),
             numerics=numerics.plan(case, steps, tensors),
+            unchecked=coverage.unchecked(raw),
         )
 
 

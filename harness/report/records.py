@@ -122,6 +122,9 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
         record["harness_error"] = result.harness_error
     if result.evidence or result.outcome not in ("skipped",):
         record["evidence"] = result.evidence
+    if inst.unchecked:  # written by an op, compared by nothing: said, never silent
+        record["not_checked"] = [{"buffer": n, "reason": why or "not stated by the case"}
+                                 for n, why in inst.unchecked]
     if inst.expectation.applied:
         record["overrides_applied"] = [{"line": line, "reason": reason, "patched": list(keys)}
                                        for line, reason, keys in inst.expectation.applied]
