@@ -41,7 +41,7 @@ cases:
     tensors: {t: {shape: [2], init: zeros}}
     steps:
       - {op: recv, tensor: t, src: 0, ranks: [1]}
-    expected: {}
+    expected: {t: 0}
   - name: groups
     world_size: 3
     tensors: {t: {shape: [2], init: "rank"}}
@@ -127,7 +127,7 @@ cases:
     steps:
       - {op: recv, tensor: t, src: 0, ranks: [1]}
       - {op: recv, tensor: t, src: 1, ranks: [0]}
-    expected: {}
+    expected: {t: 0}
 """ + LONG_HANG
 
 

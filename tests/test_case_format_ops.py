@@ -144,7 +144,7 @@ cases:
     tensors: {t: {shape: ["2 + rank"], init: 0}}
     steps:
       - {op: all_reduce, tensor: t}
-    expected: {}
+    expected: {t: 0}
 """)
     assert inst.tensors[0].rank_shapes == ((2,), (3,), (4,))
 

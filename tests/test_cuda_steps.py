@@ -37,6 +37,7 @@ cases:
       t: {{shape: [4], init: 1}}
     steps:
 {steps}
+    expected: {{t: 2}}
 """
 
 

@@ -221,7 +221,7 @@ def test_program_ids_say_sync_or_async_and_name_only_a_reduce_op_a_call_uses() -
         steps:
           - {op: all_gather_into_tensor, input: shard, output: full}
           - {op: reduce_scatter_tensor, input: full, output: shard}
-        expected: {}
+        expected: {shard: "2 * rank"}
     """)
     by_case = {i.case: i for i in got}
     assert by_case["ring"].id == "gloo-ws2-float32-async"

@@ -106,7 +106,7 @@ cases:
     tensors: {t: {shape: [1], init: zeros}}
     steps:
       - {op: recv, tensor: t, src: 0, ranks: [1]}
-    expected: {}
+    expected: {t: 0}
   - name: declared_hang
     world_size: 2
     hangs: true

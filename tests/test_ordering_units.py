@@ -35,7 +35,7 @@ cases:
       t: {shape: [3], init: zeros}
     steps:
 %s
-    expected: {}
+    expected: {t: 0}
 """
 
 

@@ -35,7 +35,7 @@ cases:
           - {op: irecv, tensor: u, peer: "1 - rank"}
         handle: b
       - {wait: [s, r, b]}
-    expected: {}
+    expected: {t: [1, 2, 3], u: [1, 2, 3]}
 """
 
 

@@ -539,7 +539,7 @@ cases:
     tensors: {t: {shape: [2], init: 0}}
     steps:
       - {op: recv, tensor: t, src: 0, ranks: [1]}
-    expected: {}
+    expected: {t: 0}
 """)
     res = run_pytest(tmp_path, "c.yaml", "-q", "--no-report")
     assert res.returncode == 1

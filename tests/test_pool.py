@@ -76,35 +76,35 @@ cases:
     tensors: {t: {shape: [2], init: zeros}}
     steps:
       - {op: recv, tensor: t, src: 0, ranks: [1]}
-    expected: {}
+    expected: {t: 0}
   - name: aborts
     world_size: 3
     tensors: {t: {shape: [2], init: zeros}}
     steps:
       - {abort: true, ranks: [2]}
       - {op: all_reduce, tensor: t}
-    expected: {}
+    expected: {t: 0}
   - name: segfaults
     world_size: 2
     tensors: {t: {shape: [2], init: zeros}}
     steps:
       - {segfault: true, ranks: [0]}
       - {op: all_reduce, tensor: t}
-    expected: {}
+    expected: {t: 0}
   - name: exits
     world_size: 2
     tensors: {t: {shape: [2], init: zeros}}
     steps:
       - {exit: 7, ranks: [1]}
       - {op: all_reduce, tensor: t}
-    expected: {}
+    expected: {t: 0}
   - name: raises_on_one_rank
     world_size: 2
     tensors: {t: {shape: [2], init: zeros}}
     steps:
       - {raise: "only rank 1 fails", ranks: [1]}
       - {op: all_reduce, tensor: t}
-    expected: {}
+    expected: {t: 0}
   - name: expected_hang
     world_size: 2
     hangs: true
@@ -174,7 +174,7 @@ def start_hanging_session(tmp_path: Path, marker: str, *extra: str) -> subproces
         steps:
           - {op: recv, tensor: t, src: 0, ranks: [1]}
           - {op: recv, tensor: t, src: 1, ranks: [0]}
-        expected: {}
+        expected: {t: 0}
     """))
     return start(tmp_path, pytest_argv("hang.yaml", "-q", "--no-report", *extra),
                  merge_stderr=True, COLLECTIVE_TEST_MARKER=marker)

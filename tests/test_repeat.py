@@ -21,6 +21,7 @@ cases:
       t: {{shape: [4, 3], init: 0}}
     steps:
       - {step}
+    expected: {{t: 0}}
 """
 
 
@@ -65,6 +66,7 @@ def test_wait_timeout_reaches_the_step() -> None:
         steps:
           - {op: all_reduce, tensor: t, async: true, handle: h}
           - {wait: h, timeout: 1.5}
+        expected: {t: 0}
     """)
     doc = yamlload.load_text(text, "cases/x.yaml")
     (case,) = validate.load_cases(doc)

@@ -70,6 +70,7 @@ cases:
       d: {{shape: [2, 2], init: 0}}
     steps:
       - {step}
+    expected: {{d: 0}}
 """
 
 

@@ -27,6 +27,7 @@ cases:
       - {{op: all_reduce, tensor: t, async: true, handle: h}}
       - {{op: all_reduce, tensor: t, async: true, handle: g}}
       - {step}
+    expected: {{t: 0}}
 """
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from .. import ops
 from ..errors import CaseFileError, CaseFileErrors
 from ..model import Case
-from . import coverage, entries, lifecycle, opargs, repeat, returns, stepkinds
+from . import entries, lifecycle, opargs, repeat, returns, stepkinds
 from .fields import check_expr, check_fill, suggest
 from .load import Path
 from .stepkinds import work_state
@@ -93,7 +93,6 @@ def check_steps(case: Case) -> None:
                     case, (*epath, tname), fill, True)
             except CaseFileErrors as exc:
                 errs.extend(exc.errors)
-    errs.extend(coverage.check(case))
     if errs:
         raise CaseFileErrors(errs)
 

@@ -145,7 +145,6 @@ def check_case(case: Case) -> None:
               raw.get("input", 0), False)
         guard(opargs.check_object_fill if out_obj else check_fill, case, ("expected",),
               raw.get("expected", "auto"), True)
-        errs.extend(coverage.check_shorthand(case))
         if raw.get("op") in ops.ALL_OPS:
             op = ops.get(raw["op"])
             args = raw.get("args", {})
@@ -183,6 +182,8 @@ def check_case(case: Case) -> None:
                     raw["args"][key], list) else ("args", key), v)
     if "splits" in raw.get("args", {}):
         guard(opargs.check_splits, case, ("args", "splits"), raw["args"]["splits"])
+    if not errs:  # what a program compares is a question only once it is well formed
+        errs.extend(coverage.check(case) if has_steps else coverage.check_shorthand(case))
     if errs:
         raise CaseFileErrors(errs)
 
