@@ -26,11 +26,10 @@ from harness.record.importing import (
     dtype,
     embedded_json,
     shape,
-    short,
     where,
 )
 from harness.record.optable import WAIT_OPS, UnknownOp, translate
-from harness.record.trace import TraceError
+from harness.record.trace import TraceError, short
 
 KIND = "execution trace"
 PREFIXES = ("c10d::", "_c10d_functional::")

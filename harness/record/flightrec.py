@@ -22,11 +22,10 @@ from harness.record.importing import (
     embedded_json,
     rank_list,
     shape,
-    short,
     where,
 )
 from harness.record.optable import Call
-from harness.record.trace import TraceError
+from harness.record.trace import TraceError, short
 
 KIND = "Flight Recorder dump"
 GPU_BACKENDS = {"nccl", "ncclx", "rccl", "rcclx", "xccl", "hccl", "mccl"}

@@ -23,9 +23,9 @@ from typing import Any
 from harness.record.cases import Recording
 from harness.record.exectrace import calls_from_et
 from harness.record.flightrec import calls_from_fr
-from harness.record.importing import MAX_CALL_RANKS, MAX_RANKS, Imported, short
+from harness.record.importing import MAX_CALL_RANKS, MAX_RANKS, Imported
 from harness.record.plaindata import load_document
-from harness.record.trace import TraceError
+from harness.record.trace import TraceError, short
 
 MAX_FILES = 4096
 
@@ -37,7 +37,7 @@ def _kind(path: Path, doc: Any) -> str:
         return "et"
     keys = ", ".join(sorted(map(str, doc))[:6]) if isinstance(doc, dict) else type(doc).__name__
     raise TraceError(f"{path}: neither a Flight Recorder dump (entries, version, pg_config) "
-                     f"nor an execution trace (schema, nodes); it has: {short(keys)}")
+                     f"nor an execution trace (schema, nodes); it has: {short(keys, 80)}")
 
 
 def file_rank(path: Path, doc: dict[str, Any]) -> int:
@@ -46,7 +46,7 @@ def file_rank(path: Path, doc: dict[str, Any]) -> int:
     if rank is not None:
         if type(rank) is not int or not 0 <= rank < MAX_RANKS:
             raise TraceError(f"{path}: field 'rank' is not a rank below {MAX_RANKS}: "
-                             f"{short(repr(rank))}")
+                             f"{short(repr(rank), 80)}")
         return rank
     m = re.search(r"(\d+)$", path.stem if path.suffix in {".json", ".pkl"} else path.name)
     if m is None:

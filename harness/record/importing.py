@@ -14,7 +14,7 @@ from typing import Any
 
 from harness.record.optable import Call
 from harness.record.plaindata import Refused, json_value
-from harness.record.trace import TraceError
+from harness.record.trace import TraceError, short
 
 MAX_ENTRIES = 1_000_000
 # Every rank, group size and world size a file states, or its name gives: checked before a
@@ -49,12 +49,6 @@ class Imported:
     lacks: list[str] = field(default_factory=list)  # what the format does not record
     not_replayed: list[str] = field(default_factory=list)
     partial: list[str] = field(default_factory=list)
-
-
-def short(text: str, limit: int = 80) -> str:
-    """``text`` cut to ``limit`` characters, control characters escaped: for messages."""
-    text = text if len(text) <= limit else text[:limit] + "..."
-    return text.encode("unicode_escape").decode("ascii")
 
 
 def embedded_json(at: str, text: Any, what: str) -> Any:

@@ -66,7 +66,8 @@ class Tally:
     waits_dropped: list[tuple[str, int]] = field(default_factory=list)  # (why, waits)
 
 
-def _short(text: str, limit: int = 60) -> str:
+def short(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters, control characters escaped: for messages."""
     text = text if len(text) <= limit else text[:limit] + "..."
     return text.encode("unicode_escape").decode("ascii")
 
@@ -130,11 +131,11 @@ def read_trace(path: Path) -> RankTrace:
             if last and torn and trace is not None:
                 trace.truncated = f"record {n} cut off mid-write"
                 break
-            raise TraceError(f"{path}: record {n}: not JSON ({_short(str(e))}): "
-                             f"{_short(line)}") from None
+            raise TraceError(f"{path}: record {n}: not JSON ({short(str(e))}): "
+                             f"{short(line)}") from None
         if not isinstance(rec, dict) or len(rec) != 1:
             raise TraceError(f"{path}: record {n}: expected one of header/call/wait/end, got "
-                             f"{_short(line)}")
+                             f"{short(line)}")
         (kind, body), = rec.items()
         if trace is None:
             trace = _header(path, kind, body)
@@ -150,9 +151,9 @@ def read_trace(path: Path) -> RankTrace:
             trace.ended = True
         elif kind == "stop":
             how = body.get("how") if isinstance(body, dict) else None
-            trace.stopped = _short(how) if isinstance(how, str) and how else "?"
+            trace.stopped = short(how) if isinstance(how, str) and how else "?"
         else:
-            raise TraceError(f"{path}: record {n}: unknown record kind '{_short(kind)}'")
+            raise TraceError(f"{path}: record {n}: unknown record kind '{short(kind)}'")
     if trace is None:
         raise TraceError(f"{path}: empty: the process wrote no header (did it call any "
                          "collective?)")
@@ -161,13 +162,19 @@ def read_trace(path: Path) -> RankTrace:
     return trace
 
 
-def _header(path: Path, kind: str, body: Any) -> RankTrace:
-    if kind != "header" or not isinstance(body, dict) or body.get("format") != FORMAT:
-        raise TraceError(f"{path}: record 1: not a {FORMAT} header (a foreign file?)")
+def _check_head(path: Path, kind: str, body: Any, want: str, what: str) -> None:
+    """Record 1 of a trace or tally: this format's ``want`` record, of a version read here."""
+    if kind != want or not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise TraceError(f"{path}: record 1: not a {FORMAT} {want}"
+                         " (a foreign file?)")
     if type(body.get("version")) is not int or body.get("version") not in READS:
-        raise TraceError(f"{path}: record 1: trace version {_short(str(body.get('version')))}"
+        raise TraceError(f"{path}: record 1: {what} version {short(str(body.get('version')))}"
                          f", this collective-record reads versions "
                          f"{', '.join(map(str, READS))}")
+
+
+def _header(path: Path, kind: str, body: Any) -> RankTrace:
+    _check_head(path, kind, body, "header", "trace")
     rank, world = body.get("rank"), body.get("world_size")
     if type(rank) is not int or type(world) is not int:
         raise TraceError(f"{path}: record 1: rank and world_size must be integers")
@@ -197,24 +204,24 @@ def read_tally(path: Path, seqs: set[int]) -> Tally:
         try:
             rec = json.loads(line)
         except (json.JSONDecodeError, RecursionError) as e:
-            raise TraceError(f"{path}: record {n}: not JSON ({_short(str(e))}): "
-                             f"{_short(line)}") from None
+            raise TraceError(f"{path}: record {n}: not JSON ({short(str(e))}): "
+                             f"{short(line)}") from None
         if not isinstance(rec, dict) or len(rec) != 1:
             raise TraceError(f"{path}: record {n}: expected one of tally/same/wait/drop/"
-                             f"drop_waits, got {_short(line)}")
+                             f"drop_waits, got {short(line)}")
         (kind, body), = rec.items()
         if tally is None:
             tally = _tally_head(path, kind, body)
             continue
         shape = _TALLY_SHAPES.get(kind)
         if shape is None:
-            raise TraceError(f"{path}: record {n}: unknown record kind '{_short(kind)}'")
+            raise TraceError(f"{path}: record {n}: unknown record kind '{short(kind)}'")
         if not (isinstance(body, list) and len(body) == len(shape)
                 and all(_count(v) if t is int else type(v) is t
                         for v, t in zip(body, shape, strict=True))):
             raise TraceError(f"{path}: record {n}: '{kind}' must be a list of "
                              f"{', '.join(t.__name__ for t in shape)} (counts not negative): "
-                             f"{_short(line)}")
+                             f"{short(line)}")
         if kind in ("same", "wait") and body[0] not in seqs:
             raise TraceError(f"{path}: record {n}: counts for call seq {body[0]}, which its "
                              "trace does not hold")
@@ -231,12 +238,7 @@ def read_tally(path: Path, seqs: set[int]) -> Tally:
 
 
 def _tally_head(path: Path, kind: str, body: Any) -> Tally:
-    if kind != "tally" or not isinstance(body, dict) or body.get("format") != FORMAT:
-        raise TraceError(f"{path}: record 1: not a {FORMAT} tally (a foreign file?)")
-    if type(body.get("version")) is not int or body.get("version") not in READS:
-        raise TraceError(f"{path}: record 1: tally version {_short(str(body.get('version')))}"
-                         f", this collective-record reads versions "
-                         f"{', '.join(map(str, READS))}")
+    _check_head(path, kind, body, "tally", "tally")
     seen, stored, until = body.get("seen", -1), body.get("stored", -1), body.get("ordered_until")
     if not (_count(seen) and _count(stored) and (until is None or _count(until))):
         raise TraceError(f"{path}: record 1: seen and stored must be counts, ordered_until a "
