@@ -35,6 +35,11 @@ cases:
   - name: bare_barrier
     op: barrier
     world_size: 2
+  - name: gathered
+    op: gather_object
+    world_size: 2
+    args: {dst: 0}
+    input: {0: "a", 1: [1, 2]}
   - name: rejects
     op: all_reduce
     world_size: 2
@@ -110,7 +115,7 @@ def _session(tmp_path: Path, backend: str, fault: str = "none", *keys: str
 def gloo(tmp_path_factory: pytest.TempPathFactory
          ) -> tuple[int, str, dict[str, dict[str, Any]], str]:
     return _session(tmp_path_factory.mktemp("ev"), "gloo", "none", "plain", "bare_barrier",
-                    "rejects", "partly_checked", "empty_size_invariant")
+                    "gathered", "rejects", "partly_checked", "empty_size_invariant")
 
 
 def test_a_pass_lists_what_it_compared(gloo: tuple[int, str, dict[str, Any], str]) -> None:
@@ -125,6 +130,10 @@ def test_a_pass_lists_what_it_compared(gloo: tuple[int, str, dict[str, Any], str
     barrier = records["bare_barrier"]
     assert barrier["outcome"] == "passed"
     assert barrier["evidence"]["completed"] == {"ops": ["barrier"], "ranks": [0, 1]}
+    gathered = records["gathered"]  # the root's gathered list is compared, not only others'
+    assert gathered["outcome"] == "passed"
+    by_how = {(c["what"], c["how"]): c["ranks"] for c in gathered["evidence"]["checks"]}
+    assert by_how[("output", "auto")] == [0]
     rejects = records["rejects"]
     if rejects["outcome"] == "passed":  # Gloo rejects BXOR on floats
         assert rejects["evidence"]["raised"]["ranks"] == [0, 1]

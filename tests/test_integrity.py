@@ -77,6 +77,7 @@ cases:
   - name: slow
     world_size: 2
     deadline: 120
+    tensors: {t: {shape: [1], init: 1}}  # no step writes it: it must come back untouched
     steps:
       - {sleep: 60}
   - name: never_reached
