@@ -35,6 +35,12 @@ cases:
   - name: bare_barrier
     op: barrier
     world_size: 2
+  - name: sub_agree
+    op: all_reduce
+    world_size: 3
+    args: {group: [0, 2]}
+    shape: [2]
+    input: 1
   - name: gathered
     op: gather_object
     world_size: 2
@@ -115,7 +121,7 @@ def _session(tmp_path: Path, backend: str, fault: str = "none", *keys: str
 def gloo(tmp_path_factory: pytest.TempPathFactory
          ) -> tuple[int, str, dict[str, dict[str, Any]], str]:
     return _session(tmp_path_factory.mktemp("ev"), "gloo", "none", "plain", "bare_barrier",
-                    "gathered", "rejects", "partly_checked", "empty_size_invariant")
+                    "sub_agree", "gathered", "rejects", "partly_checked", "empty_size_invariant")
 
 
 def test_a_pass_lists_what_it_compared(gloo: tuple[int, str, dict[str, Any], str]) -> None:
@@ -130,6 +136,9 @@ def test_a_pass_lists_what_it_compared(gloo: tuple[int, str, dict[str, Any], str
     barrier = records["bare_barrier"]
     assert barrier["outcome"] == "passed"
     assert barrier["evidence"]["completed"] == {"ops": ["barrier"], "ranks": [0, 1]}
+    sub = records["sub_agree"]  # only the group's members are compared with each other
+    assert sub["outcome"] == "passed", out
+    assert sub["evidence"]["agreement"] == [{"buffer": "tensor", "ranks": [0, 2]}]
     gathered = records["gathered"]  # the root's gathered list is compared, not only others'
     assert gathered["outcome"] == "passed"
     by_how = {(c["what"], c["how"]): c["ranks"] for c in gathered["evidence"]["checks"]}

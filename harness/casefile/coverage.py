@@ -96,7 +96,7 @@ def _compares_something(raw: dict[str, Any], writes: set[str]) -> bool:
                 "unspecified"):
             return True
         op = ops.ALL_OPS.get(str(step.get("op")))
-        if op is not None and not op.roles and not op.p2p_entries:
+        if op is not None and op.takes_no_buffer:
             return True  # barrier-like: its return on every rank is observed
     return False
 

@@ -214,6 +214,12 @@ class Op:
         return None
 
     @property
+    def takes_no_buffer(self) -> bool:
+        """Whether a call passes no buffer at all (``barrier``): returning on every rank is
+        all it lets anyone observe."""
+        return not self.roles and not self.p2p_entries
+
+    @property
     def takes_entry_shape(self) -> bool:
         """Whether a case may give this op's list entries different shapes (``entry_shape``)."""
         return self.entry_layouts(lambda s, j: (), 1) is not None

@@ -49,12 +49,12 @@ def gather(inst: Instance, run: PoolRun, res: InstanceResult) -> dict[str, Any]:
             entry["elements"] += c.total
     if checks:
         out["checks"] = list(checks.values())
+    members = agreement_members(inst)
+    if inst.shorthand is not None and members:
+        seen = sorted(digested.get(inst.shorthand[1], set()) & set(members))
+        if len(seen) > 1:  # the bytes the verdict compared across the members
+            out["agreement"] = [{"buffer": inst.shorthand[1], "ranks": seen}]
     props = res.numerics.get("properties", {})
-    agree = props.get("ranks_agree") == "held" or (
-        inst.shorthand is not None and ops.get(inst.op).agree and res.outcome == "passed")
-    if agree and inst.shorthand is not None and len(digested.get(inst.shorthand[1], ())) > 1:
-        out["agreement"] = [{"buffer": inst.shorthand[1],
-                             "ranks": sorted(digested[inst.shorthand[1]])}]
     compared = numerics.compared_buffers(inst, run.results)
     held = [{"property": name, **compared.get(name, {})}
             for name, verdict in sorted(props.items()) if verdict == "held"
@@ -81,10 +81,19 @@ def gather(inst: Instance, run: PoolRun, res: InstanceResult) -> dict[str, Any]:
     return out
 
 
+def agreement_members(inst: Instance) -> list[int]:
+    """The ranks whose output bytes must be identical (the op table's ``agree``, shorthand
+    form): the op's group, or the world; empty where no agreement is promised."""
+    if inst.shorthand is None or not ops.get(inst.op).agree:
+        return []
+    group = dict(inst.steps[0].args).get("group")
+    return sorted(group) if group else list(range(inst.world_size))
+
+
 def _bare_calls(inst: Instance) -> list[str]:
     """The ops of the program that take no buffer at all (their return is their contract)."""
     return sorted({s.op for s in inst.steps if s.kind == "op" and s.op is not None
-                   and not ops.get(s.op).roles and not dict(s.args).get("p2p.0.op")})
+                   and ops.get(s.op).takes_no_buffer})
 
 
 def require(inst: Instance, res: InstanceResult) -> None:

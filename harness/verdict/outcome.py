@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from .. import ops
 from ..casefile import patterns
 from ..errors import trim_traceback
 from ..model import BAD_OUTCOMES, Instance, InstanceResult, Outcome, PoolRun, RankResult, RankState
@@ -99,11 +98,10 @@ def _value_failures(inst: Instance, results: dict[int, RankResult]) -> list[str]
 def disagreements(inst: Instance, results: dict[int, RankResult]) -> list[str]:
     """For ops whose output must agree across the group (the op table's ``agree``): the ranks
     whose bytes differ, as report lines (empty when all members hold the same digest)."""
-    if inst.shorthand is None or not ops.get(inst.op).agree:
+    members = evidence.agreement_members(inst)
+    if inst.shorthand is None or not members:
         return []
     out_name = inst.shorthand[1]
-    group = dict(inst.steps[0].args).get("group")
-    members = sorted(group) if group else range(inst.world_size)
     by_digest: dict[str, list[int]] = {}
     for r in members:
         res = results.get(r)
