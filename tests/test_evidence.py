@@ -232,6 +232,8 @@ def test_an_override_with_wrong_values_is_a_declared_divergence(tmp_path: Path) 
      "nothing else in the program is compared"),
     ("      - {op: all_reduce, tensor: t}\n    unchecked: {t: a reason is no comparison}\n",
      "nothing.yaml:7:34:", "buffer 't' is written by all_reduce but nothing checks it"),
+    ("      - {op: all_reduce, tensor: t}\n    hangs: false\n",
+     "nothing.yaml:7:34:", "nothing else in the program is compared"),
     ("      - {sleep: 0.01}\n      - {op: all_reduce, tensor: t, async: true, handle: h}\n"
      "      - {wait: h}\n    expected: {t: unspecified}\n",
      "nothing.yaml:8:34:", "nothing else in the program is compared"),

@@ -17,7 +17,7 @@ from .. import dtypes
 from ..errors import CaseFileError, ExprError, quote
 from ..expr import Expr
 from ..model import Case, Fill, Instance, Step, TensorSpec
-from . import sparse
+from . import coverage, sparse
 from .limits import Limits
 
 Path = tuple[Any, ...]
@@ -62,7 +62,7 @@ def check_instance(case: Case, inst: Instance, limits: Limits) -> None:
                        {**env, "rank": rank}, path)
     # A case that declares a failure mode may name a rank outside the world on purpose (to
     # document how a backend rejects it); any other such step would only hang until the deadline.
-    misuse = any(case.raw.get(k) for k in ("raises", "hangs", "crashes"))
+    misuse = coverage.declares_failure(case.raw)
     sleep = [0.0] * ws
     # A capture's own steps are checked at the capture's index (their errors point at it).
     for idx, step in ((i, s) for i, top in enumerate(inst.steps) for s in (top, *top.steps)):

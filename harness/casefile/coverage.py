@@ -70,9 +70,14 @@ def _same_bits(raw: dict[str, Any]) -> set[str]:
             for n in group}
 
 
+def declares_failure(raw: dict[str, Any]) -> bool:
+    """Whether the case's own contract is to raise, hang or crash (``hangs: false`` is not)."""
+    return any(raw.get(k) for k in ("raises", "hangs", "crashes"))
+
+
 def unchecked(raw: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     """(buffer, the case's reason or "") for each buffer an op writes that nothing compares."""
-    if "steps" not in raw or any(k in raw for k in ("raises", "hangs", "crashes")):
+    if "steps" not in raw or declares_failure(raw):
         return ()  # the contract is the failure mode, not the buffers
     reasons = raw.get("unchecked") or {}
     left = set(written(raw)) - _valued(raw) - _same_bits(raw)
@@ -115,7 +120,7 @@ def check(case: Case) -> list[CaseFileError]:
         elif name in valued:
             errs.append(case.error(("unchecked", name), f"{name!r} is both unchecked and "
                                    "given a value under expected:", "keep one of the two"))
-    if errs or any(k in raw for k in ("raises", "hangs", "crashes")):
+    if errs or declares_failure(raw):
         return errs
     writes = written(raw)
     if _compares_something(raw, set(writes)):
@@ -134,8 +139,7 @@ def check_shorthand(case: Case) -> list[CaseFileError]:
     unchecked (allowed where the case's contract is to raise, hang or crash, and for ops whose
     output every rank must hold identically, which is then what is compared)."""
     raw = case.raw
-    if raw.get("expected") != "unspecified" or any(k in raw for k in ("raises", "hangs",
-                                                                      "crashes")):
+    if raw.get("expected") != "unspecified" or declares_failure(raw):
         return []
     op = ops.ALL_OPS.get(str(raw.get("op")))
     if op is not None and op.agree:
