@@ -158,14 +158,6 @@ def property_lines(inst: Instance, results: dict[int, RankResult]
         if plan.same_bits:
             asked["same_bits"] = "held"
     lines: list[str] = []
-    compared = compared_buffers(inst, results)
-    for prop in asked:
-        if not compared.get(prop):
-            # A property over no buffer (none checked or digested, or all of them empty)
-            # would "hold" on nothing: it does not hold.
-            asked[prop] = ("compared nothing: no non-empty buffer of the run was checked or "
-                           "digested")
-            lines.append(f"  {prop}: {asked[prop]}")
     for r, rr in sorted(results.items()):
         first = {c.tensor: c.digest for c in rr.checks if c.digest}
         for group in plan.same_bits if plan is not None else ():
@@ -204,6 +196,14 @@ def property_lines(inst: Instance, results: dict[int, RankResult]
             if asked.get(prop) == "held":
                 asked[prop] = text
             lines.append(f"  {prop}: {text}")
+    compared = compared_buffers(inst, results)
+    for prop, verdict in asked.items():
+        if verdict == "held" and not compared.get(prop):
+            # A property over no buffer (none checked or digested, or all of them empty)
+            # would "hold" on nothing: it does not hold. (One broken otherwise keeps its cause.)
+            asked[prop] = ("compared nothing: no non-empty buffer of the run was checked or "
+                           "digested")
+            lines.append(f"  {prop}: {asked[prop]}")
     return asked, lines
 
 
