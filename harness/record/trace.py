@@ -116,27 +116,38 @@ def _lines(path: Path) -> tuple[list[str], bool]:
     return lines, torn
 
 
+class _NotJSON(TraceError):
+    """A record that does not parse (a trace's torn last line is one)."""
+
+
+def _record(path: Path, n: int, line: str, kinds: str) -> tuple[str, Any]:
+    """Line ``n`` of a trace or tally as (kind, body): one JSON object with one key."""
+    if len(line) > MAX_LINE:
+        raise TraceError(f"{path}: record {n}: line longer than {MAX_LINE} bytes")
+    try:
+        rec = json.loads(line)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise _NotJSON(f"{path}: record {n}: not JSON ({short(str(e))}): "
+                       f"{short(line)}") from None
+    if not isinstance(rec, dict) or len(rec) != 1:
+        raise TraceError(f"{path}: record {n}: expected one of {kinds}, got {short(line)}")
+    (kind, body), = rec.items()
+    return kind, body
+
+
 def read_trace(path: Path) -> RankTrace:
     """Read one rank's trace and its tally, if any; a torn last line (the process died
     mid-write) is kept as a note, anything else malformed raises :class:`TraceError`."""
     lines, torn = _lines(path)
     trace: RankTrace | None = None
     for n, line in enumerate(lines, 1):
-        last = n == len(lines)
-        if len(line) > MAX_LINE:
-            raise TraceError(f"{path}: record {n}: line longer than {MAX_LINE} bytes")
         try:
-            rec = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as e:
-            if last and torn and trace is not None:
+            kind, body = _record(path, n, line, "header/call/wait/end")
+        except _NotJSON:
+            if n == len(lines) and torn and trace is not None:
                 trace.truncated = f"record {n} cut off mid-write"
                 break
-            raise TraceError(f"{path}: record {n}: not JSON ({short(str(e))}): "
-                             f"{short(line)}") from None
-        if not isinstance(rec, dict) or len(rec) != 1:
-            raise TraceError(f"{path}: record {n}: expected one of header/call/wait/end, got "
-                             f"{short(line)}")
-        (kind, body), = rec.items()
+            raise
         if trace is None:
             trace = _header(path, kind, body)
             continue
@@ -199,17 +210,7 @@ def read_tally(path: Path, seqs: set[int]) -> Tally:
                          "collective-record tally")
     tally: Tally | None = None
     for n, line in enumerate(lines, 1):
-        if len(line) > MAX_LINE:
-            raise TraceError(f"{path}: record {n}: line longer than {MAX_LINE} bytes")
-        try:
-            rec = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as e:
-            raise TraceError(f"{path}: record {n}: not JSON ({short(str(e))}): "
-                             f"{short(line)}") from None
-        if not isinstance(rec, dict) or len(rec) != 1:
-            raise TraceError(f"{path}: record {n}: expected one of tally/same/wait/drop/"
-                             f"drop_waits, got {short(line)}")
-        (kind, body), = rec.items()
+        kind, body = _record(path, n, line, "tally/same/wait/drop/drop_waits")
         if tally is None:
             tally = _tally_head(path, kind, body)
             continue
