@@ -662,11 +662,7 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
         if exp is None:
             if _must_agree(inst, spec.name) or _compared(inst, spec.name):
                 # no expected value, but a digest to compare
-                checks.append(_digest_only(spec.name, got))
-                if inst.numerics is not None and inst.numerics.prefix and isinstance(
-                        got, torch.Tensor):
-                    checks[-1].prefix_digest = tensors.digest(
-                        got.reshape(-1)[:inst.numerics.prefix])
+                checks.append(_prefixed(inst, _digest_only(spec.name, got), got))
             continue
         if spec.dtype == "object":
             checks.append(objects.compare(spec.name, got, exp, how))
@@ -679,11 +675,8 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
                 slack = ops.reference_tolerance(inst.reduce_op, inst.group_size(renv.world_size),
                                                 spec.dtype)
                 tol = Tolerance(*slack) if slack else None
-            checks.append(tensors.compare(spec.name, got, exp.to(got.dtype), how, tol, bound,
-                                          tol_text))
-            if inst.numerics is not None and inst.numerics.prefix:
-                checks[-1].prefix_digest = tensors.digest(
-                    got.reshape(-1)[:inst.numerics.prefix])
+            checks.append(_prefixed(inst, tensors.compare(
+                spec.name, got, exp.to(got.dtype), how, tol, bound, tol_text), got))
             if wide:
                 fp64.annotate(checks[-1], got, exp.to(got.dtype), inst, *wide)
             if spec.sparse is not None and got.layout != torch.sparse_coo:
@@ -733,6 +726,14 @@ def _compared(inst: Instance, name: str) -> bool:
     if plan is None:
         return False
     return any(name in g for g in plan.same_bits) or plan.compares_runs()
+
+
+def _prefixed(inst: Instance, check: TensorCheck, got: Any) -> TensorCheck:
+    """``check`` with the digest of ``got``'s leading elements that size_invariant compares
+    (``NumericsPlan.prefix``), when the instance asks for it."""
+    if inst.numerics is not None and inst.numerics.prefix and isinstance(got, torch.Tensor):
+        check.prefix_digest = tensors.digest(got.reshape(-1)[:inst.numerics.prefix])
+    return check
 
 
 def _digest_only(name: str, got: Any) -> TensorCheck:

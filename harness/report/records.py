@@ -120,7 +120,7 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
         record["numerics"] = result.numerics
     if result.harness_error:
         record["harness_error"] = result.harness_error
-    if result.evidence or result.outcome not in ("skipped",):
+    if result.outcome != "skipped":  # judged: what it compared, even if that is nothing
         record["evidence"] = result.evidence
     if inst.unchecked:  # written by an op, compared by nothing: said, never silent
         record["not_checked"] = [{"buffer": n, "reason": why or "not stated by the case"}
