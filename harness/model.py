@@ -246,6 +246,12 @@ class Expectation:
     diverges: str = ""
     # The overrides that applied: (line, reason, the keys each patched), for the record.
     applied: tuple[tuple[int, str, tuple[str, ...]], ...] = ()
+    # Non-empty: what the instance needs that the backend's manifest declares unsupported
+    # ("op reduce", "capability subgroups"): it must be rejected (harness.manifest.apply).
+    unsupported: tuple[str, ...] = ()
+    # Of ``applied``, the lines of the overrides that apply only through the manifest's
+    # ``inherits:`` (the wrapped backend's known behaviours, reported apart from its own).
+    inherited: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,8 @@ def written(raw: dict[str, Any]) -> dict[str, tuple[Path, str]]:
     return out
 
 
-STEP_CHECKS = ("returns", "warns", "raises", "work_state", "blocks_until_all", "new_group")
+STEP_CHECKS = ("returns", "warns", "raises", "work_state", "blocks_until_all", "new_group",
+               "identity")
 
 
 def _valued(raw: dict[str, Any]) -> set[str]:

@@ -53,12 +53,22 @@ def _check_specifier(case: Case, path: tuple[str | int, ...], key: str, spec: st
 
 
 def override_applies(o: Override, inst: Instance, torch_version: str,
-                     nccl_version: str = "") -> bool:
-    """Whether override ``o`` matches ``inst`` on this torch (and NCCL) version."""
-    return not _mismatch(o, inst, torch_version, nccl_version)
+                     nccl_version: str = "", inherits: str = "") -> bool:
+    """Whether override ``o`` matches ``inst`` on this torch (and NCCL) version
+    (``inherits``: the backend the instance's backend wraps, whose overrides apply too)."""
+    return not _mismatch(o, inst, torch_version, nccl_version, inherits)
 
 
-def _mismatch(o: Override, inst: Instance, torch_version: str, nccl_version: str) -> set[str]:
+def inherited(o: Override, inst: Instance, inherits: str) -> bool:
+    """Whether ``o`` is scoped to the wrapped backend ``inherits`` and not to the instance's
+    own: a known behaviour of what the backend wraps, reported apart from its own."""
+    scope = dict(o.when).get("backend")
+    return bool(inherits) and scope is not None and inst.backend not in scope \
+        and inherits in scope
+
+
+def _mismatch(o: Override, inst: Instance, torch_version: str, nccl_version: str,
+              inherits: str = "") -> set[str]:
     """What keeps ``o`` from applying: ``axes`` (the instance is not what it is about),
     ``backend``, ``torch`` and/or ``nccl`` (its scope); empty when it applies. An ``nccl``
     scope never applies where torch has no NCCL (``nccl_version`` empty)."""
@@ -68,6 +78,8 @@ def _mismatch(o: Override, inst: Instance, torch_version: str, nccl_version: str
     out: set[str] = set()
     for key, allowed in o.when:
         have = axes.get(key)
+        if key == "backend" and have not in allowed and inherits in allowed:
+            continue  # the wrapped backend's scope reaches the wrapper (manifest inherits:)
         if key == "dtype":
             allowed = tuple(dtypes.canonical(a) or a for a in allowed)
         if have not in allowed and not (isinstance(have, list) and tuple(have) in allowed):
@@ -82,15 +94,15 @@ def _mismatch(o: Override, inst: Instance, torch_version: str, nccl_version: str
     return out
 
 
-def not_applied(inst: Instance, torch_version: str, nccl_version: str = ""
-                ) -> list[dict[str, Any]]:
+def not_applied(inst: Instance, torch_version: str, nccl_version: str = "",
+                inherits: str = "") -> list[dict[str, Any]]:
     """Overrides that match ``inst`` in everything but their torch-version or backend scope.
 
     They are why a known divergence can show up as an unexplained failure on another torch or
     backend, so the report lists them (line, scope, the scope's condition, reason)."""
     out: list[dict[str, Any]] = []
     for o in inst.overrides:
-        miss = _mismatch(o, inst, torch_version, nccl_version)
+        miss = _mismatch(o, inst, torch_version, nccl_version, inherits)
         if not miss or "axes" in miss:
             continue
         when = dict(o.when)
@@ -101,19 +113,25 @@ def not_applied(inst: Instance, torch_version: str, nccl_version: str = ""
     return out
 
 
-def resolve(inst: Instance, torch_version: str, nccl_version: str = "") -> Instance:
+def resolve(inst: Instance, torch_version: str, nccl_version: str = "",
+            inherits: str = "") -> Instance:
     """Apply the instance's matching overrides (later ones win) to its expectation.
 
     An override's ``ordering: [check, ...]`` is recorded on the ordering plan as a known
-    divergence (reported, not failed); the other keys patch the expectation.
+    divergence (reported, not failed); the other keys patch the expectation. ``inherits``:
+    the backend the instance's backend wraps (a manifest's ``inherits:``); its overrides apply
+    and their lines are kept apart as inherited.
     """
     exp, tol, expected = inst.expectation, inst.tolerance, inst.expected
     known: dict[str, str] = {}
     applied: list[tuple[int, str, tuple[str, ...]]] = []
+    from_wrapped: list[int] = []
     diverges = ""
     for o in inst.overrides:
-        if not override_applies(o, inst, torch_version, nccl_version):
+        if not override_applies(o, inst, torch_version, nccl_version, inherits):
             continue
+        if inherited(o, inst, inherits):
+            from_wrapped.append(o.line)
         patch = dict(o.patch)
         reason = o.reason + (f" ({o.issue})" if o.issue else "")
         applied.append((o.line, reason, tuple(sorted(patch))))
@@ -142,7 +160,8 @@ def resolve(inst: Instance, torch_version: str, nccl_version: str = "") -> Insta
         if "expected" in patch:
             expected = _patch_expected(inst, expected, patch["expected"])
     if applied:
-        exp = replace(exp, applied=tuple(applied), diverges=diverges or exp.diverges)
+        exp = replace(exp, applied=tuple(applied), diverges=diverges or exp.diverges,
+                      inherited=tuple(from_wrapped))
     plan = inst.ordering
     if plan is not None:
         plan = replace(plan, known=tuple(sorted(known.items())))

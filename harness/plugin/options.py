@@ -33,6 +33,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     default=[], metavar="MODULE",
                     help="import MODULE in the parent and in every rank before the process "
                          "group starts (lets a third-party backend register itself)")
+    group.addoption("--manifest", dest="collective_manifest", default=None, metavar="FILE",
+                    help="the backend's capability manifest: what it claims, what it wraps "
+                         "(inherits:), what it declares unsupported (docs: Certify your "
+                         "backend); sets --backend and adds its module")
     group.addoption("--deadline", dest="collective_deadline", type=float, default=None,
                     metavar="SECONDS", help="per-instance deadline before a hang is declared")
     group.addoption("--world-size", dest="collective_world_sizes", default=None,

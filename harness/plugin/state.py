@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from ..errors import quote
+from ..errors import CaseFileError, quote
+from ..manifest.load import Manifest, error_line, read
 from ..run.pool import PoolManager, kill_leftovers
 from ..runner.execute import Runner
 from ..runner.settings import RunSettings
@@ -46,6 +47,11 @@ class HarnessSession:
         self.backend: str = opt("collective_backend") or str(config.getini("collective_backend"))
         mods = opt("collective_backend_modules") or config.getini("collective_backend_modules")
         self.backend_modules: tuple[str, ...] = tuple(mods)
+        self.manifest = read_manifest(opt("collective_manifest"), opt("collective_backend"))
+        if self.manifest is not None:
+            self.backend = self.manifest.backend
+            if self.manifest.module and self.manifest.module not in self.backend_modules:
+                self.backend_modules += (self.manifest.module,)
         self.deadline: float = parse_seconds("--deadline", opt("collective_deadline")
                                         or config.getini("collective_deadline"))
         self.limits = operator_limits(config, self.deadline)
@@ -66,7 +72,8 @@ class HarnessSession:
         # What shapes every instance's run and verdict, as one value (harness.runner); the
         # ordering and perf options are read by read_settings(), where a bad one is reported.
         self.settings = RunSettings(backend=self.backend, backend_modules=self.backend_modules,
-                                    deadline_s=self.deadline, check_iters=self.check_iters)
+                                    deadline_s=self.deadline, check_iters=self.check_iters,
+                                    manifest=self.manifest)
         self._runner: Runner | None = None
         ahead = opt("collective_ahead")
         self.ahead_workers = whole_number(
@@ -184,3 +191,19 @@ WRITTEN_KEY = pytest.StashKey[str]()
 
 # The session's verdict and headline (set at its end, on the controller).
 VERDICT_KEY = pytest.StashKey[tuple[str, str]]()
+
+
+def read_manifest(path: str | None, backend: str | None) -> Manifest | None:
+    """The ``--manifest`` file, checked (pytest.UsageError, one line, on anything wrong,
+    and when ``--backend`` names another backend than the manifest's)."""
+    if not path:
+        return None
+    try:
+        manifest = read(path)
+    except CaseFileError as exc:
+        raise pytest.UsageError(f"--manifest: {error_line(exc)}") from None
+    if backend and backend != manifest.backend:
+        raise pytest.UsageError(f"--manifest {quote(path)} is for backend "
+                                f"{quote(manifest.backend)}, not --backend {quote(backend)}: "
+                                "leave --backend out, or give that backend's manifest")
+    return manifest

@@ -44,7 +44,7 @@ from ..model import (
     tensor_list,
     tensor_names,
 )
-from . import fp64, lifecycle, objects, stepchecks, tensors
+from . import fp64, identity, lifecycle, objects, stepchecks, tensors
 from . import groups as group_steps
 from .graphs import Graphs
 from .timeline import STEP_KINDS, ProgramState
@@ -313,6 +313,9 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                     h = step.waits[0]
                     late.append(stepchecks.check_work_state(
                         step_idx, step, waited.get(h, handles.get(h, (None, None))[0])))
+                    ev.t_return = time.perf_counter() - t0
+                elif step.kind == "identity":
+                    late.append(identity.check(step_idx, step, renv, inst.backend))
                     ev.t_return = time.perf_counter() - t0
                 elif step.kind in STEP_KINDS:
                     state.run(step, step_idx)

@@ -126,8 +126,12 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
         record["not_checked"] = [{"buffer": n, "reason": why or "not stated by the case"}
                                  for n, why in inst.unchecked]
     if inst.expectation.applied:
-        record["overrides_applied"] = [{"line": line, "reason": reason, "patched": list(keys)}
+        from_wrapped = set(inst.expectation.inherited)
+        record["overrides_applied"] = [{"line": line, "reason": reason, "patched": list(keys),
+                                        **({"inherited": True} if line in from_wrapped else {})}
                                        for line, reason, keys in inst.expectation.applied]
+    if inst.expectation.unsupported:  # must be rejected, as the backend's manifest declares
+        record["unsupported"] = list(inst.expectation.unsupported)
     if result.overrides_not_applied:
         record["overrides_not_applied"] = result.overrides_not_applied
     return dict(clean(record))

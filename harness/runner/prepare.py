@@ -1,6 +1,7 @@
 """Prepare an instance: what it becomes on this machine, with this torch, in this session.
 
-The one place where overrides are resolved, the ordering and perf plans configured,
+The one place where overrides are resolved (with the wrapped backend's, when a capability
+manifest says ``inherits:``), the manifest's declared gaps applied, the ordering and perf plans configured,
 ``--check-iters`` applied, the capability skip decided and the deadline and pool key chosen.
 Parent side; no torch, no pools.
 """
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..casefile import numerics, overrides
+from ..manifest import apply as manifest
 from ..model import Instance
 from ..ordering import plan as ordering
 from ..perf import plan as perfplan
@@ -36,8 +38,12 @@ def prepare(inst: Instance, settings: RunSettings, caps: Capabilities,
     """``inst`` resolved for this torch and NCCL, with the session's ordering and perf plans
     and ``--check-iters``; whether it is skipped here (``local_rank``: external mode, where
     each rank asks for its own devices) and its deadline."""
-    not_applied = tuple(overrides.not_applied(inst, caps.torch_version, caps.nccl_version))
-    resolved = overrides.resolve(inst, caps.torch_version, caps.nccl_version)
+    inherits = settings.inherits
+    not_applied = tuple(overrides.not_applied(inst, caps.torch_version, caps.nccl_version,
+                                              inherits))
+    resolved = overrides.resolve(inst, caps.torch_version, caps.nccl_version, inherits)
+    if settings.manifest is not None:  # after the overrides: a declared gap wins over them
+        resolved = manifest.apply(resolved, settings.manifest)
     deadline = resolved.deadline or settings.deadline_s
     problem = ""
     try:

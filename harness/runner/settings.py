@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..manifest.load import Manifest
 from ..ordering.plan import OrderingSettings
 from ..perf.plan import PerfSettings
 
@@ -23,6 +24,13 @@ class RunSettings:
     check_iters: int = 1  # --check-iters: iterations of each reference-checked instance
     # Set in every rank before init, over each case's own environment (collective-fuzz --env).
     env: tuple[tuple[str, str], ...] = ()
+    # The backend's capability manifest (--manifest): what it claims and what it wraps.
+    manifest: Manifest | None = None
+
+    @property
+    def inherits(self) -> str:
+        """The backend the tested one wraps, per its manifest ("" without one)."""
+        return self.manifest.inherits if self.manifest is not None else ""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
@@ -42,4 +50,5 @@ class RunSettings:
         """The settings as report metadata (options)."""
         return {"backend": self.backend, "backend_modules": list(self.backend_modules),
                 "deadline_s": self.deadline_s, "check_iters": self.check_iters,
-                **self.ordering.metadata(), **self.perf.metadata()}
+                **self.ordering.metadata(), **self.perf.metadata(),
+                **({"manifest": self.manifest.metadata()} if self.manifest else {})}

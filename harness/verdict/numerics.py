@@ -267,7 +267,7 @@ def apply(inst: Instance, results: dict[int, RankResult], res: InstanceResult,
         return
     errors = worst_errors(results)
     props, lines = property_lines(inst, results)
-    if ops.get(inst.op).agree and inst.shorthand is not None and (props or disagree):
+    if inst.shorthand is not None and ops.get(inst.op).agree and (props or disagree):
         props["ranks_agree"] = disagree[0].strip() if disagree else "held"
     numerics: dict[str, Any] = {}
     if errors:

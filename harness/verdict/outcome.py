@@ -308,10 +308,12 @@ def _check_raises(inst: Instance, raised: list[RankResult], ranks: list[RankResu
             lines.append("  no rank raised; values:\n" + "\n".join(bad) if bad else
                          f"  no rank raised; {checked_text(run.results)}")
         outcome: Outcome = "hang" if "blocked" in wrong else "failed"
-        return InstanceResult(outcome, f"{where}: expected {who} to raise an error matching "
-                              f"{exp.match!r}" + (f" (the others may {_may(exp.others)})"
-                                                  if exp.ranks is not None else "") + "\n"
-                              + "\n".join(lines), ranks, run.states)
+        head = (f"{where}: broken promise: {exp.reason}, but not rejected on {who} (a "
+                "declared-unsupported call must raise, never hang or compute)"
+                if exp.unsupported else
+                f"{where}: expected {who} to raise an error matching {exp.match!r}"
+                + (f" (the others may {_may(exp.others)})" if exp.ranks is not None else ""))
+        return InstanceResult(outcome, head + "\n" + "\n".join(lines), ranks, run.states)
     return InstanceResult("passed", f"{where}: {who} raised as expected: {raised[0].exc_type}: "
                           f"{raised[0].exc_message[:200]}\n" + "\n".join(lines),
                           ranks, run.states)

@@ -28,7 +28,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import CaseFileError
-from . import cuda, faults, host, lifecycle, new_group, op, ordering, wait, work_state
+from . import (cuda, faults, host, identity, lifecycle, new_group, op, ordering, wait,
+               work_state)
 from .base import CheckContext, StepKind
 from .cuda import walk
 
@@ -41,6 +42,7 @@ KINDS: tuple[StepKind, ...] = (
     faults.KIND,
     new_group.KIND,
     work_state.KIND,
+    identity.KIND,
     lifecycle.KIND,
     cuda.KIND,
 )
