@@ -37,6 +37,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="the backend's capability manifest: what it claims, what it wraps "
                          "(inherits:), what it declares unsupported (docs: Certify your "
                          "backend); sets --backend and adds its module")
+    group.addoption("--after-hang", dest="collective_after_hang", default="run",
+                    choices=("run", "skip"),
+                    help="skip: after a hang no case declared, skip every later instance that "
+                         "needs what hung (an op, or subgroups), each with a reason naming it "
+                         "(default run: run everything collected)")
     group.addoption("--deadline", dest="collective_deadline", type=float, default=None,
                     metavar="SECONDS", help="per-instance deadline before a hang is declared")
     group.addoption("--world-size", dest="collective_world_sizes", default=None,

@@ -73,7 +73,8 @@ class HarnessSession:
         # ordering and perf options are read by read_settings(), where a bad one is reported.
         self.settings = RunSettings(backend=self.backend, backend_modules=self.backend_modules,
                                     deadline_s=self.deadline, check_iters=self.check_iters,
-                                    manifest=self.manifest)
+                                    manifest=self.manifest,
+                                    after_hang=opt("collective_after_hang"))
         self._runner: Runner | None = None
         ahead = opt("collective_ahead")
         self.ahead_workers = whole_number(

@@ -15,7 +15,7 @@ import contextlib
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..model import Instance, InstanceResult, PoolRun
 from ..perf import plan as perfplan
@@ -24,6 +24,7 @@ from ..report import costs
 from ..run.capabilities import Capabilities, probe
 from ..run.pool import ForeignAnswerError, PoolKey, PoolManager, PoolStartError, RankPool
 from ..verdict.outcome import judge
+from .breaker import Breaker
 from .prepare import Prepared, pool_key, prepare
 from .settings import RunSettings
 
@@ -60,6 +61,7 @@ class Runner:
         self.max_pools = max_pools
         self._caps = caps
         self._manager: PoolManager | None = None
+        self.breaker = Breaker() if settings.after_hang == "skip" else None
 
     @property
     def caps(self) -> Capabilities:
@@ -86,7 +88,11 @@ class Runner:
                 settings: RunSettings | None = None) -> Prepared:
         """``inst`` as it runs here (:func:`harness.runner.prepare.prepare`); ``settings``:
         other settings for this one instance (the fuzzer probes a sample of its documents)."""
-        return prepare(inst, settings or self.settings, self.caps, local_rank)
+        prepared = prepare(inst, settings or self.settings, self.caps, local_rank)
+        blocked = self.breaker.blocked(prepared.instance) if self.breaker else ""
+        if blocked and not prepared.skip:
+            prepared = replace(prepared, skip=blocked)
+        return prepared
 
     def key(self, inst: Instance) -> PoolKey:
         """The pool ``inst`` runs on."""
@@ -138,6 +144,8 @@ class Runner:
             judged = Judged(internal_error(inst, exc, "running or judging"))
         judged.result.overrides_not_applied = list(prepared.not_applied)
         judged.result.duration = time.monotonic() - t0
+        if self.breaker is not None:
+            self.breaker.observe(inst, judged.result)
         return judged
 
     def _execute(self, prepared: Prepared, on_wait: Callable[[str], None] | None,

@@ -26,6 +26,8 @@ class RunSettings:
     env: tuple[tuple[str, str], ...] = ()
     # The backend's capability manifest (--manifest): what it claims and what it wraps.
     manifest: Manifest | None = None
+    # "skip": after a hang nobody declared, skip what hung from then on (harness.runner.breaker)
+    after_hang: str = "run"
 
     @property
     def inherits(self) -> str:
@@ -36,6 +38,8 @@ class RunSettings:
         if not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
             raise ValueError(f"deadline {self.deadline_s!r}: must be a positive, finite "
                              "number of seconds")
+        if self.after_hang not in ("run", "skip"):
+            raise ValueError(f"--after-hang {self.after_hang!r}: must be run or skip")
         if not 1 <= self.check_iters <= 100:
             raise ValueError(f"--check-iters {self.check_iters}: must be from 1 to 100")
 
@@ -50,5 +54,6 @@ class RunSettings:
         """The settings as report metadata (options)."""
         return {"backend": self.backend, "backend_modules": list(self.backend_modules),
                 "deadline_s": self.deadline_s, "check_iters": self.check_iters,
+                "after_hang": self.after_hang,
                 **self.ordering.metadata(), **self.perf.metadata(),
                 **({"manifest": self.manifest.metadata()} if self.manifest else {})}

@@ -1,0 +1,57 @@
+"""``--after-hang skip``: after a hang nobody declared, stop sending what hung to the backend.
+
+A backend whose groups never form, or whose op never completes, would otherwise cost the
+deadline on every instance that uses it: the torchft trial spent 48 deadlines on one cause.
+With the breaker on (a certificate turns it on), the first undeclared hang trips the need it
+hung on (the op of the step the ranks were blocked in, or ``capability subgroups`` when they
+were blocked before the first step, where the instance's groups are made) and every later
+instance that needs it is skipped with a reason that names the instance that hung, said once
+per instance (the certificate files them under the broken cell as blocked, apart from skips).
+
+Off by default: a conformance report runs everything it collected.
+"""
+
+from __future__ import annotations
+
+from ..manifest import needs
+from ..model import Instance, InstanceResult
+
+BLOCKED = "blocked: "  # the skip reason's prefix; the certificate reads it back
+MODES = ("run", "skip")
+
+
+class Breaker:
+    """What hung, by need, and the instance it first hung in."""
+
+    def __init__(self) -> None:
+        self.tripped: dict[needs.Need, str] = {}
+
+    def blocked(self, inst: Instance) -> str:
+        """The skip reason of ``inst`` if it needs something that hung before ("" if not)."""
+        for need in needs.of(inst):
+            if need in self.tripped:
+                return (f"{BLOCKED}{need[0]} {need[1]} hung in {self.tripped[need]} (not "
+                        "declared); --after-hang skip sends it to this backend no more")
+        return ""
+
+    def observe(self, inst: Instance, result: InstanceResult) -> None:
+        """Trip what ``inst`` hung on, if it hung where its case did not say it would."""
+        if result.outcome != "hang" or inst.expectation.kind == "hangs":
+            return
+        need = self._hung_on(inst, result)
+        self.tripped.setdefault(need, inst.key)
+
+    @staticmethod
+    def _hung_on(inst: Instance, result: InstanceResult) -> needs.Need:
+        blocked = [s for s in result.states if s.state == "blocked"]
+        steps = {s.step for s in blocked}
+        uses = needs.of(inst)
+        if (steps and max(steps) < 0 or any(s.step >= 0 and inst.steps[s.step].kind ==
+                                             "new_group" for s in blocked
+                                             if s.step < len(inst.steps))) \
+                and ("capability", "subgroups") in uses:
+            return ("capability", "subgroups")
+        for s in sorted(blocked, key=lambda s: s.step):
+            if 0 <= s.step < len(inst.steps) and inst.steps[s.step].op:
+                return ("op", str(inst.steps[s.step].op))
+        return ("op", inst.op)
