@@ -408,6 +408,9 @@ class Instance:
     # (op, family) of every distinct op a program issues, in first-issue order, when there are
     # several: the reports file the instance under each of them, not its first op only.
     issued: tuple[tuple[str, str], ...] = ()
+    # What it uses of the backend ("op reduce", "capability subgroups"), set where a capability
+    # manifest is applied (harness.manifest): the certificate files the record by them.
+    needs: tuple[str, ...] = ()
 
     @property
     def case_id(self) -> str:

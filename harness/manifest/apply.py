@@ -47,6 +47,7 @@ def unsupported(inst: Instance, manifest: Manifest) -> list[str]:
 def apply(inst: Instance, manifest: Manifest) -> Instance:
     """``inst`` as the manifest makes it: unchanged when every need is claimed; otherwise
     required to be rejected on every rank, its expectation saying which declaration why."""
+    inst = replace(inst, needs=tuple(f"{c} {i}" for c, i in needs.of(inst)))
     missing = unsupported(inst, manifest)
     if not missing or inst.expectation.skip:
         return inst

@@ -99,6 +99,9 @@ def parse(doc: Document) -> Manifest:
     if not isinstance(data, dict):
         raise doc.error((), "a manifest is a mapping", "start with 'backend: NAME'")
     for key in data:
+        if key in (*LISTS, *CAPABILITIES):
+            raise doc.error((key,), f"{key!r} belongs under 'supports:'",
+                            f"supports: {{{key}: ...}}", at_key=True)
         if key not in KEYS:
             raise doc.error((key,), f"unknown key {str(key)!r}", suggest(str(key), KEYS),
                             at_key=True)

@@ -28,7 +28,7 @@ def check(idx: int, step: Step, renv: Any, backend: str) -> TensorCheck:
     else:
         pg, order = group_steps.resolve(renv.named, name, renv.rank)
         want_rank, want_size = order.index(renv.rank), len(order)
-    obj = pg if pg is not None else dist.group.WORLD
+    obj: Any = pg if pg is not None else dist.group.WORLD
     asked: list[tuple[str, Any, Callable[[], Any]]] = [
         ("dist.get_rank(group)", want_rank, lambda: dist.get_rank(pg)),
         ("group.rank()", want_rank, lambda: obj.rank()),

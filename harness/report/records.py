@@ -130,6 +130,8 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
         record["overrides_applied"] = [{"line": line, "reason": reason, "patched": list(keys),
                                         **({"inherited": True} if line in from_wrapped else {})}
                                        for line, reason, keys in inst.expectation.applied]
+    if inst.needs:  # filed by the certificate under each (harness.manifest.needs)
+        record["needs"] = list(inst.needs)
     if inst.expectation.unsupported:  # must be rejected, as the backend's manifest declares
         record["unsupported"] = list(inst.expectation.unsupported)
     if result.overrides_not_applied:

@@ -44,12 +44,12 @@ class Breaker:
     @staticmethod
     def _hung_on(inst: Instance, result: InstanceResult) -> needs.Need:
         blocked = [s for s in result.states if s.state == "blocked"]
-        steps = {s.step for s in blocked}
-        uses = needs.of(inst)
-        if (steps and max(steps) < 0 or any(s.step >= 0 and inst.steps[s.step].kind ==
-                                             "new_group" for s in blocked
-                                             if s.step < len(inst.steps))) \
-                and ("capability", "subgroups") in uses:
+        # Blocked before the first step is where an instance's groups are made; a new_group
+        # step makes one too.
+        forming = any(s.step < 0 or (s.step < len(inst.steps)
+                                     and inst.steps[s.step].kind == "new_group")
+                      for s in blocked)
+        if forming and ("capability", "subgroups") in needs.of(inst):
             return ("capability", "subgroups")
         for s in sorted(blocked, key=lambda s: s.step):
             if 0 <= s.step < len(inst.steps) and inst.steps[s.step].op:

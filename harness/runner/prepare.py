@@ -1,8 +1,9 @@
 """Prepare an instance: what it becomes on this machine, with this torch, in this session.
 
 The one place where overrides are resolved (with the wrapped backend's, when a capability
-manifest says ``inherits:``), the manifest's declared gaps applied, the ordering and perf plans configured,
-``--check-iters`` applied, the capability skip decided and the deadline and pool key chosen.
+manifest says ``inherits:``), the manifest's declared gaps applied, the ordering and perf plans
+configured, ``--check-iters`` applied, the capability skip decided and the deadline and pool
+key chosen.
 Parent side; no torch, no pools.
 """
 

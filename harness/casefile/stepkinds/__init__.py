@@ -28,8 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import CaseFileError
-from . import (cuda, faults, host, identity, lifecycle, new_group, op, ordering, wait,
-               work_state)
+from . import cuda, faults, host, identity, lifecycle, new_group, op, ordering, wait, work_state
 from .base import CheckContext, StepKind
 from .cuda import walk
 

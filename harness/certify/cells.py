@@ -1,0 +1,221 @@
+"""A certificate from reports: every record filed under its cells, each cell judged, the
+failures grouped by cause, and the level.
+
+Pure data in, data out (the JSON reports of the identity, library and reference sessions), so
+the rules here are tested without running anything.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..model import BAD_OUTCOMES
+
+BLOCKED = "blocked: "  # harness.runner.breaker's skip prefix
+# Per record, then per cell the worst of its records: the order is the order of severity.
+STATUSES = ("broken promise", "not rejected", "blocked", "own divergence",
+            "inherited divergence", "unsupported as declared", "conforming", "skipped")
+BROKEN = ("broken promise", "not rejected", "blocked")
+LEVELS = ("none", "declared", "conforming")  # weakest first
+DEFAULT_SKIP_BUDGET = 0.05
+
+
+def status(record: dict[str, Any]) -> str:
+    """What one record says about the backend, in the certificate's words."""
+    outcome = record["outcome"]
+    declared_gap = bool(record.get("unsupported"))
+    if outcome in (*BAD_OUTCOMES, "xpass"):
+        return "not rejected" if declared_gap else "broken promise"
+    if outcome == "skipped":
+        if str(record.get("reason", "")).startswith(BLOCKED):
+            return "blocked"
+        return "unsupported as declared" if declared_gap else "skipped"
+    if declared_gap:
+        return "unsupported as declared"
+    if outcome in ("limitation", "xfail", "uncheckable"):
+        applied = record.get("overrides_applied", [])
+        if applied and all(o.get("inherited") for o in applied):
+            return "inherited divergence"
+        return "own divergence"
+    return "conforming"
+
+
+def cells_of(record: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The (op, dtype, capability) cells a record belongs to: each op it issues, its dtype,
+    each capability it uses ("-" when it uses none beyond the op and dtype)."""
+    needs = [n.split(" ", 1) for n in record.get("needs", [])]
+    ops = [i for c, i in needs if c == "op"] or [record.get("op", "?")]
+    caps = [i for c, i in needs if c == "capability"] or ["-"]
+    dtype = str(record.get("dtype", "?"))
+    return [(op, dtype, cap) for op in ops for cap in caps]
+
+
+@dataclass
+class Cell:
+    """One op x dtype x capability cell: its worst status, and how many records of each."""
+
+    op: str
+    dtype: str
+    capability: str
+    counts: Counter[str] = field(default_factory=Counter)
+    example: str = ""  # the key of a record with the cell's status
+
+    @property
+    def status(self) -> str:
+        """The worst status among its records."""
+        return next(s for s in STATUSES if self.counts.get(s))
+
+
+def build_cells(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], Cell]:
+    """Every cell of ``records``."""
+    cells: dict[tuple[str, str, str], Cell] = {}
+    for rec in records:
+        st = status(rec)
+        for key in cells_of(rec):
+            cell = cells.setdefault(key, Cell(*key))
+            cell.counts[st] += 1
+            if cell.status == st:
+                cell.example = rec["key"]
+    return cells
+
+
+_NUMBER = re.compile(r"\b\d+(\.\d+)?\b")
+_PATH = re.compile(r"(/[\w.-]+)+")
+
+
+def cause(record: dict[str, Any]) -> str:
+    """What a failed record failed on, with its particulars (numbers, paths) taken out, so
+    that hundreds of results of one root cause read as one line."""
+    excs = [r["exception"] for r in record.get("ranks", []) if r.get("exception")]
+    if excs:
+        first = (str(excs[0].get("message") or "").splitlines() or [""])[0]
+        text = f"{excs[0]['type']}: {first}"
+    else:
+        lines = str(record.get("message", "")).splitlines()
+        # "file:line: case[id]: what happened": the case and what happened, not the instance
+        head = lines[0].split("]: ", 1)[-1] if lines else ""
+        head = f"{record.get('case', '?')}: {head}"
+        detail = next((ln.strip() for ln in lines[1:] if "expected" in ln or "blocked" in ln),
+                      "")
+        text = f"{record['outcome']}: {head}" + (f" / {detail}" if detail else "")
+    text = _PATH.sub("PATH", _NUMBER.sub("N", text))
+    return text[:240]
+
+
+def causes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Failures grouped by cause, largest first, each with its count and a few examples."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for rec in records:
+        if status(rec) in ("broken promise", "not rejected"):
+            groups[cause(rec)].append(rec["key"])
+    return [{"cause": c, "count": len(keys), "examples": keys[:3]}
+            for c, keys in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+
+
+def identity_problems(report: dict[str, Any] | None) -> list[str]:
+    """One line per identity probe that did not pass, with its evidence (empty when all did);
+    a missing or incomplete identity session is a problem too."""
+    if report is None:
+        return ["the identity probes did not run"]
+    out: list[str] = []
+    if not report.get("session", {}).get("complete", False):
+        out.append("the identity session is incomplete")
+    for rec in sorted(report.get("records", []), key=lambda r: (r.get("line", 0), r["key"])):
+        if rec["outcome"] != "passed":
+            lines = str(rec.get("message", "")).splitlines()
+            out.append(f"{rec['case']} [{rec['id']}] {rec['outcome']}: "
+                       + " | ".join(ln.strip() for ln in lines[1:4])[:600])
+    if not report.get("records"):
+        out.append("no identity probe has a result")
+    return out
+
+
+def reference_diff(cells: dict[tuple[str, str, str], Cell],
+                   reference: dict[tuple[str, str, str], Cell] | None) -> list[dict[str, str]]:
+    """Cells whose status differs from the reference backend's same cell."""
+    if reference is None:
+        return []
+    out = []
+    for key, cell in sorted(cells.items()):
+        ref = reference.get(key)
+        if ref is not None and ref.status != cell.status:
+            out.append({"op": key[0], "dtype": key[1], "capability": key[2],
+                        "backend": cell.status, "reference": ref.status})
+    return out
+
+
+def skip_share(records: list[dict[str, Any]]) -> tuple[int, int]:
+    """(records skipped for a reason other than a declaration or a hang, all records)."""
+    skipped = sum(1 for r in records if status(r) == "skipped")
+    return skipped, len(records)
+
+
+def level(*, identity: list[str], complete: bool, cells: dict[Any, Cell],
+          skipped: int, total: int, budget: float) -> tuple[str, list[str]]:
+    """The certificate's level and why it is not higher (one line per reason)."""
+    why: list[str] = []
+    if identity:
+        why.append("identity: " + identity[0])
+    if not complete:
+        why.append("the library session is incomplete")
+    if total == 0:
+        why.append("no instance of the library has a result")
+    if total and skipped / total > budget:
+        why.append(f"{skipped} of {total} instances skipped ({skipped / total:.1%}), over the "
+                   f"skip budget of {budget:.1%}")
+    broken = Counter(c.status for c in cells.values() if c.status in BROKEN)
+    for st, n in sorted(broken.items()):
+        why.append(f"{n} cell(s) {st}")
+    if why:
+        return "none", why
+    own = sum(1 for c in cells.values() if c.status == "own divergence")
+    if own:
+        return "declared", [f"{own} cell(s) with the backend's own declared divergences"]
+    return "conforming", []
+
+
+def certificate(identity: dict[str, Any] | None, library: dict[str, Any],
+                reference: dict[str, Any] | None, budget: float = DEFAULT_SKIP_BUDGET,
+                proposed: bool = False) -> dict[str, Any]:
+    """The certificate of one backend: level, reasons, identity, cells, causes, the
+    difference from the reference."""
+    records = library.get("records", [])
+    cells = build_cells(records)
+    ref_cells = build_cells(reference.get("records", [])) if reference else None
+    skipped, total = skip_share(records)
+    id_problems = identity_problems(identity)
+    complete = bool(library.get("session", {}).get("complete", False))
+    lvl, why = level(identity=id_problems, complete=complete, cells=cells, skipped=skipped,
+                     total=total, budget=budget)
+    meta = library.get("metadata", {})
+    statuses = Counter(status(r) for r in records)
+    return {
+        "certificate_version": 1,
+        "backend": meta.get("options", {}).get("backend", "?"),
+        "manifest": meta.get("options", {}).get("manifest"),
+        "manifest_proposed": proposed,
+        "torch": meta.get("torch", ""),
+        "level": lvl,
+        "why": why,
+        "identity": {"ok": not id_problems, "problems": id_problems},
+        "skip_budget": budget,
+        "skipped": skipped,
+        "instances": total,
+        "statuses": {s: statuses.get(s, 0) for s in STATUSES},
+        "cells": [{"op": c.op, "dtype": c.dtype, "capability": c.capability,
+                   "status": c.status, "counts": dict(c.counts), "example": c.example}
+                  for _, c in sorted(cells.items())],
+        "causes": causes(records),
+        "reference": {"backend": (reference or {}).get("metadata", {}).get("options", {})
+                      .get("backend"), "differs": reference_diff(cells, ref_cells)}
+        if reference else None,
+        "headline": library.get("summary", {}).get("headline", ""),
+    }
+
+
+def meets(cert: dict[str, Any], required: str) -> bool:
+    """Whether the certificate's level is at least ``required``."""
+    return LEVELS.index(str(cert.get("level", "none"))) >= LEVELS.index(required)

@@ -1,0 +1,204 @@
+"""Certify a backend: the manifest's rules, the identity step, the hang breaker, the
+certificate's cells and level, and ``collective-certify`` end to end on a flawed backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.casefile.load import load_text
+from harness.certify import cells
+from harness.errors import CaseFileError
+from harness.manifest.load import error_line, parse
+
+REPO = Path(__file__).resolve().parent.parent
+LIBRARY = REPO / "tests" / "data" / "certify" / "library.yaml"
+
+
+def manifest(text: str) -> Any:
+    return parse(load_text(text, "m.yaml"))
+
+
+@pytest.mark.parametrize("text, where, words", [
+    ("backend: x\ninherit: gloo\n", "m.yaml:2:1", "did you mean 'inherits'"),
+    ("backend: x\nops: [p2p]\n", "m.yaml:2:1", "'ops' belongs under 'supports:'"),
+    ("backend: x\nsupports: {ops: [all_reduse]}\n", "m.yaml:2:18", "did you mean 'all_reduce'"),
+    ("backend: x\nsupports: {subgroups: maybe}\n", "m.yaml:2:23", "is not true or false"),
+    ("backend: x\ninherits: x\n", "m.yaml:2:11", "cannot inherit from itself"),
+    ("- backend\n", "m.yaml:1:1", "a manifest is a mapping"),
+    ("supports: {}\n", "m.yaml:1:1", "'backend' is required"),
+    ("backend: \"a\\x07b\"\n", "m.yaml:1:10", "holds the character U+0007"),
+    ("backend: \"a b\"\n", "m.yaml:1:10", "is not a name"),
+    ("backend: x\nsupports: {dtypes: [float33]}\n", "m.yaml:2:21", "did you mean 'float32'"),
+])
+def test_a_bad_manifest_is_one_line_at_its_place(text: str, where: str, words: str) -> None:
+    with pytest.raises(CaseFileError) as err:
+        manifest(text)
+    line = error_line(err.value)
+    assert line.startswith(where) and words in line and "\n" not in line
+
+
+def test_a_manifest_claims_what_it_leaves_unsaid() -> None:
+    m = manifest("backend: x\ninherits: gloo\nsupports: {ops: [p2p, all_reduce], "
+                 "subgroups: false, dtypes: [fp32]}\n")
+    assert m.ops == {"p2p", "all_reduce"} and m.dtypes == {"float32"}
+    assert m.reduce_ops is None and m.unsupported == {"subgroups"} and m.inherits == "gloo"
+
+
+def run(*args: str, fault: str = "none", cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CERT_FAULT": fault}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+
+
+def session(tmp_path: Path, *args: str, fault: str = "none") -> dict[str, Any]:
+    report = tmp_path / f"r-{fault}.json"
+    proc = run("-m", "pytest", str(LIBRARY), "-q", "-p", "no:cacheprovider",
+               "--rootdir", str(tmp_path), f"--report-json={report}",
+               f"--report-md={tmp_path / 'r.md'}", f"--report-html={tmp_path / 'r.html'}",
+               "--backend-module", "tests.certify_backend", *args, fault=fault)
+    assert report.exists(), proc.stdout + proc.stderr
+    return dict(json.loads(report.read_text()))
+
+
+def by_case(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["case"]: r for r in report["records"]}
+
+
+def test_a_declared_gap_must_be_rejected_and_is_neither_pass_nor_failure(
+        tmp_path: Path) -> None:
+    (tmp_path / "m.yaml").write_text(
+        "backend: certfake\ninherits: gloo\nsupports: {ops: [all_reduce, broadcast]}\n"
+        "reasons: {gather: not implemented yet}\n")
+    rejected = by_case(session(tmp_path, f"--manifest={tmp_path / 'm.yaml'}",
+                               fault="no_gather"))
+    assert rejected["gather"]["outcome"] == "limitation"
+    assert rejected["gather"]["unsupported"] == ["op gather"]
+    assert cells.status(rejected["gather"]) == "unsupported as declared"
+    assert "not implemented yet" in rejected["gather"]["reason"]
+    # A backend that computes what it declares unsupported did not reject it: a failure.
+    computed = by_case(session(tmp_path, f"--manifest={tmp_path / 'm.yaml'}"))
+    assert computed["gather"]["outcome"] == "failed"
+    assert "not rejected" in computed["gather"]["message"]
+    assert cells.status(computed["gather"]) == "not rejected"
+    # The wrapped backend's override applies, reported as inherited.
+    known = computed["gloo_known"]
+    assert known["outcome"] == "limitation" and cells.status(known) == "inherited divergence"
+    assert known["overrides_applied"][0]["inherited"] is True
+    assert "op all_reduce" in known["needs"] and "reduce_op product" in known["needs"]
+
+
+def test_a_claim_the_backend_breaks_is_a_broken_promise(tmp_path: Path) -> None:
+    (tmp_path / "m.yaml").write_text("backend: certfake\ninherits: gloo\n")
+    rep = session(tmp_path, f"--manifest={tmp_path / 'm.yaml'}", fault="wrong_broadcast")
+    assert cells.status(by_case(rep)["broadcast"]) == "broken promise"
+    cert = cells.certificate(None, rep, None)
+    assert cert["level"] == "none"
+    bad = [c for c in cert["cells"] if c["status"] == "broken promise"]
+    assert [c["op"] for c in bad] == ["broadcast"]
+    assert cert["causes"][0]["count"] == 1 and "broadcast" in cert["causes"][0]["cause"]
+
+
+def test_without_inherits_gloo_known_behaviour_is_the_backends_own(tmp_path: Path) -> None:
+    (tmp_path / "m.yaml").write_text("backend: certfake\n")
+    rec = by_case(session(tmp_path, f"--manifest={tmp_path / 'm.yaml'}"))["gloo_known"]
+    assert rec["outcome"] == "failed" and "overrides_applied" not in rec
+
+
+def test_the_breaker_skips_what_hung_and_names_the_instance(tmp_path: Path) -> None:
+    (tmp_path / "m.yaml").write_text("backend: certfake\n")
+    lib = tmp_path / "two_gathers.yaml"
+    lib.write_text("cases:\n"
+                   "  - {name: a, op: gather, world_size: 2, input: 'rank', shape: [2],"
+                   " args: {dst: 0}}\n"
+                   "  - {name: b, op: gather, world_size: 2, input: 'rank', shape: [3],"
+                   " args: {dst: 1}}\n"
+                   "  - {name: c, op: all_reduce, world_size: 2, input: 'rank', shape: [2]}\n")
+    report = tmp_path / "r.json"
+    run("-m", "pytest", str(lib), "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+        f"--report-json={report}", f"--report-md={tmp_path / 'r.md'}",
+        f"--report-html={tmp_path / 'r.html'}", "--backend-module", "tests.certify_backend",
+        f"--manifest={tmp_path / 'm.yaml'}", "--after-hang=skip", "--deadline=3",
+        fault="hang_gather")
+    recs = by_case(json.loads(report.read_text()))
+    assert recs["a"]["outcome"] == "hang"
+    assert recs["b"]["outcome"] == "skipped"
+    assert recs["b"]["reason"].startswith("blocked: op gather hung in ")
+    assert recs["a"]["key"] in recs["b"]["reason"]
+    assert recs["c"]["outcome"] == "passed"  # what did not hang still runs
+    assert cells.status(recs["b"]) == "blocked"
+
+
+def test_identity_finds_a_rank_that_lies(tmp_path: Path) -> None:
+    report = tmp_path / "id.json"
+    ident = REPO / "harness" / "certify" / "data" / "identity.yaml"
+    run("-m", "pytest", str(ident), "-q", "-p", "no:cacheprovider", "--rootdir",
+        str(tmp_path), f"--report-json={report}", f"--report-md={tmp_path / 'r.md'}",
+        f"--report-html={tmp_path / 'r.html'}", "--backend-module", "tests.certify_backend",
+        "--backend", "certfake", "-k", "world_identity", fault="rank_zero")
+    rep = json.loads(report.read_text())
+    problems = cells.identity_problems(rep)
+    assert problems and "expected dist.get_rank(group) = 1 got 0" in problems[0]
+    assert all(r["outcome"] == "failed" for r in rep["records"])
+
+
+def record(outcome: str, **extra: Any) -> dict[str, Any]:
+    return {"key": f"f::c[{outcome}{len(extra)}]", "case": "c", "id": "x", "op": "all_reduce",
+            "dtype": "float32", "outcome": outcome, "message": "", **extra}
+
+
+def test_too_many_skips_is_no_certificate_whatever_passed() -> None:
+    recs = [record("passed") for _ in range(18)] + [
+        record("skipped", reason="no CUDA device on this machine") for _ in range(2)]
+    lib = {"records": recs, "session": {"complete": True}, "metadata": {}}
+    ok_identity = {"records": [record("passed")], "session": {"complete": True}}
+    assert cells.certificate(ok_identity, lib, None, budget=0.10)["level"] == "conforming"
+    refused = cells.certificate(ok_identity, lib, None, budget=0.05)
+    assert refused["level"] == "none" and "over the skip budget" in refused["why"][0]
+    # An incomplete library session, or identity probes that did not run, are no certificate.
+    assert cells.certificate(None, lib, None, budget=0.1)["level"] == "none"
+    partial = {**lib, "session": {"complete": False}}
+    assert cells.certificate(ok_identity, partial, None, budget=0.1)["level"] == "none"
+
+
+def test_own_divergences_make_the_level_declared() -> None:
+    recs = [record("passed"), record("limitation", overrides_applied=[
+        {"line": 3, "reason": "r", "patched": ["raises"]}])]
+    lib = {"records": recs, "session": {"complete": True}, "metadata": {}}
+    ident = {"records": [record("passed")], "session": {"complete": True}}
+    cert = cells.certificate(ident, lib, None)
+    assert cert["level"] == "declared" and cells.meets(cert, "declared")
+    assert not cells.meets(cert, "conforming")
+
+
+def test_certify_end_to_end_leads_with_identity(tmp_path: Path) -> None:
+    (tmp_path / "m.yaml").write_text("backend: certfake\nmodule: tests.certify_backend\n"
+                                     "inherits: gloo\n")
+    out = tmp_path / "cert"
+    proc = run("-m", "harness.certify", "--manifest", str(tmp_path / "m.yaml"),
+               "--cases", str(LIBRARY), "--out", str(out), "--no-reference",
+               fault="rank_zero")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    cert = json.loads((out / "certificate.json").read_text())
+    assert cert["level"] == "none" and cert["why"][0].startswith("identity: world_identity")
+    page = (out / "certificate.md").read_text()
+    assert page.index("## Identity") < page.index("## Cells")
+    assert "The backend's identity is wrong" in page
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--manifest", "nope.yaml"], "--manifest: nope.yaml:1:1: cannot read the file"),
+    (["--backend", "gloo", "--cases", "no/such"], "--cases no/such: no such file"),
+    ([], "give --manifest FILE"),
+    (["--backend", "gloo", "--skip-budget", "2"], "a share from 0 to 1"),
+])
+def test_certify_bad_input_is_one_line(tmp_path: Path, args: list[str], words: str) -> None:
+    proc = run("-m", "harness.certify", *args, "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert words in proc.stderr and "Traceback" not in proc.stderr
