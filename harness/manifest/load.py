@@ -7,7 +7,7 @@ The format (docs/howto/certify.md owns its description)::
     inherits: gloo               # optional: the backend it wraps
     devices: [cpu]               # optional: the devices it runs on (default: cpu and cuda)
     supports:                    # optional; what a key leaves out is claimed
-      ops: [all_reduce, broadcast, p2p]    # op names or op families
+      ops: [all_reduce, broadcast, p2p]    # op names, or families (p2p, objects, ...)
       dtypes: [float32, int64]
       reduce_ops: [sum, max]
       subgroups: false           # capabilities: true (claimed) or false
