@@ -205,3 +205,24 @@ def test_certify_bad_input_is_one_line(tmp_path: Path, args: list[str], words: s
     proc = run("-m", "harness.certify", *args, "--out", str(tmp_path / "o"), cwd=tmp_path)
     assert proc.returncode == 2
     assert words in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_gate_requires_the_certificate_level(tmp_path: Path) -> None:
+    (tmp_path / "m.yaml").write_text("backend: certfake\ninherits: gloo\n"
+                                     "supports: {ops: [all_reduce, broadcast, gather]}\n")
+    session(tmp_path, f"--manifest={tmp_path / 'm.yaml'}")
+    report, baseline = tmp_path / "r-none.json", tmp_path / "base.json"
+    assert run("-m", "harness.gate", str(report), str(baseline), "--update").returncode == 0
+    cert = {"level": "none", "backend": "certfake", "why": ["identity: rank 1 answers 0"]}
+    (tmp_path / "c.json").write_text(json.dumps(cert))
+    gate = ("-m", "harness.gate", str(report), str(baseline), "--certificate",
+            str(tmp_path / "c.json"))
+    failed = run(*gate)
+    assert failed.returncode == 1 and "level none, required declared: FAIL" in failed.stdout
+    assert "identity: rank 1 answers 0" in failed.stdout
+    (tmp_path / "c.json").write_text(json.dumps({**cert, "level": "declared", "why": []}))
+    assert run(*gate).returncode == 0
+    assert run(*gate, "--require-level", "conforming").returncode == 1
+    (tmp_path / "c.json").write_text(json.dumps({**cert, "backend": "other"}))
+    other = run(*gate)
+    assert other.returncode == 2 and "a certificate for other" in other.stderr

@@ -21,7 +21,7 @@ from typing import Any
 from ..report.jsonfile import printable, unwritable
 from ..report.records import write_atomic
 from . import baseline as bl
-from . import evidence, perf, versions
+from . import certificate, evidence, perf, versions
 from .baseline import BaselineError, Entry, Level
 from .compare import (
     GateResult,
@@ -63,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true",
                    help="every category but unchanged/new/changed fails (missing, newly "
                         "skipped and fixed included)")
+    p.add_argument("--certificate", metavar="CERT",
+                   help="also require this certificate of the report's backend "
+                        "(collective-certify's certificate.json) at --require-level")
+    p.add_argument("--require-level", choices=("declared", "conforming"), default="declared",
+                   help="the certificate level --certificate must reach (default declared)")
     p.add_argument("--markdown", metavar="PATH", help="also write the result as Markdown")
     p.add_argument("--json", dest="json_path", metavar="PATH",
                    help="also write the result as JSON")
@@ -201,13 +206,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                          cli_policy(args.policy, args.strict), args.pytest_status,
                          args.same_version)
         sys.stdout.write(render_text(res, args.max_list))
+        certified = True
+        if args.certificate:
+            backends = list(_load_report(args.report).get("metadata", {}).get("backends", []))
+            certified, line = certificate.check(args.certificate, args.require_level, backends)
+            sys.stdout.write(line)
         if args.markdown:
             _write(args.markdown, render_markdown(res))
         if args.json_path:
             _write(args.json_path, json.dumps(to_json(res), indent=1) + "\n")
     except BaselineError as exc:
         return _error(exc)
-    return 0 if res.ok else 1
+    return 0 if res.ok and certified else 1
 
 
 def perf_main(args: argparse.Namespace) -> int:
