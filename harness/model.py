@@ -141,6 +141,9 @@ class Step:
     graph ``handle``; ``replay``: the graph ``waits[0]`` replayed ``value`` times;
     ``wait_stream``: the current stream waits for the side stream; ``block_current_stream``:
     of the work ``waits[0]``); ``new_group``, ``work_state``, ``set_timeout``, ``destroy``;
+    the API-contract steps (``drop``: let go of the Works ``waits`` unwaited; ``seq_number``,
+    ``work_registry``, ``enable_timing``; the CUDA ``set_device``, ``current_device``,
+    ``stream_idle``: ``value``, the number or flag stated, and ``args`` its group);
     or a deliberate fault used to test the harness and to document failure modes: ``raise``
     (message), ``abort``, ``exit`` (code), ``segfault``.
     """
@@ -178,13 +181,20 @@ class Step:
     blocks_until_all: bool = False
     steps: tuple[Step, ...] = ()  # capture steps: the steps recorded into the graph
     # op steps: issue the call inside allow_inflight_collective_as_graph_input_ctx(), which
-    # registers its Work under its tensors (what a ``wait_tensor`` step looks up)
+    # registers its Work under its tensors (what a ``wait_tensor`` step looks up); wait
+    # steps: wait inside it, where the wait also unregisters the Work
     register_work: bool = False
+    # op steps: what the call itself must return: "none" (a synchronous call returns None)
+    # or "work" (an async call returns a torch.distributed.Work); None: not checked
+    call_returns: str | None = None
+    # steps with ``raises``: the error's class, or one of its base classes, has one of these
+    # names (empty: any type); the message must still match ``raises``
+    raises_types: tuple[str, ...] = ()
 
     def describe(self) -> str:
         if self.kind == "op":
             return f"{self.op}(" + ", ".join(f"{k}={v}" for k, v in self.bufs) + ")"
-        if self.kind in ("wait", "work_state"):
+        if self.kind in ("wait", "work_state", "drop"):
             return f"{self.kind}(" + ", ".join(self.waits) + ")"
         if self.kind == "capture":
             return f"capture({self.handle}: {len(self.steps)} step(s))"

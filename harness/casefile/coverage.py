@@ -3,11 +3,12 @@
 A program (the ``steps:`` form) compares the buffers its ``expected:`` gives values (any fill
 but ``unspecified``), the groups of ``same_bits``, and whatever its steps state (``returns``,
 ``warns``, a step's ``raises``, ``work_state``, ``blocks_until_all``, a read's or future's
-``expect``, the membership a ``new_group`` step checks); the numerics properties compare the
-bits of every buffer across runs; a declared tensor no op writes must come back untouched; an
-op that takes no buffer (``barrier``) is observed returning. A program with none of these
-would pass whatever the backend did, so it is a collection error at the step that writes
-its first unchecked buffer (or at ``steps:``).
+``expect``, the membership a ``new_group`` step checks, ``call_returns`` and the API-contract
+steps ``seq_number``, ``work_registry``, ``current_device``, ``stream_idle``); the numerics
+properties compare the bits of every buffer across runs; a declared tensor no op writes must
+come back untouched; an op that takes no buffer (``barrier``) is observed returning. A program
+with none of these would pass whatever the backend did, so it is a collection error at the
+step that writes its first unchecked buffer (or at ``steps:``).
 
 A buffer that some op writes and nothing compares is allowed next to other evidence, but it
 is never silent: it is listed on the instance (:func:`unchecked`) and in the record's
@@ -57,6 +58,7 @@ def written(raw: dict[str, Any]) -> dict[str, tuple[Path, str]]:
 
 
 STEP_CHECKS = ("returns", "warns", "raises", "work_state", "blocks_until_all", "new_group",
+               "call_returns", "seq_number", "work_registry", "current_device", "stream_idle",
                "identity")
 
 

@@ -2,9 +2,11 @@
 
 Keys and steps (docs/reference/environment.md):
 
-- ``raises: RE`` or ``raises: {match: RE, not_before: S}`` on an op, wait, ``set_timeout`` or
-  ``destroy`` step: the step must raise a matching error (no earlier than S seconds after it
-  was entered), and the program goes on, so a later step can show what the error left behind;
+- ``raises: RE`` or ``raises: {match: RE, not_before: S, type: [T, ...]}`` on an op, wait,
+  ``set_timeout`` or ``destroy`` step: the step must raise a matching error (no earlier than S
+  seconds after it was entered; of class T or a subclass of it, as ``assertRaises((T, ...))``
+  accepts; ``type`` alone leaves the message free), and the program goes on, so a later step
+  can show what the error left behind;
 - ``group_timeout: S`` beside ``group:``: the subgroup is made with ``new_group(ranks,
   timeout=S)``;
 - ``blocks_until_all: true`` on a barrier step: no rank sees the barrier complete before the
@@ -21,6 +23,7 @@ instances, and a destroyed group must never be handed to another instance.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from ..errors import CaseFileError, quote
@@ -30,6 +33,14 @@ from . import patterns
 LIFECYCLE_ACTIONS = ("set_timeout", "destroy")
 # Ops whose contract is "no rank leaves before every rank arrived".
 BARRIER_OPS = ("barrier", "monitored_barrier")
+# An exception class name as Python spells it (``RuntimeError``, ``DistBackendError``).
+CLASS_NAME = re.compile(r"[A-Za-z_]\w{0,99}\Z")
+
+
+def raises_types(raw: Any) -> tuple[str, ...]:
+    """The class names of a ``raises:`` mapping's ``type`` (a name or a list of names)."""
+    value = raw.get("type", ()) if isinstance(raw, dict) else ()
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def _seconds(case: Case, path: tuple[Any, ...], value: Any, what: str) -> list[CaseFileError]:
@@ -70,6 +81,12 @@ def check(case: Case, path: tuple[Any, ...], step: dict[str, Any],
             except patterns.PatternError as exc:
                 sub = ("raises", "match") if isinstance(raw, dict) else ("raises",)
                 errs.append(case.error((*path, *sub), f"bad pattern {quote(match)}: {exc}"))
+        for k, name in enumerate(raises_types(raw)):
+            if not CLASS_NAME.match(name):
+                where: tuple[Any, ...] = (("raises", "type", k) if isinstance(raw["type"], list)
+                                          else ("raises", "type"))
+                errs.append(case.error((*path, *where), f"{quote(name)} is not an exception "
+                                       "class name", "e.g. type: [RuntimeError, ValueError]"))
         if isinstance(raw, dict) and "not_before" in raw:
             errs += _seconds(case, (*path, "raises", "not_before"), raw["not_before"],
                              "not_before")
@@ -91,7 +108,9 @@ def step_fields(raw: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     r = raw.get("raises")
     if r is not None:
-        out["raises"] = r["match"] if isinstance(r, dict) else r
+        out["raises"] = r.get("match", "") if isinstance(r, dict) else r
+        if raises_types(r):
+            out["raises_types"] = raises_types(r)
         if isinstance(r, dict) and "not_before" in r:
             out["raises_not_before"] = float(r["not_before"])
     if raw.get("blocks_until_all"):
@@ -99,7 +118,13 @@ def step_fields(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Steps that leave state behind in the rank's process groups: a Work left in flight
+# (``drop``), a sequence number that counts from the group's start, timing switched on.
+STATEFUL_ACTIONS = ("drop", "seq_number", "enable_timing")
+
+
 def needs_private_pool(steps: list[Any]) -> bool:
-    """Whether a program must run on a private pool (see the module docstring)."""
-    return any(isinstance(s, dict) and ("raises" in s or any(a in s for a in LIFECYCLE_ACTIONS))
-               for s in steps)
+    """Whether a program must run on a private pool (see the module docstring, and
+    :data:`STATEFUL_ACTIONS`)."""
+    return any(isinstance(s, dict) and ("raises" in s or any(
+        a in s for a in (*LIFECYCLE_ACTIONS, *STATEFUL_ACTIONS))) for s in steps)

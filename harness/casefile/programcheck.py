@@ -22,7 +22,7 @@ from .stepkinds.cuda import devices
 
 OP_KEYS = ("tensor", "input", "output", "src", "dst", "tag", "group", "async", "handle",
            "reduce_op", "premul_factor", "root_rank", "root_tensor", "via", "options",
-           "omit", "register_work")
+           "omit", "register_work", "call_returns")
 # Keys that belong to some step kinds only; anything else is a mistake worth naming. The
 # order of the entries is the order a step's misplaced keys are reported in.
 ONLY_WITH: dict[str, tuple[str, ...]] = {
@@ -32,10 +32,11 @@ ONLY_WITH: dict[str, tuple[str, ...]] = {
 }
 ONLY_WITH["tensor"] = ("op", "future")
 # Timeouts, expected step errors and group lifecycle (harness.casefile.lifecycle).
-ONLY_WITH["group"] = ("op", "set_timeout", "destroy")
+ONLY_WITH["group"] = ("op", "set_timeout", "destroy", "seq_number", "enable_timing")
 ONLY_WITH.update({"group_timeout": ("op", "set_timeout", "destroy"),
                   "raises": ("op", "wait", "set_timeout", "destroy"),
                   "blocks_until_all": ("op",)})
+ONLY_WITH["register_work"] = ("op", "wait")
 ONLY_WITH.update({"steps": ("capture",), "times": ("replay",), "then": ("future",)})
 CommonCheck = Callable[[Case, Path, dict[str, Any], str], list[CaseFileError]]
 

@@ -1,5 +1,9 @@
-"""``returns:``/``warns:`` on op steps: what an op call must return or warn (checks,
-expansion).
+"""``returns:``/``warns:``/``call_returns:`` on op steps: what an op call must return or warn
+(checks, expansion).
+
+``call_returns`` is about the call itself, for every op: ``none`` (it returned None, as a
+synchronous call must), ``work`` (a ``torch.distributed.Work``, as an async call must) or
+``auto`` (whichever the instance's async flag promises).
 
 What the value means is the op table's business (:attr:`harness.ops.base.Op.returns`): the
 sender's rank for ``recv``/``irecv``, the number of Works for ``batch_isend_irecv`` and the
@@ -32,6 +36,13 @@ def _leaf_errors(case: Case, path: Path, value: Any) -> list[CaseFileError]:
         except ExprError as exc:
             return [case.error(path, f"bad expression {value!r}: {exc}")]
     return []
+
+
+def call_returns(stated: str | None, async_op: bool) -> str | None:
+    """``call_returns`` resolved for one instance: ``auto`` is what the async flag promises."""
+    if stated == "auto":
+        return "work" if async_op else "none"
+    return stated
 
 
 def check(case: Case, path: Path, step: dict[str, Any]) -> list[CaseFileError]:

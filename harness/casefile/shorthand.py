@@ -18,6 +18,7 @@ from . import opargs, pgargs
 from . import sparse as sparse_layout
 from .evaluate import PLAIN_ARGS, CaseEval, buffer_fill, list_shape, omitted
 from .fields import parse_fill
+from .returns import call_returns
 
 
 class Shorthand(CaseEval):
@@ -117,9 +118,10 @@ class Shorthand(CaseEval):
         step_args = tuple(sorted(args.items()))
         if group is not None:
             step_args = (*step_args, ("group", group))
+        asy = bool(point.get("async", False)) or op.name in ops.ALWAYS_ASYNC
         step = Step(kind="op", line=self.case.line, op=op.name, bufs=tuple(bufs), args=step_args,
-                    ranks=tuple(group) if group is not None else None,
-                    async_op=bool(point.get("async", False)) or op.name in ops.ALWAYS_ASYNC)
+                    ranks=tuple(group) if group is not None else None, async_op=asy,
+                    call_returns=call_returns(raw.get("call_returns"), asy))
         return tuple(tensors), (step,), tuple(expected), shorthand
 
     def _entries_shorthand(self, point: dict[str, Any], env: dict[str, Any],
@@ -150,9 +152,10 @@ class Shorthand(CaseEval):
         step_args = tuple(sorted(args.items()))
         if group is not None:
             step_args = (*step_args, ("group", group))
+        asy = bool(point.get("async", False))
         step = Step(kind="op", line=self.case.line, op=op.name, bufs=tuple(bufs),
                     args=step_args, ranks=tuple(group) if group is not None else None,
-                    async_op=bool(point.get("async", False)))
+                    async_op=asy, call_returns=call_returns(self.raw.get("call_returns"), asy))
         return tuple(tensors), (step,), tuple(expected), (in_name, out_name)
 
     def _object_shape(self, point: dict[str, Any], env: dict[str, Any], init: Fill,

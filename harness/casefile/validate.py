@@ -127,6 +127,12 @@ def check_case(case: Case) -> None:
     if len(declared) > 1:
         errs.append(case.error((declared[1],), f"'{declared[0]}' and '{declared[1]}' "
                                "cannot both be expected"))
+    if has_steps and "call_returns" in raw:
+        errs.append(case.error(("call_returns",), "a case's 'call_returns' belongs to the "
+                               "'op:' form", "in a program give it on the op step"))
+    if has_op and "call_returns" in raw and raw.get("raises"):
+        errs.append(case.error(("call_returns",), "a call that must raise returns nothing",
+                               "drop 'call_returns' or 'raises'"))
     if has_op:
         if "tensors" in raw:
             errs.append(case.error(("tensors",), "'tensors' belongs to the 'steps' form",

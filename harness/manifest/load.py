@@ -44,6 +44,8 @@ CAPABILITIES: dict[str, str] = {
     "float8": "float8 dtypes",
     "cuda_graphs": "collectives captured in and replayed from CUDA graphs",
     "timeouts": "per-group timeouts (set_timeout, group_timeout)",
+    "sequence_numbers": "per-group and per-Work sequence numbers",
+    "timing": "collectives timing (a Work's _get_duration())",
     "lifecycle": "destroying a group while the world goes on",
 }
 KEYS = ("backend", "module", "inherits", "devices", "supports", "reasons")

@@ -15,7 +15,10 @@ Need = tuple[str, str]
 BITWISE = ("band", "bor", "bxor")
 # Step kinds that use a capability of their own (the op steps are read apart).
 STEP_NEEDS: dict[str, str] = {"capture": "cuda_graphs", "replay": "cuda_graphs",
-                              "set_timeout": "timeouts", "destroy": "lifecycle"}
+                              "set_timeout": "timeouts", "destroy": "lifecycle",
+                              "seq_number": "sequence_numbers", "enable_timing": "timing"}
+# work_state keys that read a capability of the Work.
+STATE_NEEDS: dict[str, str] = {"sequence_number": "sequence_numbers", "duration": "timing"}
 GATHER_SINGLE = ("gather_single", "gather_into_tensor")
 
 
@@ -58,6 +61,10 @@ def of(inst: Instance) -> tuple[Need, ...]:
             out[("capability", "split" if how == "split" else "subgroups")] = None
         elif step.kind in STEP_NEEDS:
             out[("capability", STEP_NEEDS[step.kind])] = None
+        elif step.kind == "work_state":
+            for key in dict(step.args):
+                if key in STATE_NEEDS:
+                    out[("capability", STATE_NEEDS[key])] = None
         if step.kind == "op" and dict(step.args).get("group") is not None:
             out[("capability", "subgroups")] = None
     out[("device", inst.device)] = None

@@ -44,7 +44,7 @@ from ..model import (
     tensor_list,
     tensor_names,
 )
-from . import fp64, identity, lifecycle, objects, stepchecks, tensors
+from . import contract, fp64, identity, lifecycle, objects, stepchecks, tensors
 from . import groups as group_steps
 from .graphs import Graphs
 from .timeline import STEP_KINDS, ProgramState
@@ -250,6 +250,8 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
     modes = contextlib.ExitStack()
     try:
         modes.enter_context(torch_modes(inst.torch_modes))
+        if any(s.kind == "set_device" for s in inst.steps):  # the rank's own GPU afterwards
+            modes.callback(torch.cuda.set_device, torch.cuda.current_device())
         prepare_groups(inst, renv)
         bufs = build_buffers(inst, renv, env)
         before = {n: _snapshot(t) for n, t in bufs.items()}
@@ -285,6 +287,8 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                                 _repeated(inst, step, renv, env, bufs, written, returned))
                         ev.t_return = time.perf_counter() - t0
                         state.issued(step, work, ev)
+                    if step.call_returns is not None:
+                        late.append(contract.call_returned(f"step {step_idx}", step, work))
                     returned["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
                     if work is not None:
                         state.returned(work, ev, receive_buffers(step))
@@ -302,8 +306,23 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                             waited[h] = work  # before the wait, which may raise (``raises:``)
                             if timeout is not None:  # raises if the work misses the bound
                                 work.wait(datetime.timedelta(seconds=float(timeout)))
-                            state.wait(work, wev, thread=bool(dict(step.args).get("thread")))
+                            with _registering(step):
+                                state.wait(work, wev,
+                                           thread=bool(dict(step.args).get("thread")))
                             clock.done(wev.index)
+                    ev.t_return = time.perf_counter() - t0
+                elif step.kind == "drop":  # ``del work``: no reference of ours is left
+                    for h in step.waits:
+                        handles.pop(h, None)
+                        state.works.pop(h, None)
+                    ev.t_return = time.perf_counter() - t0
+                elif step.kind in CONTRACT_KINDS:
+                    group = _group(renv, dict(step.args)["group"])[0] if dict(step.args).get(
+                        "group") is not None else renv.world_group
+                    check = contract.run(step_idx, step, group, {
+                        **env, "rank": renv.rank, "world_size": renv.world_size})
+                    if check is not None:
+                        late.append(check)
                     ev.t_return = time.perf_counter() - t0
                 elif step.kind == "new_group":
                     group_checks.append(group_steps.create(step, step_idx, renv, env,
@@ -312,7 +331,8 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                 elif step.kind == "work_state":
                     h = step.waits[0]
                     late.append(stepchecks.check_work_state(
-                        step_idx, step, waited.get(h, handles.get(h, (None, None))[0])))
+                        step_idx, step, waited.get(h, handles.get(h, (None, None))[0]),
+                        {**env, "rank": renv.rank, "world_size": renv.world_size}))
                     ev.t_return = time.perf_counter() - t0
                 elif step.kind == "identity":
                     late.append(identity.check(step_idx, step, renv, inst.backend))
@@ -322,7 +342,8 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                     ev.t_return = time.perf_counter() - t0
                 elif step.kind in CUDA_KINDS:
                     state.touching(list(bufs))  # a capture or replay may write any of them
-                    _cuda_step(inst, step, renv, env, bufs, written, graphs, state, handles)
+                    _cuda_step(inst, step, renv, env, bufs, written, graphs, state, handles,
+                               late)
                     ev.t_return = time.perf_counter() - t0
                 elif step.kind in ("set_timeout", "destroy"):
                     _lifecycle_step(step, renv)
@@ -516,6 +537,9 @@ def _lifecycle_step(step: Step, renv: RankEnv) -> None:
 
 
 CUDA_KINDS = ("capture", "replay", "block_current_stream", "wait_stream")
+# The API-contract steps run by harness.program.contract.
+CONTRACT_KINDS = ("seq_number", "work_registry", "enable_timing", "set_device",
+                  "current_device", "stream_idle")
 
 
 def _registering(step: Step) -> Any:
@@ -530,8 +554,9 @@ def _registering(step: Step) -> Any:
 
 def _cuda_step(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
                bufs: dict[str, Any], written: set[str], graphs: Graphs, state: ProgramState,
-               handles: dict[str, tuple[Any, StepEvent]]) -> None:
-    """One CUDA-only step (see :mod:`harness.program.graphs`)."""
+               handles: dict[str, tuple[Any, StepEvent]], late: list[TensorCheck]) -> None:
+    """One CUDA-only step (see :mod:`harness.program.graphs`); the ``call_returns`` checks of
+    captured op steps join ``late``."""
     if step.kind == "replay":
         graphs.replay(step)
     elif step.kind == "wait_stream":
@@ -552,6 +577,8 @@ def _cuda_step(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
                 return
             work = (call_op(inst, inner, renv, env, bufs, written) if inner.repeat == 1 else
                     _repeated(inst, inner, renv, env, bufs, written, {}))
+            if inner.call_returns is not None:  # no event is queried: allowed in a capture
+                late.append(contract.call_returned(f"capture {step.handle}", inner, work))
             if work is not None and inner.handle:
                 works[inner.handle] = work
             elif work is not None:

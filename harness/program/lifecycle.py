@@ -58,6 +58,8 @@ def expecting(step: Step, idx: int, res: RankResult) -> Iterator[None]:
         yield
     except Exception as exc:  # judged by the parent against the step's pattern
         res.step_errors.append({"step": idx, "raised": True, "type": type(exc).__name__,
+                                # its classes, for ``type:`` (a subclass is accepted)
+                                "classes": [c.__name__ for c in type(exc).__mro__],
                                 "message": str(exc)[:4000],
                                 "after_s": round(monotonic() - entered, 6)})
         return

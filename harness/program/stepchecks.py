@@ -1,5 +1,6 @@
 """Per-step checks and argument helpers of the interpreter: ``returns:``, ``warns:``,
-and ``work_state`` (see :mod:`harness.casefile.stepkinds.work_state`), group-local
+and ``work_state`` (see :mod:`harness.casefile.stepkinds.work_state`; its Work keys of the
+backend contract suites are read in :mod:`harness.program.contract`), group-local
 addressing and the PREMUL_SUM tensor factor.
 
 Runs inside rank processes (imports torch).
@@ -14,6 +15,7 @@ import torch
 
 from ..expr import Expr
 from ..model import Instance, Step, TensorCheck
+from . import contract
 
 
 def check_return(idx: int, step: Step, rank: int, world_size: int, env: dict[str, Any],
@@ -44,7 +46,8 @@ def check_warns(idx: int, step: Step, returned: dict[str, Any]) -> TensorCheck:
                        first_wrong=[] if ok else [(0, repr(step.warns), got)])
 
 
-def check_work_state(idx: int, step: Step, work: Any) -> TensorCheck:
+def check_work_state(idx: int, step: Step, work: Any,
+                     env: dict[str, Any] | None = None) -> TensorCheck:
     """What ``is_completed()``, ``is_success()`` and ``exception()`` of the Work of step
     ``idx``'s handle return now, against the stated values (one element per stated key;
     a method the Work lacks, or that raises, counts as wrong with what happened)."""
@@ -57,17 +60,22 @@ def check_work_state(idx: int, step: Step, work: Any) -> TensorCheck:
             got = f"no Work named {handle!r} on this rank"
             ok = False
         else:
-            try:
-                value = getattr(work, key)()
-            except Exception as exc:  # e.g. a torch that dropped the deprecated method
-                got, ok = f"{key}() raised {type(exc).__name__}: {str(exc)[:150]}", False
-            else:
-                got, ok = _state_matches(key, want, value)
+            got, ok = _work_key(work, key, want, env or {})
         if not ok:
             check.first_wrong.append((pos, f"{key}: {want!r}", got))
     check.wrong = len(check.first_wrong)
     check.ok = check.wrong == 0
     return check
+
+
+def _work_key(work: Any, key: str, want: Any, env: dict[str, Any]) -> tuple[str, bool]:
+    if key in contract.WORK_KEYS:
+        return contract.work_value(work, key, want, env)
+    try:
+        value = getattr(work, key)()
+    except Exception as exc:  # e.g. a torch that dropped the deprecated method
+        return f"{key}() raised {type(exc).__name__}: {str(exc)[:150]}", False
+    return _state_matches(key, want, value)
 
 
 def _state_matches(key: str, want: Any, value: Any) -> tuple[str, bool]:

@@ -24,7 +24,14 @@ from .pool import start_child  # a fork of the pools' forkserver, where torch is
 from .torchfacts import BUILTIN_BACKENDS, TorchFacts
 
 # Steps that only mean something on a GPU (docs/howto/async-ordering.md).
-CUDA_STEP_KINDS = ("capture", "replay", "wait_stream", "block_current_stream")
+CUDA_STEP_KINDS = ("capture", "replay", "wait_stream", "block_current_stream", "set_device",
+                   "current_device", "stream_idle")
+# The private torch API each API-contract step (or work_state key) calls.
+API_OF_STEP = {"seq_number": "ProcessGroup._get_sequence_number_for_group",
+               "enable_timing": "ProcessGroup._enable_collectives_timing",
+               "work_registry": "_get_work_registry_size",
+               "sequence_number": "Work._get_sequence_number",
+               "duration": "Work._get_duration", "future_result": "Work.get_future_result"}
 # Backends whose collectives a CUDA graph cannot record: Gloo runs them on host threads
 # (copying CUDA tensors through the host), which a stream capture cannot contain.
 NO_GRAPH_CAPTURE = ("gloo",)
@@ -162,6 +169,11 @@ class Capabilities:
                 return ("destroys the default process group, which external-ranks mode runs "
                         "the instance on and needs afterwards; run it on the harness's own "
                         "pools")
+            needs = [API_OF_STEP[k] for k in (step.kind, *(a for a, _ in step.args))
+                     if k in API_OF_STEP and (k == step.kind or step.kind == "work_state")]
+            lacking = [n for n in needs if n not in self.facts.private_api]
+            if lacking:
+                return f"torch {self.torch_version} has no {lacking[0]} (the {step.kind} step)"
             if step.kind == "set_timeout" and not self.facts.pg_set_timeout:
                 return (f"torch {self.torch_version}'s ProcessGroup has no set_timeout "
                         "(the set_timeout step)")

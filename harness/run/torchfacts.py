@@ -25,6 +25,11 @@ from .. import dtypes, ops
 BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 GROUP_CONSTRUCTORS = ("new_group", "new_subgroups", "new_subgroups_by_enumeration",
                       "split_group")
+# Private torch APIs that steps call (harness.program.contract); "Class.method" of
+# torch.distributed, or a function of torch._C._distributed_c10d.
+PRIVATE_API = ("ProcessGroup._get_sequence_number_for_group",
+               "ProcessGroup._enable_collectives_timing", "Work._get_sequence_number",
+               "Work._get_duration", "Work.get_future_result", "_get_work_registry_size")
 # How long the probe process may take: importing a user's backend module can be slow, but a
 # module that never returns must not hang the session.
 PROBE_TIMEOUT_S = 300.0
@@ -53,6 +58,7 @@ class TorchFacts:
     inflight_ctx: bool = False
     premul_sum: bool = False
     gloo_available: bool = False
+    private_api: tuple[str, ...] = ()  # the names of PRIVATE_API this torch has
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -70,6 +76,13 @@ def _params(fn: Any) -> tuple[str, ...] | None:
         return tuple(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         return None
+
+
+def _has_api(dist: Any, torch: Any, name: str) -> bool:
+    if "." in name:
+        owner, method = name.split(".")
+        return hasattr(getattr(dist, owner, None), method)
+    return hasattr(getattr(getattr(torch, "_C", None), "_distributed_c10d", None), name)
 
 
 def of(dist: Any, torch: Any, funcol: Any = None, **known: Any) -> TorchFacts:
@@ -93,6 +106,7 @@ def of(dist: Any, torch: Any, funcol: Any = None, **known: Any) -> TorchFacts:
         inflight_ctx=hasattr(funcol, "allow_inflight_collective_as_graph_input_ctx"),
         premul_sum=hasattr(dist, "_make_nccl_premul_sum"),
         gloo_available=bool(getattr(dist, "is_gloo_available", lambda: False)()),
+        private_api=tuple(n for n in PRIVATE_API if _has_api(dist, torch, n)),
         **known)
 
 

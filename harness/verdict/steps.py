@@ -1,10 +1,11 @@
 """Parent-side judgement of per-step expectations observed on the ranks.
 
 - A step's ``raises:`` (what :mod:`harness.program.lifecycle` recorded): the error must match
-  the pattern (RE2, as the case's own ``raises:``) and, with ``not_before: S``, must not have
-  come earlier than S seconds after the step was entered. Each observation becomes a check of
-  the rank ("error of step N"), with what was seen in its note: the type, the message and the
-  seconds it took.
+  the pattern (RE2, as the case's own ``raises:``), be of a class ``type:`` names (or of a
+  subclass of one: the class names of the error's MRO were recorded) and, with
+  ``not_before: S``, must not have come earlier than S seconds after the step was entered.
+  Each observation becomes a check of the rank ("error of step N"), with what was seen in its
+  note: the type, the message and the seconds it took.
 - ``blocks_until_all`` (a barrier): every rank that ran the step must have seen it complete
   no earlier than the last rank entered it. Only this direction is judged: a loaded machine
   can make a rank late, never make a barrier return before a peer arrived, so a violation
@@ -34,6 +35,12 @@ def _error_check(inst: Instance, obs: dict[str, Any]) -> TensorCheck:
                            note=f"the step completed after {after:.3f} s without raising")
     got = f"{obs['type']}: {obs['message']}"
     seen = f"after {after:.3f} s raised {got[:200]}"
+    types = step.raises_types
+    if types and not set(types) & set(obs.get("classes", [obs["type"]])):
+        return TensorCheck(tensor=what, ok=False, expectation="raises", wrong=1, total=1,
+                           first_wrong=[(0, f"type {' or '.join(types)}", obs["type"])],
+                           note=f"{seen}; {obs['type']} is none of {', '.join(types)} nor "
+                                "a subclass of one")
     if not patterns.search(step.raises, got):
         return TensorCheck(tensor=what, ok=False, expectation="raises", wrong=1, total=1,
                            first_wrong=[(0, repr(step.raises), got[:200])],
@@ -43,8 +50,9 @@ def _error_check(inst: Instance, obs: dict[str, Any]) -> TensorCheck:
                            first_wrong=[(0, f"not before {bound:g} s", f"{after:.3f} s")],
                            note=f"{seen}: earlier than the {bound:g} s it must not come before")
     limit = f", not before {bound:g} s" if bound is not None else ""
+    kind = f", a {' or '.join(types)}" if types else ""
     return TensorCheck(tensor=what, ok=True, expectation="raises", total=1,
-                       note=f"{seen} (matches {step.raises!r}{limit})")
+                       note=f"{seen} (matches {step.raises!r}{kind}{limit})")
 
 
 def step_error_checks(inst: Instance, results: dict[int, RankResult]

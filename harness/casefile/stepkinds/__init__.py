@@ -28,7 +28,21 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import CaseFileError
-from . import cuda, faults, host, identity, lifecycle, new_group, op, ordering, wait, work_state
+from . import (
+    cuda,
+    device,
+    drop,
+    faults,
+    host,
+    identity,
+    lifecycle,
+    new_group,
+    op,
+    ordering,
+    pgstate,
+    wait,
+    work_state,
+)
 from .base import CheckContext, StepKind
 from .cuda import walk
 
@@ -44,6 +58,9 @@ KINDS: tuple[StepKind, ...] = (
     identity.KIND,
     lifecycle.KIND,
     cuda.KIND,
+    drop.KIND,
+    pgstate.KIND,
+    device.KIND,
 )
 STEP_ACTIONS: tuple[str, ...] = tuple(a for kind in KINDS for a in kind.actions)
 BY_ACTION: dict[str, StepKind] = {a: kind for kind in KINDS for a in kind.actions}

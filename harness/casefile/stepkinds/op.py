@@ -4,9 +4,10 @@
 list several tensors, a nested one lists of them), the op's own arguments (``src``/``dst``/
 ``tag``, ``form``, ``inplace``, ``splits``, the ``pg.*`` arguments, ``p2p`` entries of a
 batch), ``reduce_op``/``premul_factor`` for reducing ops, ``group``, ``omit``, ``async`` and
-``handle`` (docs/reference/programs.md). What each op takes is the op table's business; the
-keys every step shares (``repeat``, ``returns``, ``raises`` ...) are checked in
-:mod:`harness.casefile.programcheck`.
+``handle`` (docs/reference/programs.md), and ``call_returns`` (what the call itself returns:
+``none``, ``work``, or ``auto``: None when synchronous, a Work when async). What each op
+takes is the op table's business; the keys every step shares (``repeat``, ``returns``,
+``raises`` ...) are checked in :mod:`harness.casefile.programcheck`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,21 @@ from .base import BuildContext, CheckContext, Path, RawStep, StepKind
 
 # Op arguments a step may give besides src/dst/tag (each op lists the ones it takes).
 STEP_OP_ARGS = ("form", "inplace", "splits", "timeout", "wait_all_ranks", *pgargs.KEYS)
+
+
+def check_call_returns(ctx: CheckContext, path: Path, step: RawStep) -> list[CaseFileError]:
+    """``call_returns`` checks one call that returns: not a repeated one, not one that must
+    raise."""
+    if "call_returns" not in step:
+        return []
+    where = (*path, "call_returns")
+    if step.get("repeat", 1) != 1:
+        return [ctx.case.error(where, "'call_returns' checks one call; it cannot be repeated",
+                               "drop 'repeat:' or write the steps out")]
+    if "raises" in step:
+        return [ctx.case.error(where, "a call that must raise returns nothing",
+                               "drop 'call_returns' or 'raises'")]
+    return []
 
 
 class OpStep(StepKind):
@@ -58,6 +74,7 @@ class OpStep(StepKind):
             if req not in step and f"group_{req}" not in step and req not in step.get(
                     "omit", ()):
                 errs.append(case.error(path, f"{op.name} needs '{req}:'"))
+        errs += check_call_returns(ctx, path, step)
         if "handle" in step:
             ctx.handles.add(step["handle"])
         return errs
@@ -121,6 +138,7 @@ class OpStep(StepKind):
                     slices=bool(s.get("slices", False)), per_repetition=per_rep,
                     warns=s.get("warns"),
                     register_work=bool(s.get("register_work", False)),
+                    call_returns=returns.call_returns(s.get("call_returns"), asy),
                     **lifecycle.step_fields(s))
 
 

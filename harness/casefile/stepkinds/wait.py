@@ -3,7 +3,9 @@ op steps, in the order given.
 
 ``timeout: S`` calls ``work.wait(timedelta(seconds=S))`` first (a Work that misses the bound
 raises there); ``thread: true`` calls ``wait()`` from another thread (an ordering check, see
-docs/howto/async-ordering.md); ``raises:`` states that the wait must fail
+docs/howto/async-ordering.md); ``register_work: true`` waits inside
+``allow_inflight_collective_as_graph_input_ctx()``, where a wait also removes the Work from the
+registry (``work_registry`` steps); ``raises:`` states that the wait must fail
 (:mod:`harness.casefile.lifecycle`).
 """
 
@@ -37,7 +39,8 @@ class WaitStep(StepKind):
         if "timeout" in step:
             wait_args = (*wait_args, ("timeout", float(step["timeout"])))
         return Step("wait", ctx.line, ranks=ctx.ranks, waits=tuple(as_list(step["wait"])),
-                    args=wait_args, **lifecycle.step_fields(step))
+                    args=wait_args, register_work=bool(step.get("register_work", False)),
+                    **lifecycle.step_fields(step))
 
 
 KIND = WaitStep()
