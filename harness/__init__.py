@@ -11,6 +11,8 @@ The tree is the pipeline (docs/explanation/architecture.md; data flows one way, 
 - ``program/``: the rank-side step interpreter (buffers, steps, checks);
 - ``run/``: pools and ranks only: capabilities, pool, rank process; must not judge;
 - ``verdict/``: what the ranks did -> outcome and message (the instance, per-step checks);
+- ``manifest/``: a backend's capability manifest (what it claims, what it wraps), read and
+  applied per instance by the runner (needs, declared gaps, inherited overrides);
 - ``runner/``: one path to a verdict: prepare an instance (overrides for this torch/NCCL,
   ordering and perf plans, ``--check-iters``, capability skip) and run and judge it (the pool
   by its key, one retry after a foreign answer, the verdict, the perf aggregate, pool settle,
@@ -26,7 +28,8 @@ The tree is the pipeline (docs/explanation/architecture.md; data flows one way, 
 - beside the pipeline: ``bench/`` (``collective-bench``), ``backends/`` (the wrapping-backend
   base), ``mutate/`` (``collective-mutate``), ``fuzz/`` (``collective-fuzz``: generated
   instances, shrunk findings as case files), ``record/`` (``collective-record``: a real run's
-  collectives as case files) and ``docsgen/`` (the docs pages rendered from code and data;
+  collectives as case files), ``certify/`` (``collective-certify``: identity probes, the library
+  against a manifest, cells and a level) and ``docsgen/`` (the docs pages rendered from code and data;
   imported by no stage).
 
 Nothing imported at package import time touches torch; only code that runs inside rank

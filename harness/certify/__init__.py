@@ -11,4 +11,7 @@ unsupported as declared, or a broken promise; groups the failures by cause, iden
 and decides the level: ``conforming``, ``declared`` (own declared divergences) or ``none``
 (anything broken, an identity failure, an incomplete session, or more skips than the budget).
 :mod:`.render` writes it for a person.
+
+Must not: judge an instance itself (every verdict is a session's), or be more positive than
+the reports it reads: an incomplete or missing session is never a certificate.
 """

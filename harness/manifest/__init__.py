@@ -11,4 +11,7 @@ manifest claims is held to the contract like any other instance, so a claim the 
 breaks fails. The certificate (:mod:`harness.certify`) reads the result back per cell.
 
 Parent side; no torch.
+
+Must not: import torch, or run anything the manifest says: it is data, read with the
+case files' safe loader.
 """
