@@ -262,6 +262,9 @@ class Expectation:
     # Of ``applied``, the lines of the overrides that apply only through the manifest's
     # ``inherits:`` (the wrapped backend's known behaviours, reported apart from its own).
     inherited: tuple[int, ...] = ()
+    # Of ``applied``, the lines of overrides with no backend in their ``when:``: what torch does
+    # on every backend (a certificate counts them as shared, not as the backend's own).
+    every_backend: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

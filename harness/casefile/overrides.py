@@ -126,12 +126,15 @@ def resolve(inst: Instance, torch_version: str, nccl_version: str = "",
     known: dict[str, str] = {}
     applied: list[tuple[int, str, tuple[str, ...]]] = []
     from_wrapped: list[int] = []
+    shared: list[int] = []
     diverges = ""
     for o in inst.overrides:
         if not override_applies(o, inst, torch_version, nccl_version, inherits):
             continue
         if inherited(o, inst, inherits):
             from_wrapped.append(o.line)
+        if "backend" not in dict(o.when):
+            shared.append(o.line)
         patch = dict(o.patch)
         reason = o.reason + (f" ({o.issue})" if o.issue else "")
         applied.append((o.line, reason, tuple(sorted(patch))))
@@ -161,7 +164,7 @@ def resolve(inst: Instance, torch_version: str, nccl_version: str = "",
             expected = _patch_expected(inst, expected, patch["expected"])
     if applied:
         exp = replace(exp, applied=tuple(applied), diverges=diverges or exp.diverges,
-                      inherited=tuple(from_wrapped))
+                      inherited=tuple(from_wrapped), every_backend=tuple(shared))
     plan = inst.ordering
     if plan is not None:
         plan = replace(plan, known=tuple(sorted(known.items())))

@@ -17,7 +17,8 @@ from ..model import BAD_OUTCOMES
 BLOCKED = "blocked: "  # harness.runner.breaker's skip prefix
 # Per record, then per cell the worst of its records: the order is the order of severity.
 STATUSES = ("broken promise", "not rejected", "blocked", "own divergence",
-            "inherited divergence", "unsupported as declared", "conforming", "skipped")
+            "inherited divergence", "shared limitation", "unsupported as declared",
+            "conforming", "skipped")
 BROKEN = ("broken promise", "not rejected", "blocked")
 LEVELS = ("none", "declared", "conforming")  # weakest first
 DEFAULT_SKIP_BUDGET = 0.05
@@ -36,8 +37,13 @@ def status(record: dict[str, Any]) -> str:
     if declared_gap:
         return "unsupported as declared"
     if outcome in ("limitation", "xfail", "uncheckable"):
-        applied = record.get("overrides_applied", [])
-        if applied and all(o.get("inherited") for o in applied):
+        # Overrides naming no backend state what torch does everywhere: shared by every
+        # backend, not this one's divergence; of the rest, all from the wrapped backend is
+        # inherited, any of its own makes it its own.
+        scoped = [o for o in record.get("overrides_applied", []) if not o.get("every_backend")]
+        if not scoped and record.get("overrides_applied"):
+            return "shared limitation"
+        if scoped and all(o.get("inherited") for o in scoped):
             return "inherited divergence"
         return "own divergence"
     return "conforming"

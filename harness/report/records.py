@@ -126,10 +126,12 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
         record["not_checked"] = [{"buffer": n, "reason": why or "not stated by the case"}
                                  for n, why in inst.unchecked]
     if inst.expectation.applied:
-        from_wrapped = set(inst.expectation.inherited)
-        record["overrides_applied"] = [{"line": line, "reason": reason, "patched": list(keys),
-                                        **({"inherited": True} if line in from_wrapped else {})}
-                                       for line, reason, keys in inst.expectation.applied]
+        exp = inst.expectation
+        record["overrides_applied"] = [
+            {"line": line, "reason": reason, "patched": list(keys),
+             **({"inherited": True} if line in exp.inherited else {}),
+             **({"every_backend": True} if line in exp.every_backend else {})}
+            for line, reason, keys in exp.applied]
     if inst.needs:  # filed by the certificate under each (harness.manifest.needs)
         record["needs"] = list(inst.needs)
     if inst.expectation.unsupported:  # must be rejected, as the backend's manifest declares
