@@ -226,3 +226,30 @@ def test_the_gate_requires_the_certificate_level(tmp_path: Path) -> None:
     (tmp_path / "c.json").write_text(json.dumps({**cert, "backend": "other"}))
     other = run(*gate)
     assert other.returncode == 2 and "a certificate for other" in other.stderr
+
+
+def test_torchft_through_the_shipped_adapter_leads_with_its_rank(tmp_path: Path) -> None:
+    """torchft's ProcessGroupGloo, from PyPI, certified on a small library: its identity fails
+    first, and a declared gap (gather) is rejected as declared."""
+    out = tmp_path / "cert"
+    proc = run("-m", "harness.certify", "--manifest",
+               str(REPO / "examples" / "backends" / "torchft-gloo.yaml"),
+               "--cases", str(LIBRARY), "--out", str(out), "--no-reference")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    cert = json.loads((out / "certificate.json").read_text())
+    assert cert["why"][0].startswith("identity: world_identity")
+    assert "expected dist.get_rank(group) = 1 got 0" in cert["identity"]["problems"][0]
+    gather = [c for c in cert["cells"] if c["op"] == "gather"]
+    assert gather and all(c["status"] == "unsupported as declared" for c in gather)
+    assert [c["status"] for c in cert["cells"] if c["op"] == "broadcast"] == ["conforming"]
+    # Gloo's pretend divergence reaches torchft through inherits: gloo.
+    assert [c["status"] for c in cert["cells"] if c["op"] == "all_reduce"] == [
+        "inherited divergence"]
+
+
+def test_the_torchft_reproduction_shows_each_documented_deviation() -> None:
+    proc = run(str(REPO / "ci" / "torchft" / "deviations_repro.py"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "process 1: rank(): 0 DEVIATES (expected 1)" in proc.stdout
+    assert "allreduce(tensors) without options: DEVIATES" in proc.stdout
+    assert "is_completed() = False DEVIATES" in proc.stdout
