@@ -176,6 +176,9 @@ class Step:
     # than this many seconds after the step was entered (a timeout must not fire early).
     raises: str | None = None
     raises_not_before: float | None = None
+    # ``raises: {within: S}``: the error must come no later than S seconds after the step was
+    # entered (a survivor must notice a dead peer in bounded time; the record says how long).
+    raises_within: float | None = None
     # barrier steps: every rank that runs the step must see it complete (the call's return,
     # or its wait's) no earlier than the last rank entered it (judged across ranks).
     blocks_until_all: bool = False
@@ -424,6 +427,9 @@ class Instance:
     # What it uses of the backend ("op reduce", "capability subgroups"), set where a capability
     # manifest is applied (harness.manifest): the certificate files the record by them.
     needs: tuple[str, ...] = ()
+    # Planned deaths of a program through a failure (harness.casefile.deaths): (rank, step,
+    # how); the survivors' program goes on and is judged, the dead are accounted as planned.
+    deaths: tuple[tuple[int, int, str], ...] = ()
 
     @property
     def case_id(self) -> str:
@@ -581,6 +587,9 @@ class InstanceResult:
     numerics: dict[str, Any] = field(default_factory=dict)  # harness.verdict.numerics
     # What the verdict compared (harness.verdict.evidence): empty, it can never be "passed".
     evidence: dict[str, Any] = field(default_factory=dict)
+    # A program through a failure: its planned deaths as observed, and each survivor's
+    # expected errors with how soon they came (harness.verdict.deaths).
+    deaths: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -594,3 +603,6 @@ class PoolRun:
     # failfast: the wait ended before the grace because every rank still running was proven
     # stranded (harness.run.stranded), not because the grace ran out.
     stranded: bool = False
+    # Ranks that stayed in a step past its ``raises: {within: S}`` bound (harness.run.overdue):
+    # (rank, step, seconds seen in it); the wait ended there.
+    overdue: list[tuple[int, int, float]] = field(default_factory=list)

@@ -116,7 +116,10 @@ class CaseEval:
             out.append(dim)
         return tuple(out)
 
-    def check_ranks(self, fill: Fill, ws: int, path: tuple[Any, ...], what: str) -> None:
+    def check_ranks(self, fill: Fill, ws: int, path: tuple[Any, ...], what: str,
+                    excused: frozenset[int] = frozenset()) -> None:
+        """A per-rank fill names ranks of the world only, and every rank (but the ``excused``:
+        ranks a program kills by design, which are never compared)."""
         if fill.kind != "per_rank":
             return
         keys = fill.data
@@ -124,7 +127,7 @@ class CaseEval:
         if bad:
             raise self.case.error(path, f"{what} names rank {bad[0]} but world_size is {ws}",
                                   f"ranks run 0..{ws - 1}; limit world_size or drop rank {bad[0]}")
-        missing = [r for r in range(ws) if r not in keys]
+        missing = [r for r in range(ws) if r not in keys and r not in excused]
         if missing and "others" not in keys:
             raise self.case.error(path, f"{what} gives no value for rank(s) "
                                   f"{', '.join(map(str, missing))} at world_size {ws}",

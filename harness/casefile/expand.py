@@ -22,7 +22,7 @@ from ..model import (
     Tolerance,
 )
 from ..ordering.plan import plan_instances
-from . import caseenv, coverage, lifecycle, numerics, opargs, stepkinds
+from . import caseenv, coverage, deaths, lifecycle, numerics, opargs, stepkinds
 from . import groups as named_groups
 from . import overrides as case_overrides
 from .bounds import check_instance
@@ -210,6 +210,7 @@ class _Expander:
             # timed-out group is unusable: a private pool, closed after the instance, keeps
             # either from reaching any later instance.
             isolate=bool(raw.get("isolate") or raw.get("hangs") or raw.get("crashes")
+                         or any(s.kind in (*deaths.DEATHS, *deaths.RECOVERY) for s in steps)
                          or lifecycle.needs_private_pool(raw.get("steps", []))
                          or named_groups.uses_groups(steps)),
             marks=tuple(dict.fromkeys(marks)),
@@ -225,6 +226,7 @@ class _Expander:
             issued=issued if len(issued) > 1 else (),
             numerics=numerics.plan(case, steps, tensors),
             unchecked=coverage.unchecked(raw),
+            deaths=deaths.plan(case, steps, ws, env),
         )
 
 

@@ -2,11 +2,11 @@
 
 Keys and steps (docs/reference/environment.md):
 
-- ``raises: RE`` or ``raises: {match: RE, not_before: S, type: [T, ...]}`` on an op, wait,
-  ``set_timeout`` or ``destroy`` step: the step must raise a matching error (no earlier than S
-  seconds after it was entered; of class T or a subclass of it, as ``assertRaises((T, ...))``
-  accepts; ``type`` alone leaves the message free), and the program goes on, so a later step
-  can show what the error left behind;
+- ``raises: RE`` or ``raises: {match: RE, not_before: S, within: W, type: [T, ...]}`` on an
+  op, wait, ``set_timeout`` or ``destroy`` step: the step must raise a matching error (no
+  earlier than S and no later than W seconds after it was entered; of class T or a subclass
+  of it, as ``assertRaises((T, ...))`` accepts; ``type`` alone leaves the message free), and
+  the program goes on, so a later step can show what the error left behind;
 - ``group_timeout: S`` beside ``group:``: the subgroup is made with ``new_group(ranks,
   timeout=S)``;
 - ``blocks_until_all: true`` on a barrier step: no rank sees the barrier complete before the
@@ -90,6 +90,13 @@ def check(case: Case, path: tuple[Any, ...], step: dict[str, Any],
         if isinstance(raw, dict) and "not_before" in raw:
             errs += _seconds(case, (*path, "raises", "not_before"), raw["not_before"],
                              "not_before")
+        if isinstance(raw, dict) and "within" in raw:
+            errs += _seconds(case, (*path, "raises", "within"), raw["within"], "within")
+            if isinstance(raw.get("not_before"), int | float) and isinstance(
+                    raw["within"], int | float) and raw["within"] <= raw["not_before"]:
+                errs.append(case.error((*path, "raises", "within"), f"within {raw['within']!r}"
+                                       f" is not after not_before {raw['not_before']!r}",
+                                       "the window [not_before, within] must not be empty"))
         if step.get("repeat", 1) != 1:
             errs.append(case.error((*path, "raises"), "a step that must raise cannot be "
                                    "repeated", "drop 'repeat:'"))
@@ -113,6 +120,8 @@ def step_fields(raw: dict[str, Any]) -> dict[str, Any]:
             out["raises_types"] = raises_types(r)
         if isinstance(r, dict) and "not_before" in r:
             out["raises_not_before"] = float(r["not_before"])
+        if isinstance(r, dict) and "within" in r:
+            out["raises_within"] = float(r["within"])
     if raw.get("blocks_until_all"):
         out["blocks_until_all"] = True
     return out
@@ -127,4 +136,5 @@ def needs_private_pool(steps: list[Any]) -> bool:
     """Whether a program must run on a private pool (see the module docstring, and
     :data:`STATEFUL_ACTIONS`)."""
     return any(isinstance(s, dict) and ("raises" in s or any(
-        a in s for a in (*LIFECYCLE_ACTIONS, *STATEFUL_ACTIONS))) for s in steps)
+        a in s for a in (*LIFECYCLE_ACTIONS, *STATEFUL_ACTIONS, "reform", "shrink")))
+               for s in steps)

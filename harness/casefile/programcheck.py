@@ -34,7 +34,7 @@ ONLY_WITH["tensor"] = ("op", "future")
 # Timeouts, expected step errors and group lifecycle (harness.casefile.lifecycle).
 ONLY_WITH["group"] = ("op", "set_timeout", "destroy", "seq_number", "enable_timing")
 ONLY_WITH.update({"group_timeout": ("op", "set_timeout", "destroy"),
-                  "raises": ("op", "wait", "set_timeout", "destroy"),
+                  "raises": ("op", "wait", "set_timeout", "destroy", "reform", "shrink"),
                   "blocks_until_all": ("op",)})
 ONLY_WITH["register_work"] = ("op", "wait")
 ONLY_WITH.update({"steps": ("capture",), "times": ("replay",), "then": ("future",)})

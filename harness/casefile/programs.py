@@ -13,8 +13,8 @@ from typing import Any
 from .. import dtypes
 from ..expr import Expr, parse
 from ..model import Fill, Step, TensorSpec
+from . import deaths, opargs, stepkinds
 from . import entries as list_entries
-from . import opargs, stepkinds
 from . import sparse as sparse_layout
 from .evaluate import CaseEval, buffer_fill
 from .fields import as_list, expr_names, parse_fill
@@ -60,6 +60,7 @@ class ProgramBuilder(CaseEval):
         steps = tuple(self._step(s, ("steps", idx), point, env)
                       for idx, s in enumerate(raw["steps"]))
         self._check_futures(steps)
+        dead = frozenset(r for r, _, _ in deaths.plan(self.case, steps, ws, env))
         expected: list[tuple[str, Fill]] = []
         for tname, fill_raw in raw.get("expected", {}).items():
             fill = parse_fill(self.case, fill_raw)
@@ -71,7 +72,7 @@ class ProgramBuilder(CaseEval):
                                       "op: form (one collective); a program's buffers must be "
                                       "given", "write the values (a list, an expression, "
                                       "unchanged) or compare buffers with same_bits")
-            self.check_ranks(fill, ws, ("expected", tname), f"expected.{tname}")
+            self.check_ranks(fill, ws, ("expected", tname), f"expected.{tname}", dead)
             expected.append((tname, fill))
         return tuple(tensors), steps, tuple(expected)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import signal
 import time
 import traceback
 import warnings
@@ -44,7 +45,7 @@ from ..model import (
     tensor_list,
     tensor_names,
 )
-from . import contract, fp64, identity, lifecycle, objects, stepchecks, tensors
+from . import contract, fp64, identity, lifecycle, objects, recovery, stepchecks, tensors
 from . import groups as group_steps
 from .graphs import Graphs
 from .timeline import STEP_KINDS, ProgramState
@@ -78,9 +79,19 @@ class RankEnv:
     # Groups the running instance's new_group steps made, by name (never kept across
     # instances: such an instance runs on a private pool).
     named: dict[str, group_steps.Named] = field(default_factory=dict)
+    # The pool's store and group timeout, for a program that re-forms its world (``reform``),
+    # and the ranks of the launched world.
+    store_path: str = ""
+    pg_timeout_s: float = 600.0
+    pool_world_size: int = 0
+    # After ``reform``/``shrink``: a launch rank -> its rank in the new world (None before).
+    remap: dict[int, int] | None = None
 
     def to_global(self, rank: int) -> int:
-        """The global rank of the instance's rank ``rank``."""
+        """The global rank of the instance's rank ``rank`` (in the re-formed world, after a
+        ``reform`` or ``shrink``: -1 for a rank it left out, which torch then rejects)."""
+        if self.remap is not None:
+            return self.remap.get(rank, -1)
         return rank if self.members is None else self.members[rank]
 
 
@@ -348,6 +359,9 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                 elif step.kind in ("set_timeout", "destroy"):
                     _lifecycle_step(step, renv)
                     ev.t_return = time.perf_counter() - t0
+                elif step.kind in ("reform", "shrink"):
+                    recovery.run(step, step_idx, renv, inst.backend)
+                    ev.t_return = time.perf_counter() - t0
                 else:
                     _special(step)
                     ev.t_return = time.perf_counter() - t0
@@ -599,6 +613,11 @@ def _special(step: Step) -> None:
         os.abort()
     elif step.kind == "exit":
         os._exit(int(step.value))
+    elif step.kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif step.kind == "stall":
+        while True:  # answers nothing, dies only when the harness ends it
+            time.sleep(3600)
     elif step.kind == "segfault":
         import ctypes
 

@@ -120,6 +120,9 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
         record["numerics"] = result.numerics
     if result.harness_error:
         record["harness_error"] = result.harness_error
+    if result.deaths:  # a program through a failure: every rank accounted
+        record["deaths"] = result.deaths["deaths"]
+        record["survivors"] = result.deaths["survivors"]
     if result.outcome != "skipped":  # judged: what it compared, even if that is nothing
         record["evidence"] = result.evidence
     if inst.unchecked:  # written by an op, compared by nothing: said, never silent

@@ -35,6 +35,7 @@ from typing import Any
 from .. import ops
 from ..model import Instance, PoolRun, RankState, flat_steps
 from . import stranded
+from .overdue import POLL_S, Overdue
 from .rank import STACK_SIGNAL, RankConfig, decode, encode, rank_main
 
 FAIL_FAST_GRACE_S = 2.0
@@ -339,13 +340,25 @@ class RankPool:
         run = PoolRun(kind="done")
         end = t0 + deadline_s
         died: list[int] = []
+        # A program through a failure kills some ranks by design (harness.casefile.deaths):
+        # their deaths do not end the wait, and a rank that stalls by design is not waited for.
+        planned = {r for r, _, _ in inst.deaths}
+        stalls = {r for r, _, how in inst.deaths if how == "stall"}
         # After a raise, ranks provably stranded in a collective end the grace early.
         watch = (stranded.StrandWatch(inst) if stranded.eligible(inst, self.pg_timeout_s)
                  else None)
-        while pending:
+        bounded = Overdue(inst)
+        while pending - stalls:
             timeout = end - time.monotonic()
             if timeout <= 0:
                 break
+            if bounded.active:
+                late = bounded.check(time.monotonic(), {r: int(self.progress[r][1])
+                                                        for r in pending - stalls})
+                if late:
+                    run.overdue = late
+                    break
+                timeout = min(timeout, POLL_S)
             if watch is not None and run.kind == "failfast" and not died:
                 if watch.settled(time.monotonic(), {
                         r: res for r, res in run.results.items() if res.status == "raised"},
@@ -384,16 +397,20 @@ class RankPool:
                 else:
                     pending.discard(r)
                     died.append(r)
-                    end = min(end, time.monotonic() + min(grace_s, 1.0))
+                    if r not in planned:
+                        end = min(end, time.monotonic() + min(grace_s, 1.0))
         run.elapsed = time.monotonic() - t0
-        if died:
+        unplanned = set(died) - planned
+        waited_for = pending - stalls  # survivors (and planned deaths) that never answered
+        if unplanned:
             run.kind = "crash"
-        elif pending and run.kind != "failfast":
+        elif waited_for and run.kind != "failfast":
             run.kind = "hang"
+        elif not waited_for and run.kind == "failfast":
+            run.kind = "done"  # everyone reported after all
         if not pending and not died:
-            if run.kind == "failfast":  # everyone reported after all
-                run.kind = "done"
             return run
+        # Deaths (planned or not), stalls and hangs: say what each rank did, end the pool.
         run.states = self._diagnose(inst, pending, died, run)
         self.kill()
         return run

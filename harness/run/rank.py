@@ -213,7 +213,8 @@ def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None
         return
     conn.send_bytes(encode("ready", cfg.nonce, 0, os.getpid()))
     renv = RankEnv(rank=cfg.rank, world_size=cfg.world_size, device=cfg.device,
-                   progress=progress)
+                   progress=progress, store_path=cfg.store_path, pg_timeout_s=cfg.pg_timeout_s,
+                   pool_world_size=cfg.world_size)
     last_seq = 0
     while True:
         try:

@@ -6,7 +6,7 @@ from ..casefile import patterns
 from ..errors import trim_traceback
 from ..model import BAD_OUTCOMES, Instance, InstanceResult, Outcome, PoolRun, RankResult, RankState
 from ..ordering import verdicts as ordering
-from . import evidence, numerics
+from . import deaths, evidence, numerics
 from . import steps as stepverdicts
 
 MAX_TB_LINES = 25
@@ -136,7 +136,16 @@ def judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
         numerics.apply(inst, run.results, res, disagreements(inst, run.results))
     ordering.apply(inst, run.results, res,
                    completed=run.kind == "done" and not _raised(run.results))
+    if inst.deaths:  # a program through a failure: every rank accounted
+        problems, res.deaths = deaths.account(inst, run)
+        if problems and res.outcome == "passed":
+            res.outcome = "failed"
+            res.message = (f"{inst.where()}: a planned death did not happen as planned\n"
+                           + "\n".join(problems) + "\n" + res.message)
     res.evidence = evidence.gather(inst, run, res)
+    if res.deaths.get("deaths") and res.outcome == "passed":
+        res.evidence["deaths"] = [f"rank {d['rank']} {d['observed']} at step {d['step']} "
+                                  f"({d['how']}), as planned" for d in res.deaths["deaths"]]
     evidence.require(inst, res)
     res.expected_kind = exp.kind
     res.reason = exp.reason
@@ -218,6 +227,12 @@ def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
             return InstanceResult("passed", f"{where}: rank(s) {blocked} hung as expected "
                                   f"(detected after {deadline_s:g} s)\n{_every_rank(inst, run)}",
                                   ranks, run.states)
+        if run.overdue:
+            late = "; ".join(f"rank {r} still in step {s} ({_step_desc(inst, s)}) {t:.1f} s "
+                             f"after it was seen entering it, past its bound of "
+                             f"{inst.steps[s].raises_within:g} s" for r, s, t in run.overdue)
+            where = inst.where(_step_line(inst, run.overdue[0][1]))
+            return InstanceResult("hang", f"{where}: {late}\n{states_text}", ranks, run.states)
         return InstanceResult("hang", f"{where}: no result after the {deadline_s:g} s deadline;"
                               f" rank(s) {blocked} blocked\n{states_text}", ranks, run.states)
     raised = _raised(run.results)
@@ -277,7 +292,8 @@ def _check_raises(inst: Instance, raised: list[RankResult], ranks: list[RankResu
     """
     exp = inst.expectation
     where = inst.where()
-    did = rank_outcomes(inst, run)
+    dead = {r for r, _, _ in inst.deaths}  # accounted apart (harness.verdict.deaths)
+    did = {r: s for r, s in rank_outcomes(inst, run).items() if r not in dead}
     must = set(exp.ranks) if exp.ranks is not None else set(did)
     lines: list[str] = []
     wrong: set[str] = set()  # the states of the ranks that broke the expectation

@@ -3,7 +3,8 @@
 - A step's ``raises:`` (what :mod:`harness.program.lifecycle` recorded): the error must match
   the pattern (RE2, as the case's own ``raises:``), be of a class ``type:`` names (or of a
   subclass of one: the class names of the error's MRO were recorded) and, with
-  ``not_before: S``, must not have come earlier than S seconds after the step was entered.
+  ``not_before: S``, must not have come earlier than S seconds after the step was entered
+  (with ``within: W``, no later than W: "detected after 0.8 s, bound 2 s").
   Each observation becomes a check of the rank ("error of step N"), with what was seen in its
   note: the type, the message and the seconds it took.
 - ``blocks_until_all`` (a barrier): every rank that ran the step must have seen it complete
@@ -49,7 +50,14 @@ def _error_check(inst: Instance, obs: dict[str, Any]) -> TensorCheck:
         return TensorCheck(tensor=what, ok=False, expectation="raises", wrong=1, total=1,
                            first_wrong=[(0, f"not before {bound:g} s", f"{after:.3f} s")],
                            note=f"{seen}: earlier than the {bound:g} s it must not come before")
+    within = step.raises_within
+    if within is not None and after > within:
+        return TensorCheck(tensor=what, ok=False, expectation="raises", wrong=1, total=1,
+                           first_wrong=[(0, f"within {within:g} s", f"{after:.3f} s")],
+                           note=f"{seen}: detected after {after:.3f} s, bound {within:g} s")
     limit = f", not before {bound:g} s" if bound is not None else ""
+    if within is not None:
+        limit += f"; detected after {after:.3f} s, bound {within:g} s"
     kind = f", a {' or '.join(types)}" if types else ""
     return TensorCheck(tensor=what, ok=True, expectation="raises", total=1,
                        note=f"{seen} (matches {step.raises!r}{kind}{limit})")

@@ -40,6 +40,7 @@ from . import (
     op,
     ordering,
     pgstate,
+    recovery,
     wait,
     work_state,
 )
@@ -57,6 +58,7 @@ KINDS: tuple[StepKind, ...] = (
     work_state.KIND,
     identity.KIND,
     lifecycle.KIND,
+    recovery.KIND,
     cuda.KIND,
     drop.KIND,
     pgstate.KIND,

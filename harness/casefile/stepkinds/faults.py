@@ -1,7 +1,8 @@
-"""The deliberate faults, used to test the harness and to document failure modes:
-``{raise: MESSAGE}`` raises on the ranks that run it, ``{abort: true}`` aborts the rank
-process, ``{exit: CODE}`` exits it, ``{segfault: true}`` crashes it. Nothing to check beyond
-the schema and the keys every step shares.
+"""The deliberate faults: ``{raise: MESSAGE}`` raises on the ranks that run it, ``{abort:
+true}`` aborts the rank process, ``{exit: CODE}`` exits it, ``{segfault: true}`` crashes it,
+``{kill: true}`` sends it SIGKILL, ``{stall: true}`` makes it stop answering without dying.
+With ``crashes: true`` they document failure modes; without it, a death is planned and the
+survivors' program goes on (:mod:`harness.casefile.deaths` checks what may follow a death).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from .base import BuildContext, RawStep, StepKind, value_step
 
 
 class FaultStep(StepKind):
-    """``raise``, ``abort``, ``exit`` and ``segfault``."""
+    """``raise``, ``abort``, ``exit``, ``segfault``, ``kill`` and ``stall``."""
 
-    actions = ("raise", "abort", "exit", "segfault")
+    actions = ("raise", "abort", "exit", "segfault", "kill", "stall")
 
     def build(self, step: RawStep, action: str, ctx: BuildContext) -> Step:
         """The fault with its message, code or ``true`` as its value."""

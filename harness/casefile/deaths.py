@@ -1,0 +1,76 @@
+"""Programs that go on after a death: which ranks die where, by design, and what may follow.
+
+A program whose steps kill some of its ranks (``exit``, ``abort``, ``segfault``, ``kill``: a
+SIGKILL; ``stall``: the rank stops answering without dying) and that does not declare
+``crashes: true`` is a program *through a failure*: the survivors' steps after the death are
+run and judged like any other (what their pending or next call raised and how soon, with
+``raises: {within: S}``; the recovery, ``reform`` or ``shrink``; the values computed after
+it). A step after a death without ``ranks:`` runs on the ranks still alive. :func:`plan`
+computes, per instance, each planned death (rank, step, how) and rejects at the step's line
+what cannot be: a death on every rank (no survivor to judge), a step whose ``ranks:`` names a
+rank already dead, a recovery whose members include a dead rank.
+
+``crashes: true`` keeps its meaning: a rank must die, and the others may do anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..expr import Expr
+from ..model import Case, Step
+
+DEATHS = ("abort", "exit", "segfault", "kill", "stall")
+RECOVERY = ("reform", "shrink")
+Death = tuple[int, int, str]  # rank, step, how ("exit 3", "kill", "stall", ...)
+
+
+def _runs(step: Step, rank: int, ws: int, env: dict[str, Any]) -> bool:
+    if step.ranks is None:
+        return True
+    if isinstance(step.ranks, Expr):
+        return bool(step.ranks({**env, "rank": rank, "world_size": ws}))
+    return rank in step.ranks
+
+
+def _how(step: Step) -> str:
+    return f"exit {int(step.value)}" if step.kind == "exit" else step.kind
+
+
+def members(step: Step, ws: int) -> tuple[int, ...]:
+    """The ranks of the world a recovery step leaves (reform: its list; shrink: the rest)."""
+    listed = tuple(int(r) for r in step.value)
+    return listed if step.kind == "reform" else tuple(r for r in range(ws) if r not in listed)
+
+
+def plan(case: Case, steps: tuple[Step, ...], ws: int, env: dict[str, Any]) -> tuple[Death, ...]:
+    """Every planned death of the instance, in step order (empty for ``crashes: true``);
+    CaseFileError at the first step that cannot run as written."""
+    if case.raw.get("crashes") or not any(s.kind in DEATHS for s in steps):
+        return ()
+    dead: dict[int, tuple[int, str]] = {}
+    for idx, step in enumerate(steps):
+        path = ("steps", idx)
+        runs = [r for r in range(ws) if _runs(step, r, ws, env)]
+        # A step without ``ranks:`` after a death runs on whoever is left; one that names a
+        # dead rank is a mistake.
+        gone = [r for r in runs if r in dead] if step.ranks is not None else []
+        if gone:
+            r = gone[0]
+            raise case.error(path, f"rank {r} died at step {dead[r][0]} ({dead[r][1]}) and "
+                             f"cannot run step {idx} ({step.kind})",
+                             "limit the step to the survivors with 'ranks:'")
+        if step.kind in RECOVERY:
+            bad = [r for r in members(step, ws) if r in dead]
+            if bad:
+                raise case.error((*path, step.kind), f"the group {list(members(step, ws))} "
+                                 f"names rank {bad[0]}, dead since step {dead[bad[0]][0]}",
+                                 "re-form the world from the survivors only")
+        if step.kind in DEATHS:
+            for r in runs:
+                dead[r] = (idx, _how(step))
+    if len(dead) == ws:
+        raise case.error(("steps",), f"every rank of the world of {ws} dies: no survivor is "
+                         "left to judge", "limit the fault step with 'ranks:', or declare "
+                         "'crashes: true' to test a crash alone")
+    return tuple(sorted(((r, i, how) for r, (i, how) in dead.items()), key=lambda d: d[1:]))
