@@ -15,12 +15,14 @@ rank already dead, a recovery whose members include a dead rank.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ..expr import Expr
 from ..model import Case, Step
 
 DEATHS = ("abort", "exit", "segfault", "kill", "stall")
+SURVIVORS = "survivors"  # {reform: survivors}: the ranks alive when the step comes
 RECOVERY = ("reform", "shrink")
 Death = tuple[int, int, str]  # rank, step, how ("exit 3", "kill", "stall", ...)
 
@@ -35,6 +37,21 @@ def _runs(step: Step, rank: int, ws: int, env: dict[str, Any]) -> bool:
 
 def _how(step: Step) -> str:
     return f"exit {int(step.value)}" if step.kind == "exit" else step.kind
+
+
+def with_survivors(steps: tuple[Step, ...], ws: int, env: dict[str, Any]) -> tuple[Step, ...]:
+    """``{reform: survivors}`` made concrete: the ranks alive when the step comes, in order
+    (and the step run on them unless its ``ranks:`` says otherwise)."""
+    dead: set[int] = set()
+    out: list[Step] = []
+    for step in steps:
+        if step.kind == "reform" and step.value == SURVIVORS:
+            alive = tuple(r for r in range(ws) if r not in dead)
+            step = replace(step, value=alive, ranks=alive if step.ranks is None else step.ranks)
+        if step.kind in DEATHS:
+            dead.update(r for r in range(ws) if _runs(step, r, ws, env))
+        out.append(step)
+    return tuple(out)
 
 
 def members(step: Step, ws: int) -> tuple[int, ...]:

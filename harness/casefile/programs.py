@@ -57,8 +57,8 @@ class ProgramBuilder(CaseEval):
                                           self.case, ("tensors", name) if "sparse" in spec
                                           else (), spec if "sparse" in spec else raw, layout,
                                           list(rank_shapes or (shape,)))))
-        steps = tuple(self._step(s, ("steps", idx), point, env)
-                      for idx, s in enumerate(raw["steps"]))
+        steps = deaths.with_survivors(tuple(self._step(s, ("steps", idx), point, env)
+                                            for idx, s in enumerate(raw["steps"])), ws, env)
         self._check_futures(steps)
         dead = frozenset(r for r, _, _ in deaths.plan(self.case, steps, ws, env))
         expected: list[tuple[str, Fill]] = []

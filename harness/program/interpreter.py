@@ -147,7 +147,7 @@ RANK_ARGS = ("src", "dst")
 
 
 def _torch_args(args: dict[str, Any], renv: RankEnv) -> dict[str, Any]:
-    if renv.members is None:
+    if renv.members is None and renv.remap is None:
         return args
     return {k: renv.to_global(v) if isinstance(v, int) and not isinstance(v, bool)
             and (k in RANK_ARGS or k.endswith(".peer")) else v
