@@ -581,6 +581,10 @@ class InstanceResult:
     pool_replaced: bool = False
     # Run on its own pool ahead of its turn (isolated instances: harness.plugin.ahead).
     ran_ahead: bool = False
+    # A failure run again on fresh ranks because an earlier instance failed or raised on the
+    # same ones (harness.runner.execute): ``after`` (that instance's key), ``fresh`` (the
+    # outcome on fresh ranks) and ``state_carried`` (it passed there).
+    fresh_rerun: dict[str, Any] = field(default_factory=dict)
     expected_kind: str = "pass"
     reason: str = ""
     ordering: dict[str, Any] = field(default_factory=dict)  # async-contract verdicts

@@ -28,7 +28,8 @@ def _handler() -> None:
     print("backend callback: \x1b[31mred\x1b[0m", file=sys.stderr, flush=True)
     for i in range(int(os.environ.get("STUCK_GROUP_NOISE", "0"))):
         print(f"noise {i}", file=sys.stderr, flush=True)
-    {}[KEY]  # noqa: B018 - the KeyError the thread dies of (printed by threading's excepthook)
+    futures: dict[str, object] = {}
+    futures[KEY]  # the KeyError the thread dies of (threading's excepthook prints it)
 
 
 def _stuck_new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> Any:

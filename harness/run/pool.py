@@ -186,6 +186,9 @@ class RankPool:
                             **dict(key.env)}.items()))
         self.fr_requests: list[Any] = []
         self.log_starts = [0] * key.world_size  # see _run
+        # The first instance that failed or in which a rank raised on these ranks, while they
+        # were kept (harness.runner.execute runs a later failure again on fresh ranks).
+        self.first_bad = ""
         # kill() runs once: a run-ahead thread and the session's close may both call it, and
         # closing a pipe twice could close a descriptor another thread has opened since.
         self._kill_lock = threading.Lock()

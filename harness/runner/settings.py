@@ -10,6 +10,9 @@ from typing import Any
 from ..ordering.plan import OrderingSettings
 from ..perf.plan import PerfSettings
 
+FRESH_RERUNS = 10
+MAX_FRESH_RERUNS = 10_000
+
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -23,6 +26,9 @@ class RunSettings:
     check_iters: int = 1  # --check-iters: iterations of each reference-checked instance
     # Set in every rank before init, over each case's own environment (collective-fuzz --env).
     env: tuple[tuple[str, str], ...] = ()
+    # --fresh-reruns: failures run again on fresh ranks, at most this many in the session
+    # (harness.runner.execute: state a backend carries from one instance to the next).
+    fresh_reruns: int = FRESH_RERUNS
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
@@ -30,6 +36,9 @@ class RunSettings:
                              "number of seconds")
         if not 1 <= self.check_iters <= 100:
             raise ValueError(f"--check-iters {self.check_iters}: must be from 1 to 100")
+        if not 0 <= self.fresh_reruns <= MAX_FRESH_RERUNS:
+            raise ValueError(f"--fresh-reruns {self.fresh_reruns}: must be from 0 to "
+                             f"{MAX_FRESH_RERUNS}")
 
     @property
     def pg_timeout_s(self) -> float:
@@ -42,4 +51,5 @@ class RunSettings:
         """The settings as report metadata (options)."""
         return {"backend": self.backend, "backend_modules": list(self.backend_modules),
                 "deadline_s": self.deadline_s, "check_iters": self.check_iters,
+                "fresh_reruns": self.fresh_reruns,
                 **self.ordering.metadata(), **self.perf.metadata()}
