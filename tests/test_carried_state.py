@@ -42,7 +42,8 @@ cases:
 WRONG = """
   - name: e_wrong_everywhere
     world_size: 2
-    tensors: {t: {shape: [2], init: "rank"}}
+    params: {n: [2, 3]}
+    tensors: {t: {shape: [n], init: "rank"}}
     steps:
       - {op: all_reduce, tensor: t}
     expected: {t: 5}
@@ -50,13 +51,16 @@ WRONG = """
 KEY = "c.yaml::{}[sticky-ws2-float32-sum-sync-dst0]"  # of a reduce case
 
 
-def run(tmp_path: Path, text: str, *extra: str) -> tuple[dict[str, dict[str, Any]], str]:
+def run(tmp_path: Path, text: str, *extra: str, by_key: bool = False
+        ) -> tuple[dict[str, dict[str, Any]], str]:
+    """The records (by case name, or by key) and the Markdown report of a session on the
+    sticky backend."""
     write_case_file(tmp_path, text)
     res = run_pytest(tmp_path, "c.yaml", "-q", "-p", "no:randomly", "--backend", "sticky",
                      "--backend-module", "tests.sticky_backend", *extra)
     assert res.returncode == 1, res.stdout + res.stderr
     report = load_report(tmp_path / "reports" / "conformance.json")
-    return ({r["case"]: r for r in report["records"]},
+    return ({r["key" if by_key else "case"]: r for r in report["records"]},
             (tmp_path / "reports" / "conformance.md").read_text())
 
 
@@ -80,14 +84,19 @@ def test_a_failure_that_passes_on_fresh_ranks_says_state_was_carried(tmp_path: P
 
 def test_a_failure_on_fresh_ranks_too_is_not_blamed_on_carried_state(tmp_path: Path) -> None:
     cases = CASES[:CASES.index("  - name: c_sum")] + WRONG.strip("\n") + "\n"
-    by_case, _ = run(tmp_path, cases)
-    rec = by_case["e_wrong_everywhere"]
-    assert rec["outcome"] == "failed"
-    assert rec["fresh_rerun"] == {"after": KEY.format("b_reduce"), "fresh": "failed",
-                                  "state_carried": False}
+    records = run(tmp_path, cases, "--fresh-reruns", "1", by_key=True)[0]
+    first = records["c.yaml::e_wrong_everywhere[sticky-ws2-float32-sum-sync-n2]"]
+    assert first["outcome"] == "failed"
+    assert first["fresh_rerun"] == {"after": KEY.format("b_reduce"), "fresh": "failed",
+                                    "state_carried": False}
     assert (f"(run again on fresh ranks, since {KEY.format('b_reduce')} failed or raised on "
-            "the same ranks before it: failed there too)") in rec["message"]
-    assert "state carried" not in rec["message"]
+            "the same ranks before it: failed there too)") in first["message"]
+    assert "state carried" not in first["message"]
+    # The case's next instance spends no rerun: its first one failed on fresh ranks too.
+    second = records["c.yaml::e_wrong_everywhere[sticky-ws2-float32-sum-sync-n3]"]
+    assert second["outcome"] == "failed" and "fresh_rerun" not in second
+    assert ("not run again on fresh ranks: c.yaml::e_wrong_everywhere[sticky-ws2-float32-sum-sync-"
+            "n2], of the same case, failed there too)") in second["message"]
 
 
 def test_reruns_are_bounded_per_session(tmp_path: Path) -> None:

@@ -72,6 +72,9 @@ class Runner:
         self._caps = caps
         self._manager: PoolManager | None = None
         self.fresh_reruns_used = 0  # of settings.fresh_reruns (see _on_fresh_ranks)
+        # Case id -> an instance of it that failed on fresh ranks too: the case's other
+        # instances spend no rerun (a genuine failure of a case is seldom one instance's).
+        self.fails_on_fresh_ranks: dict[str, str] = {}
 
     @property
     def caps(self) -> Capabilities:
@@ -217,8 +220,15 @@ class Runner:
         ones before it: state a backend carries from one instance to the next (an error that
         leaves it broken) shows as later instances' wrong values. The outcome stays a failure
         whatever the rerun does; the record and the message say what it did. At most
-        ``fresh_reruns`` per session."""
+        ``fresh_reruns`` per session, none for a case another instance of which failed on
+        fresh ranks too."""
         inst = prepared.instance
+        fails_anyway = self.fails_on_fresh_ranks.get(inst.case_id)
+        if fails_anyway:  # a rerun would most likely be spent on it for nothing
+            result.message += (f"\n  (failed after {earlier} failed or raised on the same "
+                               f"ranks; not run again on fresh ranks: {fails_anyway}, of the "
+                               "same case, failed there too)")
+            return
         if self.fresh_reruns_used >= self.settings.fresh_reruns:
             result.message += (f"\n  (failed after {earlier} failed or raised on the same "
                                f"ranks; not run again on fresh ranks: the session's "
@@ -247,6 +257,7 @@ class Runner:
             result.message += (f"\n  failed only after {earlier} on the same ranks; passes "
                                "on fresh ranks: state carried between instances")
         else:
+            self.fails_on_fresh_ranks[inst.case_id] = inst.key
             result.message += (f"\n  (run again on fresh ranks, since {earlier} failed or "
                                f"raised on the same ranks before it: {again.outcome} there "
                                "too)")
