@@ -92,3 +92,31 @@ def test_a_tail_marks_the_output_of_earlier_instances(tmp_path: Any) -> None:
     assert ranklog.tail(str(log), since) == f"old line\n{ranklog.EARLIER}\nnew line"
     # Nothing printed during the instance: the last lines, said to be earlier ones.
     assert ranklog.tail(str(log), log.stat().st_size) == f"old line\nnew line\n{ranklog.EARLIER}"
+
+
+RAISE_VS_STUCK = """
+cases:
+  - name: raise_vs_stuck
+    world_size: 2
+    deadline: 3
+    raises: "boom"
+    steps:
+      - {raise: "boom", ranks: [0]}
+      - {new_group: g, members: [1], ranks: [1], use_local_synchronization: true}
+    expected: {}
+"""
+
+
+def test_a_rank_blocked_where_it_should_have_raised_has_its_last_output_quoted() -> None:
+    (inst,) = case_instances(RAISE_VS_STUCK)
+    runner = Runner(RunSettings(backend_modules=("tests.stuck_group",), deadline_s=3,
+                                env=(("STUCK_GROUP", "1"),)))
+    try:
+        result = runner.execute(runner.prepare(inst)).result
+    finally:
+        runner.close()
+    assert result.outcome == "hang", result.message
+    assert "rank 1 blocked in step 1 (new_group('g'))  <- expected to raise" in result.message
+    assert "rank 1 last output (stdout and stderr, escaped):" in result.message
+    assert "KeyError: 'fut-17'" in result.message
+

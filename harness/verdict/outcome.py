@@ -318,6 +318,9 @@ def _check_raises(inst: Instance, raised: list[RankResult], ranks: list[RankResu
             lines.append("  no rank raised; values:\n" + "\n".join(bad) if bad else
                          f"  no rank raised; {checked_text(run.results)}")
         outcome: Outcome = "hang" if "blocked" in wrong else "failed"
+        lines += [f"  rank {st.rank} last output (stdout and stderr, escaped):\n"
+                  + _indent(st.stderr_tail) for st in run.states
+                  if st.state in ("blocked", "died") and st.stderr_tail]
         return InstanceResult(outcome, f"{where}: expected {who} to raise an error matching "
                               f"{exp.match!r}" + (f" (the others may {_may(exp.others)})"
                                                   if exp.ranks is not None else "") + "\n"
