@@ -216,6 +216,43 @@ def flat_steps(steps: tuple[Step, ...]) -> list[Step]:
     return [s for top in steps for s in (top, *top.steps)]
 
 
+# What a rank's progress slot holds besides a step index (harness.run.pool reads it): the
+# rank is building the instance's buffers, checking its results, or making the case's
+# ``group:`` subgroup number ``GROUP_PHASE - value`` of :func:`case_groups` (new_group is
+# collective: a backend that never forms the group leaves every rank there).
+BUILDING_BUFFERS = -1
+CHECKING_RESULTS = -2
+GROUP_PHASE = -3
+
+
+def case_groups(steps: tuple[Step, ...]) -> list[tuple[tuple[int, ...], Any]]:
+    """The subgroups a program's ``group:`` lists ask for, in the order every rank makes them:
+    (the ranks, the ``group_timeout`` or None). Named groups are made by ``new_group`` steps."""
+    out: list[tuple[tuple[int, ...], Any]] = []
+    for step in flat_steps(steps):  # a captured op's group must exist before capture
+        args = dict(step.args)
+        group = args.get("group")
+        if group is not None and not isinstance(group, str):
+            out.append((tuple(group), args.get("group_timeout")))
+    return out
+
+
+def phase(steps: tuple[Step, ...], value: int) -> str:
+    """What a rank whose progress slot holds ``value`` is doing, for a person."""
+    if 0 <= value < len(steps):
+        return steps[value].describe()
+    if value <= GROUP_PHASE:
+        groups = case_groups(steps)
+        index = GROUP_PHASE - value
+        if index < len(groups):
+            ranks, timeout = groups[index]
+            # new_group orders the members by rank, whatever order the case gives.
+            extra = f", group_timeout {timeout}" if timeout is not None else ""
+            return f"building group {sorted(ranks)} (new_group{extra})"
+        return "building a group"
+    return "building buffers" if value == BUILDING_BUFFERS else "checking results"
+
+
 @dataclass(frozen=True)
 class Tolerance:
     """How far a float result may be from its expectation: ``|got - exp| <= atol + rtol *
@@ -572,6 +609,10 @@ class InstanceResult:
     pool_replaced: bool = False
     # Run on its own pool ahead of its turn (isolated instances: harness.plugin.ahead).
     ran_ahead: bool = False
+    # A failure run again on fresh ranks because an earlier instance failed or raised on the
+    # same ones (harness.runner.execute): ``after`` (that instance's key), ``fresh`` (the
+    # outcome on fresh ranks) and ``state_carried`` (it passed there).
+    fresh_rerun: dict[str, Any] = field(default_factory=dict)
     expected_kind: str = "pass"
     reason: str = ""
     ordering: dict[str, Any] = field(default_factory=dict)  # async-contract verdicts

@@ -319,3 +319,30 @@ def test_generated_documents_load_as_through_the_case_file_loader() -> None:
         with pytest.raises(CaseFileError) as real_err:
             load.load_text(bad, "f.yaml")
         assert str(fast_err.value) == str(real_err.value)
+
+
+def test_the_reproduction_names_the_backend_module_and_a_raise_its_exception(
+        tmp_path: Path) -> None:
+    """A third-party backend exists only once its module is imported: a finding's commands
+    name every --backend-module, and a raise finding says what was raised."""
+    out = tmp_path / "found"
+    proc = _fuzz("--backend", "sticky", "--backend-module", "tests.sticky_backend",
+                 "--no-bundled", "--ops", "reduce", "--world-size", "1-2", "--examples", "50",
+                 "--seed", "1", "--out", str(out), "--stop-at-first", "--shrink-time", "10s",
+                 "-q")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    raised = "RuntimeError: sticky: No backend type associated with device type cpu"
+    assert "FINDING reduce:raise" in proc.stdout and f"raised {raised}" in proc.stdout
+    (case_file,) = out.glob("*.yaml")
+    text = " ".join(case_file.read_text().split())
+    assert f"raise in reduce ({raised})." in text
+    assert ("collective-fuzz --backend sticky --backend-module tests.sticky_backend --ops "
+            "reduce --world-size 1,2 --seed 1") in text
+    command = re.search(r"Run it: pytest (\S+) (--backend sticky --backend-module "
+                        r"tests\.sticky_backend)\.", text)
+    assert command is not None and command.group(1) == str(case_file), text
+    again = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                            "--no-report", command.group(1), *command.group(2).split()],
+                           capture_output=True, text=True, cwd=ROOT, timeout=240, check=False,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert again.returncode == 1 and raised in again.stdout, again.stdout[-2000:]

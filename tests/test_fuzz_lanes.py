@@ -77,7 +77,8 @@ def test_a_count_must_be_a_whole_number() -> None:
 def test_a_finding_cannot_name_a_path() -> None:
     good = {"signature": "all_reduce:wrong-values", "op": "all_reduce", "outcome":
             "wrong-values", "text": space.render_case(CASE), "message": "m", "seed": 0,
-            "blob": "", "found_after_s": 0.1, "found_after_examples": 1, "shrink_s": 0.0}
+            "blob": "", "found_after_s": 0.1, "found_after_examples": 1, "shrink_s": 0.0,
+            "exception": ""}
     assert wire.decode(wire.encode("finding", **good)) == ("finding", good)
     for field, bad in (("op", "../../etc/x"), ("outcome", "x/y"), ("signature", "a/b:c")):
         with pytest.raises(wire.BadMessage, match=field):
@@ -118,7 +119,8 @@ def test_a_finding_whose_document_carries_a_python_tag_is_refused(tmp_path: Path
     hostile = "cases:\n  - !!python/object/apply:os.system ['touch pwned']\n"
     msg = {"kind": "finding", "signature": "all_reduce:wrong-values", "op": "all_reduce",
            "outcome": "wrong-values", "text": hostile, "message": "m", "seed": 0,
-           "blob": "", "found_after_s": 0.1, "found_after_examples": 1, "shrink_s": 0.0}
+           "blob": "", "found_after_s": 0.1, "found_after_examples": 1, "shrink_s": 0.0,
+           "exception": ""}
     co, _, err = _fake(tmp_path, f"send(**{msg!r})\nsys.stdin.read()\n", lanes=1)
     assert co.status() == 3 and "Traceback" not in err
     assert "its case document does not load" in err
@@ -129,7 +131,8 @@ def test_one_signature_found_by_two_lanes_is_one_case_file(tmp_path: Path) -> No
     msg = {"kind": "finding", "signature": "all_reduce:wrong-values", "op": "all_reduce",
            "outcome": "wrong-values", "text": space.render_case(CASE),
            "message": "wrong values on rank 1", "seed": 0, "blob": "@reproduce_failure(x)",
-           "found_after_s": 0.1, "found_after_examples": 1, "shrink_s": 0.0}
+           "found_after_s": 0.1, "found_after_examples": 1, "shrink_s": 0.0,
+           "exception": ""}
     co, summary, err = _fake(tmp_path, f"send(**{msg!r})\n" + END)
     assert co.status() == 1, err
     (case_file,) = (tmp_path / "out").glob("*.yaml")

@@ -185,6 +185,53 @@ def test_one_line_reasons() -> None:
                                      "wrong")
 
 
+def raised(case: str, ws: int, exc: str, message: str) -> dict[str, Any]:
+    rec = {**record(case, "error", f"c.yaml:3: {case}[gloo-ws2]: rank(s) 0-{ws - 1} raised\n"
+                    f"  ranks 0-{ws - 1}: {exc}: {message}"),
+           "axes": {**AXES, "world_size": ws}}
+    rec["key"] = f"c.yaml::{case}[gloo-ws{ws}]"
+    rec["ranks"] = [{"rank": 0, "status": "raised",
+                     "exception": {"type": exc, "message": message + "\nmore detail"}}]
+    return rec
+
+
+def test_failures_are_grouped_by_cause_largest_first() -> None:
+    """A backend that rejects one op fails every instance of it the same way: the list is its
+    causes (numbers and paths made general), each with a count and a few instances."""
+    records = [raised(f"r{i}", 2 + i % 3, "RuntimeError",
+                      f"No backend type associated with device type cpu (pg {i} at "
+                      f"/tmp/x{i}/pg.py:{40 + i}, 0x{i:x}ff)") for i in range(7)]
+    records += [raised("k", 2, "KeyError", "'fut-17'"), raised("k2", 3, "KeyError", "'fut-17'")]
+    records += [record("w", "failed", "c.yaml:3: w[gloo-ws2]: wrong values on rank(s) 1\n"
+                                      "  rank 1, buffer 'out': 1 of 4 wrong; first: [0] "
+                                      "expected 3.5 got 4.5")]
+    base = Baseline([bl.Entry(e.key, e.case, e.backend, e.axes, "passed")
+                     for e in bl.entries_from_report({"records": records})])
+    res = gate.compare(bl.entries_from_report({"records": records}), base)
+    text = gate.render_text(res).splitlines()
+    at = text.index("Regressions (10, policy fail), 3 cause(s), largest first:")
+    assert text[at + 1] == ("  7 x RuntimeError: No backend type associated with device type "
+                            "cpu (pg N at <path>:N, 0x…)")
+    # The first instance of a cause with its own reason, the next ones by id.
+    assert text[at + 2] == ("      c.yaml::r0[gloo-ws2] (c.yaml:3): passed -> error: rank(s) "
+                            "0-1 raised: ranks 0-1: RuntimeError: No backend type associated "
+                            "with device type cpu (pg 0 at /tmp/x0/pg.py:40, 0x0ff)")
+    assert text[at + 3:at + 5] == [
+        f"      c.yaml::r{i}[gloo-ws{2 + i % 3}] (c.yaml:3): passed -> error" for i in (1, 2)]
+    assert text[at + 5] == "      ... and 4 more of this cause"
+    assert text[at + 6] == "  2 x KeyError: 'fut-N'"
+    assert text[at + 9] == ("  1 x wrong values on rank(s) N: rank N, buffer 'out': N of N "
+                            "wrong; first: [N] expected N got N")
+    assert len(text) - at == 11  # ten instances in eleven lines
+    md = gate.render_markdown(res)
+    assert "- **7** x `RuntimeError: No backend type associated with device type cpu" in md
+    assert "  - … and 4 more of this cause" in md
+    data = gate.to_json(res)
+    assert [(g["count"], g["examples"][:1]) for g in data["causes"]["regression"]] == [
+        (7, ["c.yaml::r0[gloo-ws2]"]), (2, ["c.yaml::k2[gloo-ws3]"]), (1, ["c.yaml::w[gloo-ws2]"])]
+    assert len(data["changes"]) == 10  # every instance, each with its cause
+
+
 # -- real runs -----------------------------------------------------------------------------------
 
 def gate_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -210,16 +257,24 @@ def test_faulty_backend_fails_naming_each_regression(faulty_run: Run, gloo_basel
     assert lines[0] == ("collective-gate: FAIL: 5 regression (11 instances: 5 regression, "
                         "6 unchanged)")
     assert "ignoring the backend (report: faulty; baseline: gloo)" in proc.stdout
-    regressions = lines[lines.index("Regressions (5, policy fail):") + 1:][:5]
+    # Listed by cause: each cause with its count, then its instances.
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("Regressions (5, policy "
+                                                                    "fail), "))
+    causes = [ln for ln in lines[head + 1:] if ln.startswith("  ") and " x " in ln[:8]]
+    assert sum(int(ln.split(" x ")[0]) for ln in causes) == 5, proc.stdout
+    assert all(ln.split(" x ", 1)[1].startswith("wrong values on rank(s) N: rank N, buffer")
+               for ln in causes), proc.stdout
     expected = ["ar[faulty-ws2-float32-sum-async]", "ar[faulty-ws2-float32-sum-sync]",
                 "ar[faulty-ws2-int64-sum-async]", "ar[faulty-ws2-int64-sum-sync]",
                 "bc[faulty-ws2-int64-sync-src0]"]
-    for line, key in zip(regressions, expected, strict=True):
-        assert line.startswith(f"  cases/cases.yaml::{key} (cases/cases.yaml:")
-        assert ": passed -> failed: wrong values on rank(s) 1: rank 1, buffer" in line
     assert md.read_text().startswith("## ❌ Conformance gate: FAIL: 5 regression")
     data = json.loads((tmp_path / "gate.json").read_text())
     assert data["ok"] is False and data["counts"]["regression"] == 5
+    assert sorted(c["key"] for c in data["changes"]) == [f"cases/cases.yaml::{k}"
+                                                         for k in expected]
+    for c in data["changes"]:
+        assert c["reason"].startswith("wrong values on rank(s) 1: rank 1, buffer")
+        assert c["cause"].startswith("wrong values on rank(s) N: rank N, buffer")
 
 
 def test_gate_input_errors_exit_2(gloo_run: Run, tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 import jsonschema
 
-from ..model import Instance, PoolRun, RankResult, RankState
+from ..model import GROUP_PHASE, Instance, PoolRun, RankResult, RankState, phase
 from ..report.records import report_schema
 from .resultfile import Pending, ResultFileError, dump_result, load_result
 
@@ -313,7 +313,8 @@ def recovered_run(inst: Instance, members: tuple[int, ...], seen: dict[int, dict
     for i, g in enumerate(members):
         info = seen.get(g, {})
         step = info.get("step", -1)
-        desc = inst.steps[step].describe() if 0 <= step < len(inst.steps) else ""
+        # A rank that left no trace has -1 too: only a group's phase is said for it.
+        desc = phase(inst.steps, step) if step >= 0 or step <= GROUP_PHASE else ""
         pending = info.get("pending")
         if pending is not None:
             results[i] = pending[1]

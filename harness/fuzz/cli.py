@@ -28,7 +28,15 @@ from .engine import AlsoFails, Finding, Stats
 from .execute import Ran
 from .findings import write_also, write_case
 from .lanes import Coordinator
-from .options import Usage, confirm_label, differ_label, parser, prepare, reproduce_command
+from .options import (
+    Usage,
+    backend_options,
+    confirm_label,
+    differ_label,
+    parser,
+    prepare,
+    reproduce_command,
+)
 from .session import Session
 from .summary import PROG, progress_line, summary
 
@@ -50,7 +58,7 @@ def run_here(args: argparse.Namespace, ops: tuple[str, ...],
             digests[text_key(text)] = ran.digests
 
     def on_finding(f: Finding) -> None:
-        write_case(f, out, args.backend, reproduce_command(args), taken)
+        write_case(f, out, args.backend, reproduce_command(args), taken, backend_options(args))
         found.append(f)
 
     def on_also(a: AlsoFails) -> None:

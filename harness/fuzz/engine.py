@@ -79,6 +79,7 @@ class Finding:
     path: str = ""
     lane: int | None = None  # which worker process found it (--lanes N > 1)
     again: int = 0  # how many times other lanes found the same signature
+    exception: str = ""  # what a rank raised, "Type: message" (a raise finding's cause)
 
 
 @dataclass
@@ -302,7 +303,8 @@ class Fuzzer:
         first_s, first_n = state["first"]
         f = Finding(state["target"], space.program_op(case), outcome_class(ran), case,
                     ran.message, round_seed, m.group(0) if m else "", round(first_s, 2),
-                    first_n, round(time.monotonic() - state["t_shrink"], 2))
+                    first_n, round(time.monotonic() - state["t_shrink"], 2),
+                    exception=ran.exception)
         self.findings.append(f)
         self.on_finding(f)
         self._tick(f"finding {f.signature}")

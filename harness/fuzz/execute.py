@@ -17,14 +17,16 @@ from dataclasses import dataclass, field
 
 from ..casefile import collect
 from ..errors import CaseFileError, CaseFileErrors
-from ..model import BAD_OUTCOMES, Instance
+from ..model import BAD_OUTCOMES, Instance, PoolRun
 from ..ordering.plan import OrderingSettings
+from ..report.jsonfile import printable
 from ..run.capabilities import Capabilities
 from ..run.pool import PoolManager
 from ..runner.execute import Runner
 from ..runner.settings import RunSettings
 from .known import KnownLibrary
 
+EXCEPTION_CHARS = 200
 PROBE_EVERY = 4  # the ordering probes run on one async shorthand document in this many
 
 
@@ -40,10 +42,23 @@ class Ran:
     digests: dict[str, str] = field(default_factory=dict)  # "rank/tensor" -> sha256 prefix
     inexact: bool = False  # the reference accepts more than one answer (a tolerance)
     seconds: float = 0.0
+    # What the first rank that raised raised, "Type: message" (short, escaped); "" if none.
+    exception: str = ""
 
     @property
     def bad(self) -> bool:
         return (self.outcome in BAD_OUTCOMES and not self.absorbed_by) or self.outcome == "differs"
+
+
+def first_exception(run: PoolRun) -> str:
+    """``Type: message`` of the lowest rank that raised (the message's first line, escaped,
+    cut to :data:`EXCEPTION_CHARS`), or ""."""
+    raised = [r for _, r in sorted(run.results.items()) if r.status == "raised"]
+    if not raised:
+        return ""
+    lines = raised[0].exc_message.strip().splitlines()
+    return printable(f"{raised[0].exc_type}: {lines[0] if lines else ''}".rstrip(": "),
+                     EXCEPTION_CHARS)
 
 
 class Executor:
@@ -123,6 +138,7 @@ class Executor:
                            for c in res.checks if c.digest}
             ran.inexact = inst.tolerance is not None or any(
                 c.inexact for res in run.results.values() for c in res.checks)
+            ran.exception = first_exception(run)
         if result.outcome in BAD_OUTCOMES and run is not None:
             ran.absorbed_by = self.known.absorbs(inst, run, prepared.deadline_s, runner)
         if result.outcome == "hang":

@@ -2,9 +2,10 @@
 
 The file holds the generated case exactly as it ran (the executor loaded this same text), a
 name that says the op and the outcome class, and a description with the seed, the
-Hypothesis reproduction blob and the verdict's first line, so ``pytest DIR --backend NAME``
-fails the same way. Must not overwrite a file it did not write in this run: names are made
-unique with a counter.
+Hypothesis reproduction blob, the verdict's first line (and for a raise, which exception) and
+the pytest command that runs it (``--backend NAME`` and every ``--backend-module``), so that
+command fails the same way. Must not overwrite a file it did not write in this run: names are
+made unique with a counter.
 """
 
 from __future__ import annotations
@@ -23,12 +24,17 @@ def case_name(f: Finding) -> str:
     return re.sub(r"\W+", "_", f"{f.op}_{f.outcome}").strip("_")
 
 
-def describe(f: Finding, backend: str, command: str) -> str:
-    """The case's description: what was found, the seed and the reproduction blob."""
+def describe(f: Finding, backend: str, command: str, path: str = "",
+             run_with: str = "") -> str:
+    """The case's description: what was found (for a raise, which exception), how to run
+    the file (``run_with``: the pytest options that reach the backend), the seed and the
+    reproduction blob."""
     first = printable(f.message.splitlines()[0] if f.message else "", 300)
     blob = f.blob or "none (the example came from the example database)"
-    parts = [f"collective-fuzz finding on backend {backend}: {f.outcome} in {f.op}.",
+    raised = f" ({printable(f.exception, 300)})" if f.exception else ""
+    parts = [f"collective-fuzz finding on backend {backend}: {f.outcome} in {f.op}{raised}.",
              f"Verdict: {first}",
+             *([f"Run it: pytest {path} {run_with}."] if path and run_with else []),
              f"Found after {f.found_after_examples} generated instance(s) "
              f"({f.found_after_s:.1f} s); shrunk in {f.shrink_s:.1f} s.",
              f"Seed: {f.seed} (collective-fuzz {command} --seed {f.seed}).",
@@ -36,19 +42,21 @@ def describe(f: Finding, backend: str, command: str) -> str:
     return " ".join(parts)
 
 
-def write_case(f: Finding, out: Path, backend: str, command: str, taken: set[str]) -> Path:
-    """Write ``f`` as ``out/<name>.yaml``; returns the path."""
+def write_case(f: Finding, out: Path, backend: str, command: str, taken: set[str],
+               run_with: str = "") -> Path:
+    """Write ``f`` as ``out/<name>.yaml``; returns the path. ``command``: the collective-fuzz
+    options that find it again; ``run_with``: the pytest options that reach the backend."""
     base = case_name(f)
     name, k = base, 1
     while name in taken or (out / f"{name}.yaml").exists():
         k += 1
         name = f"{base}_{k}"
     taken.add(name)
-    case = {"name": name, "description": describe(f, backend, command), **{
-        k2: v for k2, v in f.case.items() if k2 != "name"}}
+    path = out / f"{name}.yaml"
+    case = {"name": name, "description": describe(f, backend, command, str(path), run_with),
+            **{k2: v for k2, v in f.case.items() if k2 != "name"}}
     text = ("# Written by collective-fuzz: a minimal generated instance that did not pass.\n"
             + yaml.safe_dump({"cases": [case]}, sort_keys=False, width=100))
-    path = out / f"{name}.yaml"
     path.write_text(text)
     f.path = str(path)
     return path

@@ -43,7 +43,7 @@ from ..report.jsonfile import printable
 from . import wire
 from .engine import AlsoFails, Finding, Stats
 from .findings import write_also, write_case
-from .options import confirm_label, reproduce_command
+from .options import backend_options, confirm_label, reproduce_command
 from .summary import PROG, Tally, progress_line, summary
 
 DRAIN_S = 60.0  # after a stop or an interrupt: time for a lane to send its tally and close
@@ -300,7 +300,8 @@ class Coordinator:
     def _finding(self, lane: Lane, m: dict[str, Any]) -> None:
         f = Finding(m["signature"], m["op"], m["outcome"], self._case(lane, m["text"]),
                     m["message"], m["seed"], m["blob"], m["found_after_s"],
-                    m["found_after_examples"], m["shrink_s"], lane=lane.index)
+                    m["found_after_examples"], m["shrink_s"], lane=lane.index,
+                    exception=m["exception"])
         first = self.findings.get(f.signature)
         if first is not None:  # found by two lanes before the skip reached the second
             first.again += 1
@@ -308,7 +309,7 @@ class Coordinator:
                            f"{first.path})")
             return
         write_case(f, Path(self.args.out), self.args.backend, reproduce_command(self.args),
-                   self.taken)
+                   self.taken, backend_options(self.args))
         self.findings[f.signature] = f
         for other in self.lanes:
             if other is not lane:

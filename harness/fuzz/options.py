@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +25,7 @@ from .summary import PROG
 UNITS = {"s": 1, "m": 60, "h": 3600, "": 1}
 BUNDLED = Path(__file__).resolve().parents[2] / "cases"
 MAX_WORLD = 8
+DEFAULT_WORLD_SIZES = (1, 2, 3, 4)
 DATABASE = ".hypothesis"  # the example database's folder, under --out
 
 
@@ -85,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
                     help="number of generated instances (not counting shrinking)")
     ap.add_argument("--seed", type=int_in(0, 2**63), default=0, help="Hypothesis seed")
     ap.add_argument("--out", default="fuzz-findings", help="folder for the case files")
-    ap.add_argument("--world-size", type=parse_world_sizes, default=(1, 2, 3, 4),
+    ap.add_argument("--world-size", type=parse_world_sizes, default=DEFAULT_WORLD_SIZES,
                     help="world sizes to draw from: 2, 1-4 (default) or 2,3; at most "
                     f"{MAX_WORLD}")
     ap.add_argument("--ops", default=None,
@@ -224,9 +226,20 @@ def prepare(args: argparse.Namespace) -> tuple[tuple[str, ...], dict[str, dict[s
 
 
 
+def backend_options(args: argparse.Namespace) -> str:
+    """``--backend NAME`` and every ``--backend-module``: what both collective-fuzz and pytest
+    need to reach the backend under test (a third-party one is registered by its module)."""
+    return shlex.join(["--backend", args.backend,
+                       *(x for m in args.backend_module for x in ("--backend-module", m))])
+
+
 def reproduce_command(args: argparse.Namespace) -> str:
-    """The options a finding's case file names to find it again (with its seed)."""
-    return f"--backend {args.backend}" + (f" --ops {args.ops}" if args.ops else "")
+    """The options a finding's case file names to find it again (with its seed): the backend
+    and its modules, and what changes the draws (the ops, the world sizes)."""
+    extra = ["--ops", args.ops] if args.ops else []
+    if tuple(args.world_size) != DEFAULT_WORLD_SIZES:
+        extra += ["--world-size", ",".join(str(w) for w in args.world_size)]
+    return backend_options(args) + (" " + shlex.join(extra) if extra else "")
 
 
 def confirm_label(args: argparse.Namespace) -> str:

@@ -108,4 +108,6 @@ def summary(tally: Tally, findings: list[Finding], also: list[AlsoFails],
         lines.append(f"  FINDING {f.signature}: {f.path} ({where}after "
                      f"{f.found_after_examples} instance(s), {f.found_after_s:.1f} s{again})")
         lines.append(f"          {printable(f.message.splitlines()[0] if f.message else '', 160)}")
+        if f.exception:
+            lines.append(f"          raised {printable(f.exception, 160)}")
     return "\n".join(lines)

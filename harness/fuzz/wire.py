@@ -65,7 +65,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                      "text": {"type": "string", "maxLength": TEXT}, "message": LINE,
                      "seed": COUNT, "blob": {"type": "string", "maxLength": 1 << 16},
                      "found_after_s": SECONDS, "found_after_examples": COUNT,
-                     "shrink_s": SECONDS}),
+                     "shrink_s": SECONDS, "exception": NAME}),
     "also": _obj({"signature": SIG, "text": {"type": "string", "maxLength": TEXT},
                   "message": LINE, "confirm_outcome": NAME, "confirm_message": LINE}),
     "end": _obj({"tally": TALLY, "interrupted": {"type": "boolean"}, "cpu_s": SECONDS,

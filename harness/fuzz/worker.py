@@ -133,7 +133,8 @@ def _callbacks(channel: Channel, session_ref: list[Session], report: bool) -> di
         channel.send("finding", signature=f.signature, op=f.op, outcome=f.outcome,
                      text=space.render_case(f.case), message=f.message[:4000], seed=f.seed,
                      blob=f.blob, found_after_s=f.found_after_s,
-                     found_after_examples=f.found_after_examples, shrink_s=f.shrink_s)
+                     found_after_examples=f.found_after_examples, shrink_s=f.shrink_s,
+                     exception=f.exception[:300])
 
     def on_also(a: AlsoFails) -> None:
         channel.send("also", signature=a.signature, text=space.render_case(a.case),

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import quote
-from ..model import OUTCOMES
+from ..model import BAD_OUTCOMES, OUTCOMES
 from ..report.jsonfile import UnreadableFile, printable, read_json
 from ..report.oneline import one_line
 from ..report.records import write_atomic
+from .causes import cause_of
 
 BASELINE_VERSION = 1
 Level = Literal["fail", "warn", "ok"]
@@ -73,6 +74,7 @@ class Entry:
     where: str = ""  # file:line of the case, when known (reports only)
     allow: tuple[str, ...] = ()  # extra outcomes the baseline accepts for this instance
     note: str = ""  # a person's note kept across refreshes
+    cause: str = ""  # the failure's cause key (reports only; harness.gate.causes)
 
     def identity(self, with_backend: bool) -> tuple[str, str, str]:
         """The matching key: case id and axes, plus the backend unless comparing across them."""
@@ -91,7 +93,8 @@ def entries_from_report(report: dict[str, Any]) -> list[Entry]:
         reason = "" if r["outcome"] == "passed" else one_line(r)
         out.append(Entry(key=r["key"], case=f"{r['file']}::{r['case']}", backend=r["backend"],
                          axes=dict(r["axes"]), outcome=r["outcome"], reason=reason,
-                         where=f"{r['file']}:{r['line']}"))
+                         where=f"{r['file']}:{r['line']}",
+                         cause=cause_of(r, reason) if r["outcome"] in BAD_OUTCOMES else ""))
     return out
 
 

@@ -76,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
                         "when it is not explained by the report (status 1 without a failing "
                         "record, or anything but 0, 1 and 5)")
     p.add_argument("--max-list", type=int, default=200, metavar="N",
-                   help="list at most N instances per category (default 200)")
+                   help="list at most N instances per category, N causes for regressions "
+                        "and new failures (default 200)")
     p.add_argument("--perf", action="store_true",
                    help="gate bandwidth instead: REPORT from a --perf run, BASELINE a perf "
                         "baseline; fails when busbw drops beyond the repeats' spread by more "

@@ -30,7 +30,8 @@ version to find regressions.
 
 The baseline's ``policy`` (overridable with ``--policy``) says which categories fail the gate
 (exit 1), which only warn, and which are informational. The command is
-:mod:`harness.gate.cli`.
+:mod:`harness.gate.cli`. Regressions and new failures are rendered by cause, largest group
+first (:mod:`harness.gate.causes`), the other categories one line per instance.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any, Literal
 from ..model import BAD_OUTCOMES
 from ..report.jsonfile import printable
 from . import baseline as bl
+from . import causes
 from .baseline import Baseline, BaselineError, Entry, Level
 
 BAD = frozenset(BAD_OUTCOMES)
@@ -66,11 +68,15 @@ class Change:
     now: str  # report outcome, "" if absent
     reason: str  # one line
     where: str = ""  # file:line of the case
+    cause: str = ""  # the failure's cause key (harness.gate.causes); "" when it passes
 
-    def line(self) -> str:
+    def line(self, reason: bool = True) -> str:
+        """``key (file:line): was -> now: reason`` (without the reason: an example of a
+        cause that already says it)."""
         where = f" ({self.where})" if self.where else ""
         arrow = f"{self.was or 'absent'} -> {self.now or 'absent'}"
-        return f"{self.key}{where}: {arrow}" + (f": {self.reason}" if self.reason else "")
+        return (f"{self.key}{where}: {arrow}"
+                + (f": {self.reason}" if self.reason and reason else ""))
 
 
 @dataclass
@@ -187,13 +193,13 @@ def compare(report_entries: list[Entry], base: Baseline, match: Match = "auto",
         b = bidx.get(ident)
         if b is None:
             cat = "new_failure" if r.outcome in BAD else "new"
-            changes.append(Change(cat, r.key, "", r.outcome, r.reason, r.where))
+            changes.append(Change(cat, r.key, "", r.outcome, r.reason, r.where, r.cause))
         else:
             cat = _classify_pair(b, r)
             if across_versions and cat not in ("unchanged", "changed"):
                 cat = "changed"
             reason = r.reason if r.outcome != "passed" else (b.reason and f"was: {b.reason}")
-            changes.append(Change(cat, r.key, b.outcome, r.outcome, reason, r.where))
+            changes.append(Change(cat, r.key, b.outcome, r.outcome, reason, r.where, r.cause))
     for ident, b in bidx.items():
         if ident not in ridx:
             changes.append(Change("missing", b.key, b.outcome, "", "not in the report "
@@ -280,6 +286,8 @@ def check_exit_status(res: GateResult, status: int, report: dict[str, Any]) -> N
 # -- rendering ---------------------------------------------------------------------------------
 
 ORDER = ("regression", "new_failure", "missing", "newly_skipped", "fixed", "changed", "new")
+# The failing categories, listed as their causes (harness.gate.causes) instead of one line each.
+BY_CAUSE = ("regression", "new_failure")
 
 
 def render_text(res: GateResult, max_list: int = 200) -> str:
@@ -297,6 +305,9 @@ def render_text(res: GateResult, max_list: int = 200) -> str:
         if not items:
             continue
         lines.append("")
+        if cat in BY_CAUSE:
+            lines += _text_by_cause(TITLES[cat], level, items, max_list)
+            continue
         lines.append(f"{TITLES[cat]} ({len(items)}, policy {level}):")
         lines += [f"  {c.line()}" for c in items[:max_list]]
         if len(items) > max_list:
@@ -309,10 +320,49 @@ def render_text(res: GateResult, max_list: int = 200) -> str:
     return "\n".join(printable(line) for line in lines) + "\n"
 
 
+def _text_by_cause(title: str, level: str, items: list[Change], max_list: int) -> list[str]:
+    """A failing category as its causes, largest first: count, cause, a few instances."""
+    groups = causes.group(items)
+    lines = [f"{title} ({len(items)}, policy {level}), {len(groups)} cause(s), largest first:"]
+    for g in groups[:max_list]:
+        lines.append(f"  {len(g.items)} x {g.cause}")
+        # The first instance with its own reason (the values the key made general).
+        lines += [f"      {c.line(reason=i == 0)}" for i, c in enumerate(g.examples())]
+        if len(g.items) > causes.EXAMPLES:
+            lines.append(f"      ... and {len(g.items) - causes.EXAMPLES} more of this cause")
+    if len(groups) > max_list:
+        rest = sum(len(g.items) for g in groups[max_list:])
+        lines.append(f"  ... and {len(groups) - max_list} more cause(s), {rest} instance(s) "
+                     "(see --json)")
+    return lines
+
+
 def _md_escape(text: str) -> str:
     text = printable(" ".join(text.split()))  # a newline would start a new block
     return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
             .replace("|", "\\|").replace("`", "'"))
+
+
+def _md_change(c: Change, with_reason: bool = True) -> str:
+    where = f" ({c.where})" if c.where else ""
+    reason = f" — {_md_escape(c.reason)}" if c.reason and with_reason else ""
+    return (f"`{_md_escape(c.key)}`{where}: {c.was or 'absent'} → {c.now or 'absent'}"
+            f"{reason}")
+
+
+def _md_by_cause(items: list[Change], max_list: int) -> list[str]:
+    groups = causes.group(items)
+    out = [f"{len(groups)} cause(s), largest first:", ""]
+    for g in groups[:max_list]:
+        out.append(f"- **{len(g.items)}** x `{_md_escape(g.cause)}`")
+        out += [f"  - {_md_change(c, with_reason=i == 0)}" for i, c in enumerate(g.examples())]
+        if len(g.items) > causes.EXAMPLES:
+            out.append(f"  - … and {len(g.items) - causes.EXAMPLES} more of this cause")
+    if len(groups) > max_list:
+        out.append(f"- … and {len(groups) - max_list} more cause(s) (see the gate's JSON "
+                   "artifact)")
+    out.append("")
+    return out
 
 
 def render_markdown(res: GateResult, max_list: int = 100) -> str:
@@ -335,11 +385,10 @@ def render_markdown(res: GateResult, max_list: int = 100) -> str:
             continue
         out.append(f"### {TITLES[cat]} ({len(items)}, policy {res.policy.get(cat, 'ok')})")
         out.append("")
-        for c in items[:max_list]:
-            where = f" ({c.where})" if c.where else ""
-            reason = f" — {_md_escape(c.reason)}" if c.reason else ""
-            out.append(f"- `{_md_escape(c.key)}`{where}: {c.was or 'absent'} → "
-                       f"{c.now or 'absent'}{reason}")
+        if cat in BY_CAUSE:
+            out += _md_by_cause(items, max_list)
+            continue
+        out += [f"- {_md_change(c)}" for c in items[:max_list]]
         if len(items) > max_list:
             out.append(f"- … and {len(items) - max_list} more (see the gate's JSON artifact)")
         out.append("")
@@ -354,4 +403,7 @@ def to_json(res: GateResult) -> dict[str, Any]:
             "baseline_backends": res.baseline_backends,
             "problems": [{"key": k, "message": m} for k, m in res.problems],
             "across_versions": res.across_versions,
-            "changes": [c.__dict__ for c in res.changes if c.category != "unchanged"]}
+            "changes": [c.__dict__ for c in res.changes if c.category != "unchanged"],
+            "causes": {cat: [{"cause": g.cause, "count": len(g.items),
+                              "examples": [c.key for c in g.examples()]}
+                             for g in causes.group(res.of(cat))] for cat in BY_CAUSE}}

@@ -16,6 +16,7 @@ from ..casefile.limits import OPTIONS as LIMIT_OPTIONS
 from ..casefile.limits import Limits
 from ..ordering import plan as ordering
 from ..perf import plan as perfplan
+from ..runner.settings import FRESH_RERUNS
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -73,6 +74,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "launched world size")
     group.addoption("--max-pools", dest="collective_max_pools", type=int, default=None,
                     metavar="N", help="rank pools kept alive at once (default 2)")
+    group.addoption("--fresh-reruns", dest="collective_fresh_reruns", type=int, default=None,
+                    metavar="N",
+                    help="run a failed instance once more on fresh ranks when an earlier "
+                         "instance failed or raised on the same ranks, to tell state the "
+                         "backend carried between instances; at most N times a session "
+                         f"(default {FRESH_RERUNS}; 0: never); the outcome stays a failure")
     group.addoption("--ahead", dest="collective_ahead", type=int, default=None, metavar="N",
                     help="isolated instances (declared hangs and crashes, programs that make "
                          "groups, isolate: true) run ahead of their turn, each on its own "
@@ -117,6 +124,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("collective_baseline", "baseline to gate the run against (optional)",
                   default="")
     parser.addini("collective_max_pools", "rank pools kept alive at once", default="2")
+    parser.addini("collective_fresh_reruns", "failures run again on fresh ranks at most, "
+                  "per session (0: never)", default=str(FRESH_RERUNS))
     parser.addini("collective_ahead", "isolated instances run ahead of their turn at once "
                   "(0: in turn)", default="2")
     parser.addini("collective_launched_world_size", "what 'world_size: launched' means here",

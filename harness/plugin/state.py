@@ -17,7 +17,7 @@ from ..errors import CaseFileError, quote
 from ..manifest.load import Manifest, error_line, read
 from ..run.pool import PoolManager, kill_leftovers
 from ..runner.execute import Runner
-from ..runner.settings import RunSettings
+from ..runner.settings import MAX_FRESH_RERUNS, RunSettings
 from .ahead import Ahead
 from .options import (
     operator_limits,
@@ -68,13 +68,18 @@ class HarnessSession:
             "--launched-world-size", config.getini("collective_launched_world_size")
             if launched is None else launched, 1, 1_000_000)  # --max-world-size bounds its use
         self.check_iters = whole_number("--check-iters", opt("collective_check_iters"), 1, 100)
+        reruns = opt("collective_fresh_reruns")
+        fresh_reruns = whole_number(
+            "--fresh-reruns", config.getini("collective_fresh_reruns") if reruns is None
+            else reruns, 0, MAX_FRESH_RERUNS)
         self.records: list[dict[str, Any]] = []
         # What shapes every instance's run and verdict, as one value (harness.runner); the
         # ordering and perf options are read by read_settings(), where a bad one is reported.
         self.settings = RunSettings(backend=self.backend, backend_modules=self.backend_modules,
                                     deadline_s=self.deadline, check_iters=self.check_iters,
                                     manifest=self.manifest,
-                                    after_hang=opt("collective_after_hang"))
+                                    after_hang=opt("collective_after_hang"),
+                                    fresh_reruns=fresh_reruns)
         self._runner: Runner | None = None
         ahead = opt("collective_ahead")
         self.ahead_workers = whole_number(

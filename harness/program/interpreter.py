@@ -31,6 +31,8 @@ import torch.distributed as dist
 from .. import ops
 from ..expr import Expr
 from ..model import (
+    BUILDING_BUFFERS,
+    GROUP_PHASE,
     ORDER_SENSITIVE,
     TENSOR_LIST,
     Fill,
@@ -41,7 +43,7 @@ from ..model import (
     TensorCheck,
     TensorSpec,
     Tolerance,
-    flat_steps,
+    case_groups,
     tensor_list,
     tensor_names,
 )
@@ -160,11 +162,14 @@ def prepare_groups(inst: Instance, renv: RankEnv) -> None:
     ``new_group`` is collective over the whole world, so non-members must call it too, and in
     the same order; caching per pool keeps later instances from creating it again.
     """
-    for step in flat_steps(inst.steps):  # a captured op's group must exist before capture
-        args = dict(step.args)
-        group = args.get("group")
-        if group is not None and not isinstance(group, str):  # named ones: new_group steps
-            _group(renv, tuple(group), args.get("group_timeout"))
+    made = False
+    for index, (ranks, timeout) in enumerate(case_groups(inst.steps)):
+        if renv.progress is not None:  # a group the backend never forms hangs here
+            renv.progress[1] = GROUP_PHASE - index
+            made = True
+        _group(renv, ranks, timeout)
+    if made:
+        renv.progress[1] = BUILDING_BUFFERS
 
 
 def _shape(shape: tuple[Any, ...] | None) -> tuple[int, ...] | None:

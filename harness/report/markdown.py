@@ -48,6 +48,19 @@ def first_wrong(record: dict[str, Any]) -> str:
     return ""
 
 
+def fresh_rerun(record: dict[str, Any]) -> str:
+    """What running a failure again on fresh ranks showed ("" when it was not run again)."""
+    again = record.get("fresh_rerun")
+    if not isinstance(again, dict):
+        return ""
+    after = code(str(again.get("after", "")))
+    if again.get("state_carried"):
+        return (f"<br>failed only after {after} on the same ranks; passes on fresh ranks: "
+                "state carried between instances")
+    return (f"<br>run again on fresh ranks (after {after} failed or raised on the same "
+            f"ranks): {escape(str(again.get('fresh', '')))} there too")
+
+
 def cell(outcomes: Counter[str]) -> str:
     """``✅ 12 ❌ 1``: one symbol and count per outcome present, worst first."""
     order = ("failed", "error", "hang", "crash", "xpass", "xfail", "uncheckable", "limitation",
@@ -178,7 +191,8 @@ def render(report: dict[str, Any]) -> str:
                 first = r["message"].splitlines()[0] if r["message"] else ""
                 wrong = first_wrong(r)
                 out.append(f"- **{escape(r['outcome'])}** {code(r['key'])} — {escape(first)}"
-                           + (f"<br>first wrong: {code(wrong)}" if wrong else ""))
+                           + (f"<br>first wrong: {code(wrong)}" if wrong else "")
+                           + fresh_rerun(r))
             if len(bad) > MAX_FAILURES:
                 out.append(f"- … and {len(bad) - MAX_FAILURES} more (see the JSON report)")
             out.append("")

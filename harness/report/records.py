@@ -109,6 +109,7 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
         "duration_s": round(result.duration, 6),
         "pool_replaced": result.pool_replaced,
         **({"ran_ahead": True} if result.ran_ahead else {}),
+        **({"fresh_rerun": result.fresh_rerun} if result.fresh_rerun else {}),
         **({"phases": result.phases} if result.phases else {}),
         "ranks": ranks,
     }

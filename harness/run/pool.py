@@ -33,15 +33,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import ops
-from ..model import Instance, PoolRun, RankState, flat_steps
-from . import stranded
+from ..model import Instance, PoolRun, RankState, flat_steps, phase
+from . import ranklog, stranded
 from .overdue import POLL_S, Overdue
 from .rank import STACK_SIGNAL, RankConfig, decode, encode, rank_main
 
 FAIL_FAST_GRACE_S = 2.0
 STARTUP_TIMEOUT_S = 120.0
 DIAGNOSE_WAIT_S = 2.0  # stacks and flight recorder, together
-STDERR_TAIL_LINES = 20
 HEALTH_DEADLINE_S = 3.0  # the check takes about a millisecond; this only bounds a broken group
 # multiprocessing's wait() turns its timeout into an int of milliseconds for poll(): wait in
 # slices so that any finite deadline works.
@@ -187,6 +186,10 @@ class RankPool:
         env = tuple(sorted({**dict(_backend_env(key.backend, pg_timeout_s)),
                             **dict(key.env)}.items()))
         self.fr_requests: list[Any] = []
+        self.log_starts = [0] * key.world_size  # see _run
+        # The first instance that failed or in which a rank raised on these ranks, while they
+        # were kept (harness.runner.execute runs a later failure again on fresh ranks).
+        self.first_bad = ""
         # kill() runs once: a run-ahead thread and the session's close may both call it, and
         # closing a pipe twice could close a descriptor another thread has opened since.
         self._kill_lock = threading.Lock()
@@ -265,20 +268,8 @@ class RankPool:
                 return r
         raise KeyError(obj)
 
-    def _tail(self, rank: int) -> str:
-        try:
-            with open(self.log_path(rank), errors="replace") as fh:
-                lines = fh.read().splitlines()
-        except OSError:
-            return ""
-        lines = [ln for ln in lines if "Failed to initialize NumPy" not in ln
-                 and not ln.startswith("Extension modules:")]
-        fatal = [i for i, ln in enumerate(lines) if ln.startswith("Fatal Python error")]
-        if fatal:  # faulthandler's crash report: keep it whole, minus helper threads
-            text = "\n".join(lines[fatal[-1]:fatal[-1] + 3 * STDERR_TAIL_LINES])
-            head, _, rest = text.partition("\n\n")
-            return (head + "\n\n" + _clean_stack(rest)).strip()
-        return "\n".join(lines[-STDERR_TAIL_LINES:])
+    def _tail(self, rank: int, since: int = 0) -> str:
+        return ranklog.tail(self.log_path(rank), since)
 
     def send_request(self, kind: str, payload: Any) -> int:
         """Send request ``kind`` to every rank; returns its sequence number.
@@ -335,6 +326,8 @@ class RankPool:
              on_wait: Callable[[str], None] | None = None) -> PoolRun:
         t0 = time.monotonic()
         next_note = t0 + PROGRESS_AFTER_S
+        # Where this instance's output begins in each rank's log (the tail says so).
+        self.log_starts = [ranklog.size(self.log_path(r)) for r in range(self.key.world_size)]
         seq = self.send_request("run", inst)
         pending = set(range(self.key.world_size))
         run = PoolRun(kind="done")
@@ -418,8 +411,7 @@ class RankPool:
     def rank_step(self, inst: Instance, r: int) -> tuple[int, str]:
         """The step rank ``r`` is in (from its shared progress slot) and what it is doing."""
         step = int(self.progress[r][1])
-        return step, (inst.steps[step].describe() if 0 <= step < len(inst.steps) else
-                      "building buffers" if step == -1 else "checking results")
+        return step, phase(inst.steps, step)
 
     def waiting_note(self, inst: Instance, pending: set[int], waited: float,
                      left: float) -> str:
@@ -437,7 +429,7 @@ class RankPool:
 
     def _diagnose(self, inst: Instance, pending: set[int], died: list[int],
                   run: PoolRun) -> list[RankState]:
-        sizes = {r: _size(self.stack_path(r)) for r in pending}
+        sizes = {r: ranklog.size(self.stack_path(r)) for r in pending}
         for r in pending:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.procs[r].pid, STACK_SIGNAL)
@@ -460,11 +452,15 @@ class RankPool:
                 code = proc.exitcode
                 sig = signal.Signals(-code).name if code is not None and code < 0 else ""
                 states.append(RankState(r, "died", step=step, step_desc=desc, exitcode=code,
-                                        signal=sig, stderr_tail=self._tail(r)))
+                                        signal=sig,
+                                        stderr_tail=self._tail(r, self.log_starts[r])))
             else:
+                # What the backend's own threads printed (an exception in a callback) is
+                # often the only account of why the rank never returned.
                 states.append(RankState(r, "blocked", step=step, step_desc=desc,
-                                        stack=_clean_stack(stacks.get(r, "")),
-                                        flight_recorder=recorder.get(r, [])))
+                                        stack=ranklog.clean_stack(stacks.get(r, "")),
+                                        flight_recorder=recorder.get(r, []),
+                                        stderr_tail=self._tail(r, self.log_starts[r])))
         return states
 
     def _read_flight_recorder(self, ranks: set[int], end: float) -> dict[int, list[str]]:
@@ -570,13 +566,6 @@ def summarize_flight_recorder(dump: dict[str, Any], last: int = 8) -> list[str]:
     return lines
 
 
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
-
-
 def _read_grown(pool: RankPool, sizes: dict[int, int], end: float) -> dict[int, str]:
     """Wait until each signalled rank's stack dump has been written, then read it."""
     out: dict[int, str] = {}
@@ -584,7 +573,7 @@ def _read_grown(pool: RankPool, sizes: dict[int, int], end: float) -> dict[int, 
     while time.monotonic() < end:
         done = True
         for r, start in sizes.items():
-            now = _size(pool.stack_path(r))
+            now = ranklog.size(pool.stack_path(r))
             if now <= start or last.get(r) != now:
                 done = False
             last[r] = now
@@ -599,19 +588,6 @@ def _read_grown(pool: RankPool, sizes: dict[int, int], end: float) -> dict[int, 
         except OSError:
             out[r] = ""
     return out
-
-
-def _clean_stack(text: str) -> str:
-    """Keep the thread that runs the program; drop the harness's helper threads and the
-    multiprocessing frames below the rank's main loop."""
-    blocks = [b.strip() for b in text.strip().split("\n\n") if b.strip()]
-    main = [b for b in blocks if "in rank_main" in b] or blocks
-    out: list[str] = []
-    for block in main:
-        lines = block.splitlines()
-        cut = next((i for i, ln in enumerate(lines) if "in rank_main" in ln), len(lines) - 1)
-        out.append("\n".join(lines[: cut + 1]))
-    return "\n\n".join(out)
 
 
 def reuse_blockers(inst: Instance, run: PoolRun) -> list[str]:

@@ -22,6 +22,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from ..model import BUILDING_BUFFERS, CHECKING_RESULTS
+
 STACK_SIGNAL = signal.SIGUSR1
 
 
@@ -237,9 +239,9 @@ def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None
         if kind == "run":
             renv.seq = seq
             progress[0] = seq
-            progress[1] = -1
+            progress[1] = BUILDING_BUFFERS
             result = run_instance(payload, renv, run_probes, time_instance)
-            progress[1] = -2
+            progress[1] = CHECKING_RESULTS
             conn.send_bytes(encode("result", cfg.nonce, seq, (payload.key, result)))
         elif kind == "health":
             conn.send_bytes(health_answer(cfg, seq))

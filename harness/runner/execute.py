@@ -7,6 +7,13 @@ the phase timings. An answer that belongs to another request has already discard
 (:class:`~harness.run.pool.ForeignAnswerError`): the instance runs once more on a fresh pool
 and is an ``error`` if that happens again. A failure of the harness itself becomes an
 ``error`` result that says so, and the pool it happened on is discarded, never reused.
+
+Ranks are shared by the instances of a pool, and so is any state a backend keeps between them:
+a wrapper that swallows one error and stays broken turns every later instance's values wrong.
+A ``failed`` instance that ran on ranks where an earlier instance failed or raised is therefore
+run once more on fresh ranks (the suspect pool is discarded), at most ``fresh_reruns`` times a
+session; its outcome stays ``failed`` whatever the rerun does, and its record's
+``fresh_rerun`` and its message say whether it passes there (state carried between instances).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ..model import Instance, InstanceResult, PoolRun
+from ..model import BAD_OUTCOMES, Instance, InstanceResult, PoolRun
 from ..perf import plan as perfplan
 from ..perf import stats as perfstats
 from ..report import costs
@@ -27,6 +34,10 @@ from ..verdict.outcome import judge
 from .breaker import Breaker
 from .prepare import Prepared, pool_key, prepare
 from .settings import RunSettings
+
+# A rerun's outcomes that count as "passes on fresh ranks": the contract held there (a pass,
+# or a pass against what an override declares).
+MET = frozenset({"passed", "limitation"})
 
 
 class Cancelled(RuntimeError):
@@ -62,6 +73,10 @@ class Runner:
         self._caps = caps
         self._manager: PoolManager | None = None
         self.breaker = Breaker() if settings.after_hang == "skip" else None
+        self.fresh_reruns_used = 0  # of settings.fresh_reruns (see _on_fresh_ranks)
+        # Case id -> an instance of it that failed on fresh ranks too: the case's other
+        # instances spend no rerun (a genuine failure of a case is seldom one instance's).
+        self.fails_on_fresh_ranks: dict[str, str] = {}
 
     @property
     def caps(self) -> Capabilities:
@@ -180,17 +195,80 @@ class Runner:
             result = self.verdict(inst, launched.run, prepared.deadline_s)
             result.ran_ahead = ahead
             t_settle = time.monotonic()
-            result.pool_replaced = bool(self.manager.settle(launched.pool, inst, launched.run))
+            earlier = launched.pool.first_bad
+            result.pool_replaced = self._settle(launched, inst, result)
             held.clear()  # settled: kept in a known state, or gone
             result.phases = costs.phases(launched.run, pool_s=launched.pool_s,
                                          run_s=launched.run_s, judge_s=t_settle - t_judge,
                                          settle_s=time.monotonic() - t_settle)
+            if result.outcome == "failed" and earlier and not ahead:
+                self._on_fresh_ranks(prepared, on_wait, launched.pool, earlier, result, held)
             if foreign:
                 result.pool_replaced = True
                 result.message += ("\n  (run on a fresh pool: the first pool's answer did not "
                                    f"belong to this instance and was discarded: {foreign})")
             return Judged(result, launched.run)
         raise AssertionError("unreachable")
+
+    def _settle(self, launched: Launched, inst: Instance, result: InstanceResult) -> bool:
+        """Keep or replace the pool (PoolManager.settle); whether it was replaced. A kept pool
+        remembers the first instance that failed or in which a rank raised on it."""
+        pool, run = launched.pool, launched.run
+        replaced = bool(self.manager.settle(pool, inst, run))
+        if not replaced and not pool.first_bad and (
+                result.outcome in BAD_OUTCOMES
+                or any(r.status == "raised" for r in run.results.values())):
+            pool.first_bad = inst.key
+        return replaced
+
+    def _on_fresh_ranks(self, prepared: Prepared, on_wait: Callable[[str], None] | None,
+                        pool: RankPool, earlier: str, result: InstanceResult,
+                        held: list[RankPool]) -> None:
+        """Run a failure again on fresh ranks, when ``earlier`` failed or raised on the same
+        ones before it: state a backend carries from one instance to the next (an error that
+        leaves it broken) shows as later instances' wrong values. The outcome stays a failure
+        whatever the rerun does; the record and the message say what it did. At most
+        ``fresh_reruns`` per session, none for a case another instance of which failed on
+        fresh ranks too."""
+        inst = prepared.instance
+        fails_anyway = self.fails_on_fresh_ranks.get(inst.case_id)
+        if fails_anyway:  # a rerun would most likely be spent on it for nothing
+            result.message += (f"\n  (failed after {earlier} failed or raised on the same "
+                               f"ranks; not run again on fresh ranks: {fails_anyway}, of the "
+                               "same case, failed there too)")
+            return
+        if self.fresh_reruns_used >= self.settings.fresh_reruns:
+            result.message += (f"\n  (failed after {earlier} failed or raised on the same "
+                               f"ranks; not run again on fresh ranks: the session's "
+                               f"{self.settings.fresh_reruns} rerun(s) (--fresh-reruns) "
+                               "are spent)")
+            return
+        self.fresh_reruns_used += 1
+        if pool.alive and not pool.key.isolated:  # suspect: never reused, even if healthy
+            self.manager.discard(pool.key)
+            self.manager.replaced += 1
+            result.pool_replaced = True
+        try:
+            launched = self.launch(prepared, on_wait)
+        except (PoolStartError, ForeignAnswerError) as exc:
+            result.fresh_rerun = {"after": earlier, "fresh": "error", "state_carried": False}
+            result.message += (f"\n  (failed after {earlier} failed or raised on the same "
+                               f"ranks; could not run it again on fresh ranks: {exc})")
+            return
+        held.append(launched.pool)
+        again = self.verdict(inst, launched.run, prepared.deadline_s)
+        self._settle(launched, inst, again)
+        held.clear()
+        carried = again.outcome in MET
+        result.fresh_rerun = {"after": earlier, "fresh": again.outcome, "state_carried": carried}
+        if carried:
+            result.message += (f"\n  failed only after {earlier} on the same ranks; passes "
+                               "on fresh ranks: state carried between instances")
+        else:
+            self.fails_on_fresh_ranks[inst.case_id] = inst.key
+            result.message += (f"\n  (run again on fresh ranks, since {earlier} failed or "
+                               f"raised on the same ranks before it: {again.outcome} there "
+                               "too)")
 
     def _drop(self, inst: Instance, held: list[RankPool]) -> None:
         """After an internal error the pool's state is unknown: never reuse it. The pool in

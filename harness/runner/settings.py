@@ -11,6 +11,9 @@ from ..manifest.load import Manifest
 from ..ordering.plan import OrderingSettings
 from ..perf.plan import PerfSettings
 
+FRESH_RERUNS = 10
+MAX_FRESH_RERUNS = 10_000
+
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -24,6 +27,9 @@ class RunSettings:
     check_iters: int = 1  # --check-iters: iterations of each reference-checked instance
     # Set in every rank before init, over each case's own environment (collective-fuzz --env).
     env: tuple[tuple[str, str], ...] = ()
+    # --fresh-reruns: failures run again on fresh ranks, at most this many in the session
+    # (harness.runner.execute: state a backend carries from one instance to the next).
+    fresh_reruns: int = FRESH_RERUNS
     # The backend's capability manifest (--manifest): what it claims and what it wraps.
     manifest: Manifest | None = None
     # "skip": after a hang nobody declared, skip what hung from then on (harness.runner.breaker)
@@ -42,6 +48,9 @@ class RunSettings:
             raise ValueError(f"--after-hang {self.after_hang!r}: must be run or skip")
         if not 1 <= self.check_iters <= 100:
             raise ValueError(f"--check-iters {self.check_iters}: must be from 1 to 100")
+        if not 0 <= self.fresh_reruns <= MAX_FRESH_RERUNS:
+            raise ValueError(f"--fresh-reruns {self.fresh_reruns}: must be from 0 to "
+                             f"{MAX_FRESH_RERUNS}")
 
     @property
     def pg_timeout_s(self) -> float:
@@ -54,6 +63,6 @@ class RunSettings:
         """The settings as report metadata (options)."""
         return {"backend": self.backend, "backend_modules": list(self.backend_modules),
                 "deadline_s": self.deadline_s, "check_iters": self.check_iters,
-                "after_hang": self.after_hang,
+                "after_hang": self.after_hang, "fresh_reruns": self.fresh_reruns,
                 **self.ordering.metadata(), **self.perf.metadata(),
                 **({"manifest": self.manifest.metadata()} if self.manifest else {})}

@@ -52,6 +52,14 @@ def _step_desc(inst: Instance, step: int) -> str:
     return inst.steps[step].describe() if 0 <= step < len(inst.steps) else f"step {step}"
 
 
+def where_rank_was(st: RankState) -> str:
+    """``in step 2 (all_reduce(tensor=t))``, or ``while building group [0, 2] (new_group)``
+    for a rank that had not reached the program's steps ("" when nothing is known)."""
+    if st.step >= 0:
+        return f"in step {st.step} ({st.step_desc})"
+    return f"while {st.step_desc}" if st.step_desc else ""
+
+
 def describe_state(st: RankState, results: dict[int, RankResult]) -> str:
     """One block per rank for hang/crash/fail-fast reports."""
     if st.state == "finished":
@@ -61,16 +69,18 @@ def describe_state(st: RankState, results: dict[int, RankResult]) -> str:
         return f"  rank {st.rank}: raised {res.exc_type} in step {res.step}: {res.exc_message}"
     if st.state == "died":
         how = f"killed by {st.signal}" if st.signal else f"exited with code {st.exitcode}"
-        text = f"  rank {st.rank}: DIED ({how}) in step {st.step} ({st.step_desc})"
+        text = f"  rank {st.rank}: DIED ({how}) {where_rank_was(st)}".rstrip()
         if st.stderr_tail:
             text += "\n    last output:\n" + _indent(st.stderr_tail)
         return text
-    text = f"  rank {st.rank}: BLOCKED in step {st.step} ({st.step_desc})"
+    text = f"  rank {st.rank}: BLOCKED {where_rank_was(st)}".rstrip()
     if st.stack:
         text += "\n    Python stack:\n" + _indent(st.stack)
     if st.flight_recorder:
         text += "\n    flight recorder (last collectives):\n" + _indent(
             "\n".join(st.flight_recorder))
+    if st.stderr_tail:
+        text += "\n    last output (stdout and stderr, escaped):\n" + _indent(st.stderr_tail)
     return text
 
 
@@ -193,7 +203,7 @@ def _did(r: int, state: str, run: PoolRun) -> str:
         res = run.results[r]
         return f"rank {r} raised {res.exc_type} in step {res.step}: {res.exc_message[:200]}"
     st = next((s for s in run.states if s.rank == r), None)
-    where = f" in step {st.step} ({st.step_desc})" if st is not None and st.step_desc else ""
+    where = f" {where_rank_was(st)}" if st is not None and st.step_desc else ""
     if state == "died" and st is not None:
         how = f"killed by {st.signal}" if st.signal else f"exit code {st.exitcode}"
         return f"rank {r} died ({how}){where}"
@@ -324,6 +334,9 @@ def _check_raises(inst: Instance, raised: list[RankResult], ranks: list[RankResu
             lines.append("  no rank raised; values:\n" + "\n".join(bad) if bad else
                          f"  no rank raised; {checked_text(run.results)}")
         outcome: Outcome = "hang" if "blocked" in wrong else "failed"
+        lines += [f"  rank {st.rank} last output (stdout and stderr, escaped):\n"
+                  + _indent(st.stderr_tail) for st in run.states
+                  if st.state in ("blocked", "died") and st.stderr_tail]
         head = (f"{where}: not rejected: {exp.reason}, yet no error on {who} (a "
                 "declared-unsupported call must raise, never hang or compute)"
                 if exp.unsupported else
