@@ -340,13 +340,13 @@ def commands(block: Block) -> list[tuple[str, list[str]]]:
 def shown_in(shown: list[str], actual: str) -> str | None:
     """None when the shown lines appear in order in the actual output, else the first missing.
 
-    ``...`` stands for any lines; durations are compared as a word, not a number, and the
-    reports' no-break spaces as spaces."""
-    lines = [DURATION.sub("Ns", ln.rstrip().replace("\u00a0", " "))
+    ``...`` stands for any lines; durations are compared as a word, not a number, pytest's
+    banner lines by their text, and the reports' no-break spaces as spaces."""
+    lines = [_banner(DURATION.sub("Ns", ln.rstrip().replace("\u00a0", " ")))
              for ln in actual.split("\n")]
     pos = 0
     for want in shown:
-        want = DURATION.sub("Ns", want.rstrip())
+        want = _banner(DURATION.sub("Ns", want.rstrip()))
         if want == "..." or not want:
             continue
         try:
@@ -354,6 +354,16 @@ def shown_in(shown: list[str], actual: str) -> str | None:
         except ValueError:
             return want
     return None
+
+
+BANNER = re.compile(r"^=+ (.*) =+$")
+
+
+def _banner(line: str) -> str:
+    """pytest centres its summary line in ``=``: how many depends on how long the run took
+    (a run of 10 s or more has one fewer), so only the text inside is compared."""
+    m = BANNER.match(line)
+    return f"= {m.group(1)} =" if m else line
 
 
 def run_command(line: str, folder: Path) -> str:

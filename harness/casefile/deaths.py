@@ -68,6 +68,12 @@ def plan(case: Case, steps: tuple[Step, ...], ws: int, env: dict[str, Any]) -> t
     dead: dict[int, tuple[int, str]] = {}
     for idx, step in enumerate(steps):
         path = ("steps", idx)
+        if step.kind in RECOVERY:
+            bad = [r for r in members(step, ws) if r in dead]
+            if bad:
+                raise case.error((*path, step.kind), f"the group {list(members(step, ws))} "
+                                 f"names rank {bad[0]}, dead since step {dead[bad[0]][0]}",
+                                 "re-form the world from the survivors only")
         runs = [r for r in range(ws) if _runs(step, r, ws, env)]
         # A step without ``ranks:`` after a death runs on whoever is left; one that names a
         # dead rank is a mistake.
@@ -77,17 +83,11 @@ def plan(case: Case, steps: tuple[Step, ...], ws: int, env: dict[str, Any]) -> t
             raise case.error(path, f"rank {r} died at step {dead[r][0]} ({dead[r][1]}) and "
                              f"cannot run step {idx} ({step.kind})",
                              "limit the step to the survivors with 'ranks:'")
-        if step.kind in RECOVERY:
-            bad = [r for r in members(step, ws) if r in dead]
-            if bad:
-                raise case.error((*path, step.kind), f"the group {list(members(step, ws))} "
-                                 f"names rank {bad[0]}, dead since step {dead[bad[0]][0]}",
-                                 "re-form the world from the survivors only")
         if step.kind in DEATHS:
             for r in runs:
                 dead[r] = (idx, _how(step))
-    if len(dead) == ws:
-        raise case.error(("steps",), f"every rank of the world of {ws} dies: no survivor is "
-                         "left to judge", "limit the fault step with 'ranks:', or declare "
-                         "'crashes: true' to test a crash alone")
+            if len(dead) == ws:
+                raise case.error(path, f"every rank of the world of {ws} dies: no survivor "
+                                 "is left to judge", "limit the fault step with 'ranks:', or "
+                                 "declare 'crashes: true' to test a crash alone")
     return tuple(sorted(((r, i, how) for r, (i, how) in dead.items()), key=lambda d: d[1:]))

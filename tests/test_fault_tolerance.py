@@ -1,0 +1,158 @@
+"""Programs through a failure: planned deaths, survivors that detect them in bounded time,
+recovery by re-forming the world, every rank accounted, and what cannot be written."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import (
+    case_error,
+    case_instances,
+    finish,
+    load_report,
+    pytest_argv,
+    rank_pids,
+    run_pytest,
+    start,
+    wait_for,
+    write_case_file,
+)
+
+HEAD = """
+cases:
+  - name: c
+    world_size: 3
+    deadline: 40
+    tensors:
+      t: {shape: [4], init: "rank + 1"}
+      u: {shape: [4], init: "rank + 1"}
+"""
+
+
+@pytest.mark.parametrize("steps, where, words", [
+    ("      - {exit: 1}\n", "x.yaml:10:9", "every rank of the world of 3 dies"),
+    ("      - {kill: true, ranks: [1]}\n      - {op: all_reduce, tensor: t, ranks: [0, 1]}\n",
+     "x.yaml:11:9", "rank 1 died at step 0 (kill) and cannot run step 1"),
+    ("      - {exit: 2, ranks: [1]}\n      - {reform: [0, 1]}\n", "x.yaml:11:18",
+     "names rank 1, dead since step 0"),
+    ("      - {op: all_reduce, tensor: t, raises: {match: x, within: 0}}\n", "x.yaml:10:45",
+     "0 is less than or equal to the minimum of 0"),
+    ("      - {op: all_reduce, tensor: t, raises: {match: x, not_before: 2, within: 1}}\n",
+     "x.yaml:10:79", "within 1 is not after not_before 2"),
+    ("      - {reform: everyone}\n", "x.yaml:10:18", "is not a list of ranks"),
+    ("      - {shrink: [5]}\n", "x.yaml:10:18", "shrink names rank 5, outside world_size 3"),
+    ("      - {reform: [0, 0]}\n", "x.yaml:10:18", "reform names a rank twice"),
+])
+def test_what_cannot_run_through_a_failure_is_an_error_at_its_line(
+        steps: str, where: str, words: str) -> None:
+    text = HEAD + "    steps:\n" + steps + "    expected: {}\n"
+    err = case_error(text)
+    assert f"cases/{where}" in err and words in err, err
+
+
+def test_a_planned_death_plans_the_survivors() -> None:
+    inst = case_instances(HEAD + """    steps:
+      - {exit: 3, ranks: [1]}
+      - {op: all_reduce, tensor: t, raises: {match: reset, within: 5}}
+      - {reform: survivors}
+      - {op: all_reduce, tensor: u}
+    unchecked: {t: failed}
+    expected: {u: {0: 4, 2: 4}}
+""")[0]
+    assert inst.deaths == ((1, 0, "exit 3"),) and inst.isolate
+    reform = inst.steps[2]
+    assert reform.value == (0, 2) and reform.ranks == (0, 2)  # survivors made concrete
+    assert inst.steps[1].raises_within == 5.0
+
+
+def test_survivors_detect_recover_and_every_rank_is_accounted(tmp_path: Path) -> None:
+    write_case_file(tmp_path, HEAD + """    steps:
+      - {exit: 3, ranks: [1]}
+      - {op: all_reduce, tensor: t, raises: {match: "[Rr]eset|[Cc]losed|[Pp]eer", within: 10}}
+      - {reform: survivors}
+      - {op: all_reduce, tensor: u}
+    unchecked: {t: a failed all_reduce}
+    expected: {u: 4}
+""")
+    proc = run_pytest(tmp_path, "c.yaml", "-q")
+    rec = load_report(tmp_path / "reports" / "conformance.json")["records"][0]
+    assert rec["outcome"] == "passed", proc.stdout
+    assert rec["deaths"] == [{"rank": 1, "step": 0, "how": "exit 3", "by_design": True,
+                              "observed": "exit code 3"}]
+    assert [s["rank"] for s in rec["survivors"]] == [0, 2]
+    for s in rec["survivors"]:
+        assert s["answered"] and s["errors"][0]["step"] == 1
+        assert 0 <= s["errors"][0]["after_s"] <= 10 and s["errors"][0]["within_s"] == 10
+    assert "detected after" in rec["message"] and "bound 10 s" in rec["message"]
+    assert rec["evidence"]["deaths"] == ["rank 1 exit code 3 at step 0 (exit 3), as planned"]
+    assert {"what": "u", "how": "explicit", "ranks": [0, 2], "elements": 8} in \
+        rec["evidence"]["checks"]
+
+
+def test_a_survivor_past_its_bound_is_a_hang_naming_the_step(tmp_path: Path) -> None:
+    write_case_file(tmp_path, HEAD.replace("deadline: 40", "deadline: 600") + """    steps:
+      - {stall: true, ranks: [1]}
+      - {op: all_reduce, tensor: t, raises: {match: x, within: 1}}
+    unchecked: {t: a failed all_reduce}
+    expected: {}
+""")
+    run_pytest(tmp_path, "c.yaml", "-q")
+    rec = load_report(tmp_path / "reports" / "conformance.json")["records"][0]
+    assert rec["outcome"] == "hang"
+    assert "rank 0 still in step 1 (all_reduce(tensor=t))" in rec["message"]
+    assert "past its bound of 1 s" in rec["message"]
+    # The wait ended at the bound, not at the 600 s deadline.
+    assert "deadline" not in rec["message"].splitlines()[0]
+
+
+def test_a_planned_death_that_does_not_happen_is_said(tmp_path: Path) -> None:
+    write_case_file(tmp_path, HEAD.replace("deadline: 40", "deadline: 4") + """    steps:
+      - {op: recv, tensor: t, src: 2, ranks: [1]}
+      - {exit: 3, ranks: [1]}
+    unchecked: {t: never}
+    expected: {u: "rank + 1"}
+""")
+    run_pytest(tmp_path, "c.yaml", "-q")
+    rec = load_report(tmp_path / "reports" / "conformance.json")["records"][0]
+    assert rec["outcome"] == "hang"
+    death = rec["deaths"][0]
+    assert death["rank"] == 1 and death["observed"].startswith("blocked in step 0")
+
+
+def test_a_crash_case_keeps_its_meaning() -> None:
+    inst = case_instances("""
+cases:
+  - name: c
+    world_size: 2
+    crashes: true
+    tensors: {t: {shape: [2], init: 0}}
+    steps:
+      - {segfault: true}
+    expected: {}
+""")[0]
+    assert inst.deaths == ()
+
+
+def test_no_rank_outlives_pytest_killed_during_a_failure(tmp_path: Path) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    write_case_file(tmp_path, HEAD.replace("deadline: 40", "deadline: 300") + """    steps:
+      - {kill: true, ranks: [1]}
+      - {stall: true, ranks: [2]}
+      - {op: recv, tensor: t, src: 2, ranks: [0]}
+    unchecked: {t: never}
+    expected: {}
+""")
+    proc = start(tmp_path, pytest_argv("c.yaml", "-q", "--no-report"), merge_stderr=True,
+                 COLLECTIVE_TEST_MARKER=marker)
+    try:
+        wait_for(lambda: len(rank_pids(marker)) == 2, 60, "the rank killed by design to die")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        wait_for(lambda: not rank_pids(marker), 10, "the survivors to exit after SIGKILL")
+    finally:
+        if proc.poll() is None:
+            finish(proc, 30)
