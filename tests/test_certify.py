@@ -253,3 +253,4 @@ def test_the_torchft_reproduction_shows_each_documented_deviation() -> None:
     assert "process 1: rank(): 0 DEVIATES (expected 1)" in proc.stdout
     assert "allreduce(tensors) without options: DEVIATES" in proc.stdout
     assert "is_completed() = False DEVIATES" in proc.stdout
+    assert "all_reduce after set_timeout(2 s), peer 8 s late: completed" in proc.stdout

@@ -11,6 +11,9 @@ found in torchft's ProcessGroupGloo, reproduced with torch and torchft only (no 
 3. The Work of an async ``dist.all_to_all_single`` on a torchft group reports
    ``is_completed() == False`` after its ``wait()`` returned True (an all_reduce's reports
    True): torch documents ``wait()`` as blocking until the work is completed.
+4. ``set_timeout`` does not apply to the collectives: after ``set_timeout(2 s)``, an
+   all_reduce a peer does not join still waits for the group's original timeout (torchft
+   keeps the value for its next reconfigure only).
 
     python ci/torchft/deviations_repro.py   # one line per check and process; exit 1 if any deviates
 """
@@ -18,6 +21,7 @@ found in torchft's ProcessGroupGloo, reproduced with torch and torchft only (no 
 from __future__ import annotations
 
 import sys
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -27,6 +31,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 WORLD = 2
+LATE_S = 8.0  # how late rank 1 joins the all_reduce that must time out after 2 s
 
 
 def _factory(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
@@ -67,6 +72,22 @@ def rank_main(rank: int, port: int, out: Any) -> None:
     done = work.is_completed()
     lines.append(f"all_to_all_single Work: wait() = {waited}, then is_completed() = {done}"
                  + (" as documented" if done else " DEVIATES (expected True)"))
+    # 4: rank 1 joins the all_reduce only after LATE_S; rank 0 set a 2 s timeout first.
+    pg.set_timeout(timedelta(seconds=2))
+    t0 = time.monotonic()
+    if rank == 1:
+        time.sleep(LATE_S)
+    try:
+        dist.all_reduce(torch.ones(4))
+        took, raised = time.monotonic() - t0, False
+    except RuntimeError:
+        took, raised = time.monotonic() - t0, True
+    if rank == 0:
+        ok = raised and took < LATE_S
+        lines.append(f"all_reduce after set_timeout(2 s), peer {LATE_S:g} s late: "
+                     + (f"raised after {took:.1f} s as documented" if ok else
+                        f"{'raised' if raised else 'completed'} after {took:.1f} s DEVIATES "
+                        "(expected a timeout after about 2 s)"))
     out[rank] = lines
     dist.destroy_process_group()
 
