@@ -47,7 +47,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo
 
 Hook = Callable[[], None]
-MODES = ("", "early_wait", "early_complete", "hang")
+MODES = ("", "early_wait", "early_complete", "hang", "hang_on_error")
 # torch 2.4's Gloo reduce_scatter_tensor ignores the reduce op and returns the SUM (observed on
 # torch 2.4.1, see cases/reduce_scatter.yaml).
 RS_TENSOR_SUMS = tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 5)
@@ -58,7 +58,8 @@ class WrappedWork(dist.Work):
 
     ``mode`` breaks the completion semantics: ``early_complete`` (``is_completed()`` is True from
     the start), ``early_wait`` (``wait()`` returns at once, before the op finished), ``hang``
-    (``wait()`` never returns; the harness declares the hang at its deadline).
+    (``wait()`` never returns; the harness declares the hang at its deadline),
+    ``hang_on_error`` (where the inner ``wait()`` raises, it never returns instead).
     """
 
     def __init__(self, inner: Any, after: Hook | None = None, more: Sequence[Any] = (),
@@ -73,6 +74,15 @@ class WrappedWork(dist.Work):
         if self.mode == "hang":
             while True:
                 time.sleep(1.0)
+        if self.mode == "hang_on_error":
+            try:
+                return self._wait(timeout)
+            except Exception:  # a survivor that never learns its peer died
+                while True:
+                    time.sleep(1.0)
+        return self._wait(timeout)
+
+    def _wait(self, timeout: timedelta | None) -> bool:
         if self.mode == "early_wait":
             return True
         for w in self.more:
@@ -204,6 +214,11 @@ class WrappingProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return self.backend_name
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """The wrapped backend's timeout (torch's ProcessGroup.set_timeout reaches a Python
+        group here only: without this the call would change nothing)."""
+        self.inner.set_timeout(timeout)
 
     def _get_backend(self, device: Any) -> Any:
         return self.inner

@@ -53,6 +53,13 @@ def _swap(x: torch.Tensor, y: torch.Tensor) -> None:
     y.copy_(tmp)
 
 
+def _rotate(chunks: list[torch.Tensor]) -> None:
+    """Every chunk moves one slot down (the last to the first): rank r's data lands at r + 1."""
+    kept = [c.clone() for c in chunks]
+    for k, c in enumerate(chunks):
+        c.copy_(kept[k - 1])
+
+
 def saturating_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     """Sum in rank order, clamping every partial sum at the dtype's limits."""
     info = torch.iinfo(parts[0].dtype)
@@ -73,6 +80,7 @@ class MutantGloo(WrappingProcessGroup):
     """Delegates every op to a real ProcessGroupGloo and applies the configured fault."""
 
     backend_name = BACKEND
+    default_groups = 0  # default groups this process made (stale_rank_after_reform)
 
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
         super().__init__(store, rank, size, timeout)
@@ -84,6 +92,11 @@ class MutantGloo(WrappingProcessGroup):
         # it is being created).
         self.subgroup = dist.is_initialized() and size < dist.get_world_size()
         self.float_all_reduces = 0  # run_dependent_sum: calls so far on this group
+        # stale_rank_after_reform: a default group made after another one in this process (a
+        # world re-formed after a death) keeps the old world's rank order.
+        self.reformed = not dist.is_initialized() and MutantGloo.default_groups > 0
+        if not dist.is_initialized():
+            MutantGloo.default_groups += 1
 
     # -- input side ----------------------------------------------------------------------------
     def prepare(self, call: Call) -> None:
@@ -141,6 +154,8 @@ class MutantGloo(WrappingProcessGroup):
         if self.fault == "hang_above_size" and call.op == "broadcast" \
                 and call.nbytes > LARGE_BYTES:
             mode = "hang"
+        if self.fault == "survivor_wait_hangs":
+            mode = "hang_on_error"
         if not hooks and not mode:
             return work  # faithful: Gloo's own Work
         return WrappedWork(work, after if hooks else None, (), mode)
@@ -176,6 +191,10 @@ class MutantGloo(WrappingProcessGroup):
         elif (f == "gather_order_ws4" and op in ("gather", "all_gather") and size >= 4
               and len(chunks) >= 3 and chunks[1].numel()):
             hooks.append(lambda: _swap(chunks[1], chunks[2]))
+        elif (f == "stale_rank_after_reform" and self.reformed and op in ("gather", "all_gather")
+              and len(chunks) >= 2 and chunks[0].numel()
+              and len({c.shape for c in chunks}) == 1):
+            hooks.append(lambda: _rotate(chunks))
         return hooks
 
     def _numerics_hooks(self, op: str, outs: list[torch.Tensor]) -> list[Hook]:
@@ -206,7 +225,8 @@ class MutantGloo(WrappingProcessGroup):
                 and self.subgroup)
 
     def _p2p(self, work: Any, tensors: list[torch.Tensor], receive: bool) -> Any:
-        mode = self._mode(p2p=True)
+        mode = self._mode(p2p=True) or ("hang_on_error" if self.fault == "survivor_wait_hangs"
+                                         else "")
         if mode == "early_wait" and not receive:
             mode = ""  # a send's buffer is free once handed over: only receives land late
         after: Hook | None = None

@@ -84,6 +84,12 @@ FAULTS: tuple[Fault, ...] = (
     Fault("size_dependent_sum", f"float all_reduce of more than {SPLIT_ELEMENTS} elements has "
           "the lowest bit of its first element flipped: a reduction order that depends on the "
           "buffer's size"),
+    # Through a failure (issue 40): what a survivor or a re-formed world gets wrong.
+    Fault("survivor_wait_hangs", "when a peer has died, a survivor's wait() never returns "
+          "instead of raising the backend's error"),
+    Fault("stale_rank_after_reform", "in a world re-formed after a death (a second default "
+          "group in the process), gather and all_gather place the chunks by the ranks of the "
+          "old world: rotated by one"),
 )
 
 NAMES: tuple[str, ...] = tuple(f.name for f in FAULTS)
