@@ -8,7 +8,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from harness.fuzz import space
 from tests.helpers import (
     case_error,
     case_instances,
@@ -156,3 +160,13 @@ def test_no_rank_outlives_pytest_killed_during_a_failure(tmp_path: Path) -> None
     finally:
         if proc.poll() is None:
             finish(proc, 30)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_fuzzer_draws_valid_programs_through_a_failure(data: st.DataObject) -> None:
+    ws = data.draw(st.integers(2, 6))
+    case = data.draw(space.peer_death(ws))
+    inst = case_instances(yaml.safe_dump({"cases": [case]}))[0]
+    assert inst.deaths and len(inst.deaths) < inst.world_size
+    assert space.program_op(case) == "peer_death"

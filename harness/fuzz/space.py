@@ -35,8 +35,9 @@ CHUNK_BYTES = 1 << 20  # just past it: the backends' algorithm / chunk switches
 # shrinks toward the first.
 SHORTHAND: tuple[str, ...] = tuple(name for _, name in sorted(
     (o.fuzz.order, o.name) for o in ops.ALL_OPS.values() if o.fuzz is not None))
-PROGRAMS = ("p2p", "async_program", "barrier_timing")
-DEFAULT_OPS = (*SHORTHAND, *PROGRAMS)
+PROGRAMS = ("p2p", "async_program", "barrier_timing", "peer_death")
+# peer_death runs each instance on a private pool (a rank dies): drawn when asked (--ops).
+DEFAULT_OPS = (*SHORTHAND, *(p for p in PROGRAMS if p != "peer_death"))
 # Entry j's rows for the ops whose list entries may differ in shape (``entry_shape``).
 UNEVEN_ROWS = ("j + 1", "j", "2 * j + 1", "0 if j % 2 == 0 else j + 1", "rank + j + 1")
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's when built with it
@@ -300,6 +301,32 @@ def barrier_timing(draw: st.DrawFn, ws: int) -> dict[str, Any]:
 
 
 @st.composite
+def peer_death(draw: st.DrawFn, ws: int) -> dict[str, Any]:
+    """Some ranks die (exit, abort, SIGKILL) before a collective; the survivors' call must
+    raise in bounded time, they re-form the world and an all_reduce sums their values."""
+    ws = max(ws, 2)
+    dying = sorted(draw(st.sets(st.integers(0, ws - 1), min_size=1, max_size=ws - 1)))
+    survivors = [r for r in range(ws) if r not in dying]
+    how: dict[str, Any] = dict(draw(st.sampled_from(({"exit": 3}, {"abort": True},
+                                                     {"kill": True}))))
+    dtype = str(draw(st.sampled_from(("float32", "int64"))))
+    size = int(draw(st.sampled_from((1, 4, 33))))
+    detect: dict[str, Any] = {"match": "[Cc]onnection|[Cc]losed|[Rr]eset|[Pp]eer|[Tt]imed out",
+                              "within": 10}
+    if draw(st.booleans()):
+        call: dict[str, Any] = {"op": "all_reduce", "tensor": "t", "raises": detect}
+    else:  # a broadcast from a dead root: no survivor can get the data
+        call = {"op": "broadcast", "tensor": "t", "src": dying[0], "raises": detect}
+    return {"name": "fuzz", "world_size": ws, "dtype": dtype,
+            "tensors": {"t": {"shape": [size], "init": "rank + 1"},
+                        "u": {"shape": [size], "init": "rank + 1"}},
+            "steps": [{**how, "ranks": dying}, call, {"reform": "survivors"},
+                      {"op": "all_reduce", "tensor": "u"}],
+            "unchecked": {"t": "a failed call leaves its buffer unspecified"},
+            "expected": {"u": sum(r + 1 for r in survivors)}}
+
+
+@st.composite
 def cases(draw: st.DrawFn, op_names: tuple[str, ...], allowed_ws: tuple[int, ...]
           ) -> dict[str, Any]:
     """One generated case (a mapping in the case-file format) with a single instance."""
@@ -311,6 +338,8 @@ def cases(draw: st.DrawFn, op_names: tuple[str, ...], allowed_ws: tuple[int, ...
         case = draw(async_program(ws))
     elif name == "barrier_timing":
         case = draw(barrier_timing(ws))
+    elif name == "peer_death":
+        case = draw(peer_death(ws))
     else:
         case = draw(shorthand_case(name, ws))
     case["deadline"] = DEADLINE_S
@@ -324,6 +353,8 @@ def program_op(case: dict[str, Any]) -> str:
     steps = case.get("steps", [])
     if any("blocks_until_all" in s for s in steps):
         return "barrier_timing"
+    if any("reform" in s for s in steps):
+        return "peer_death"
     # p2p_case's programs are the generated ones with point-to-point ops.
     if any(ops.ALL_OPS[s["op"]].point_to_point for s in steps if s.get("op") in ops.ALL_OPS):
         return "p2p"
