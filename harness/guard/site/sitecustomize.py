@@ -1,0 +1,12 @@
+"""Loaded by every Python process of a guarded run (this folder is put first on PYTHONPATH).
+
+It installs the guard only where ``COLLECTIVE_GUARD_DIR`` is set, so a process that inherits
+PYTHONPATH without it is untouched; torch is imported only then.
+"""
+
+import os
+
+if os.environ.get("COLLECTIVE_GUARD_DIR"):
+    from harness.guard import rank
+
+    rank.install(os.environ["COLLECTIVE_GUARD_DIR"])
