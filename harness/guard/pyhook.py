@@ -62,7 +62,7 @@ def _wrapper(g: guard_rank.Guard, orig: Any, name: str, convert: Convert) -> Any
     family = CHECKED[name][0]
 
     def method(self: Any, *args: Any) -> Any:
-        if g.off or getattr(g.local, "depth", 0) or family not in g.s.families:
+        if g.off or int(getattr(g.local, "depth", 0)) or family not in g.s.families:
             return orig(self, *args)
         try:
             dargs = convert(self, args)

@@ -253,7 +253,7 @@ def _kernel(g: Guard, name: str, op: Any) -> Any:
         if g.raise_next:
             text, g.raise_next = g.raise_next, ""
             raise GuardMismatch(text)
-        if g.off or kwargs or getattr(local, "depth", 0):
+        if g.off or bool(kwargs) or int(getattr(local, "depth", 0)):
             return redispatch(below, *args, **kwargs)
         pg = group_of(args[pg_at])
         gname = pg.group_name
