@@ -52,7 +52,7 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(run, args=(port, a.out, a.break_channel), nprocs=2)
+    mp.spawn(run, args=(port, a.out, a.break_channel), nprocs=2)  # type: ignore[attr-defined,no-untyped-call]
 
 
 if __name__ == "__main__":

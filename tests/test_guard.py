@@ -78,7 +78,7 @@ def test_linear_bound_passes_honest_rounding_in_any_order(dtype: torch.dtype) ->
         assert check.decide(spec, digs).mismatches == []
     if dtype != torch.float32:
         return  # a dropped rank is within bf16/fp16's worst-case bound (docs/howto/guard.md)
-    dropped = sum(ins[r].double() for r in range(world - 1))
+    dropped = torch.stack([ins[r].double() for r in range(world - 1)]).sum(0)
     dropped[2048:3072] += ins[world - 1][2048:3072].double()  # rank 3 reached chunk 2 only
     wrong = dropped.to(dtype)
     digs = [{"in": [digest.linear(ins[r], 1024).tolist()],
@@ -137,8 +137,8 @@ def test_injected_fault_localised_and_replayed(tmp_path: Path) -> None:
     honest = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=300, check=False)
     assert honest.returncode == 0, honest.stdout[-2000:]
-    mutant = subprocess.run(base + ["--backend-module", "harness.mutate.backend", "--backend",
-                                    "mutant"], cwd=ROOT, capture_output=True, text=True,
+    mutant = subprocess.run([*base, "--backend-module", "harness.mutate.backend", "--backend",
+                             "mutant"], cwd=ROOT, capture_output=True, text=True,
                             env=env | {"COLLECTIVE_MUTANT": "recv_unwritten"}, timeout=300,
                             check=False)
     assert mutant.returncode == 1, mutant.stdout[-2000:]
