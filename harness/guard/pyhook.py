@@ -9,6 +9,7 @@ apply (:func:`harness.guard.rank.sampled_call`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +44,24 @@ METHODS: dict[str, tuple[str, Convert]] = {
     "send": ("send", lambda pg, a: (a[0], pg, a[1], a[2])),
     "recv": ("recv_", lambda pg, a: (a[0], pg, a[1], a[2])),
 }
+
+
+def inject(g: guard_rank.Guard, fault: str) -> None:
+    """A drill: run the job's Gloo groups on collective-mutate's backend with ``fault``, its
+    Python ProcessGroup wrapped by the guard."""
+    os.environ["COLLECTIVE_MUTANT"] = fault
+    from harness.mutate.backend import MutantGloo  # registers the backend
+    mod = dist.distributed_c10d
+    orig = mod.init_process_group
+
+    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if backend in (None, "gloo", "cpu:gloo"):
+            backend = "mutant"
+        return orig(backend, *args, **kwargs)
+
+    mod.init_process_group = init_process_group
+    dist.init_process_group = init_process_group
+    wrap_class(g, MutantGloo)
 
 
 def wrap_class(g: guard_rank.Guard, cls: type) -> None:

@@ -368,8 +368,6 @@ def install(folder: str) -> None:
         return
     g = Guard(settings, folder)
     _GUARD.append(g)
-    if settings.inject:
-        _inject(settings.inject)
     lib = torch.library.Library("c10d", "IMPL")  # type: ignore[no-untyped-call]
     _LIBS.append(lib)
     wanted = _wanted(settings)
@@ -402,30 +400,6 @@ def _patch_destroy(g: Guard) -> None:
 
     mod.destroy_process_group = destroy_process_group
     dist.destroy_process_group = destroy_process_group
-
-
-def _inject(fault: str) -> None:
-    """A drill: run the job's Gloo groups on the mutant backend with ``fault``."""
-    os.environ["COLLECTIVE_MUTANT"] = fault
-    import harness.mutate.backend  # noqa: F401  (registers the backend)
-    mod = dist.distributed_c10d
-    orig = mod.init_process_group
-
-    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if backend in (None, "gloo", "cpu:gloo"):
-            backend = "mutant"
-        return orig(backend, *args, **kwargs)
-
-    mod.init_process_group = init_process_group
-    dist.init_process_group = init_process_group
-    from harness.guard.pyhook import wrap_class
-    from harness.mutate.backend import MutantGloo
-    wrap_class(guard_or_fail(), MutantGloo)
-
-
-def guard_or_fail() -> Guard:
-    """This process's guard (installed before a fault is injected)."""
-    return _GUARD[0]
 
 
 def guard() -> Guard | None:
