@@ -1,0 +1,7 @@
+"""``python -m harness.guard``: the same as ``collective-guard``."""
+
+import sys
+
+from harness.guard.cli import main
+
+sys.exit(main())
