@@ -29,9 +29,9 @@ The tree is the pipeline (docs/explanation/architecture.md; data flows one way, 
   base), ``mutate/`` (``collective-mutate``), ``fuzz/`` (``collective-fuzz``: generated
   instances, shrunk findings as case files), ``record/`` (``collective-record``: a real run's
   collectives as case files), ``guard/`` (``collective-guard``: a sample of a real run's
-  collectives checked from digests, mismatches as case files), ``certify/`` (``collective-certify``: identity probes, the
-  library against a manifest, cells and a level) and ``docsgen/`` (the docs pages rendered
-  from code and data; imported by no stage).
+  collectives checked from digests, mismatches as case files), ``certify/``
+  (``collective-certify``: identity probes, the library against a manifest, cells and a
+  level) and ``docsgen/`` (the docs pages rendered from code and data; imported by no stage).
 
 Nothing imported at package import time touches torch; only code that runs inside rank
 processes does.
