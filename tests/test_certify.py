@@ -254,3 +254,20 @@ def test_the_torchft_reproduction_shows_each_documented_deviation() -> None:
     assert "allreduce(tensors) without options: DEVIATES" in proc.stdout
     assert "is_completed() = False DEVIATES" in proc.stdout
     assert "all_reduce after set_timeout(2 s), peer 8 s late: completed" in proc.stdout
+
+
+def test_the_fuzzer_takes_the_manifest(tmp_path: Path) -> None:
+    """A declared gap is no finding for collective-fuzz, and a bad manifest is one line."""
+    (tmp_path / "m.yaml").write_text("backend: certfake\nmodule: tests.certify_backend\n"
+                                     "inherits: gloo\nsupports: {ops: [all_reduce]}\n")
+    out = tmp_path / "f"
+    proc = run("-m", "harness.fuzz", "--backend", "certfake", "--manifest",
+               str(tmp_path / "m.yaml"), "--ops", "gather", "--examples", "4",
+               "--world-size", "2", "--out", str(out), fault="no_gather")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 finding(s)" in proc.stdout and "limitation" in proc.stdout
+    (tmp_path / "bad.yaml").write_text("backend: certfake\nsupports: {ops: [gathr]}\n")
+    bad = run("-m", "harness.fuzz", "--backend", "certfake", "--manifest",
+              str(tmp_path / "bad.yaml"), "--out", str(out))
+    assert bad.returncode == 2 and "--manifest: " in bad.stderr and ":2:" in bad.stderr
+    assert "did you mean 'gather'" in bad.stderr and "Traceback" not in bad.stderr

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..casefile import collect
 from ..errors import CaseFileError, CaseFileErrors
+from ..manifest.load import Manifest
 from ..model import BAD_OUTCOMES, Instance, PoolRun
 from ..ordering.plan import OrderingSettings
 from ..report.jsonfile import printable
@@ -69,14 +70,14 @@ class Executor:
     def __init__(self, backend: str, backend_modules: tuple[str, ...] = (),
                  deadline_s: float = 5.0, known: KnownLibrary | None = None,
                  max_pools: int = 4, env: tuple[tuple[str, str], ...] = (),
-                 probe_every: int = PROBE_EVERY) -> None:
+                 probe_every: int = PROBE_EVERY, manifest: Manifest | None = None) -> None:
         self.backend = backend
         self.probe_every = probe_every
         self.deadline_s = deadline_s
         self.known = known or KnownLibrary([])
         settings = RunSettings(backend=backend, backend_modules=backend_modules,
                                deadline_s=deadline_s, env=env,
-                               ordering=OrderingSettings(mode="all"))
+                               ordering=OrderingSettings(mode="all"), manifest=manifest)
         self.runner = Runner(settings, max_pools=max_pools)
         self.unprobed = dataclasses.replace(settings, ordering=OrderingSettings(mode="none"))
         self.hangs = 0

@@ -16,7 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn
 
-from ..errors import float_in, int_in
+from ..errors import CaseFileError, float_in, int_in
+from ..manifest.load import error_line as manifest_error
+from ..manifest.load import read as read_manifest
 from ..report.jsonfile import printable, unwritable
 from . import space
 from .differential import load_digests
@@ -116,6 +118,10 @@ def parser() -> argparse.ArgumentParser:
                     help="write every instance's output digests (for --against-report)")
     ap.add_argument("--overrides-for", default=None, metavar="NAME",
                     help="apply the overrides written for backend NAME too (a wrapper of it)")
+    ap.add_argument("--manifest", default=None, metavar="FILE",
+                    help="the backend's capability manifest: its module is imported, what it "
+                    "inherits gives --overrides-for, and what it declares unsupported must be "
+                    "rejected (a limitation, not a finding)")
     ap.add_argument("--skip-signatures", default="", metavar="SIGS",
                     help="comma-separated op:class signatures already known (not findings)")
     ap.add_argument("--confirm-against", default=None, metavar="NAME",
@@ -136,6 +142,7 @@ def check(args: argparse.Namespace) -> tuple[str, ...]:
     otherwise); sets the default budget."""
     if args.time is None and args.examples is None:
         args.examples = 1000
+    apply_manifest(args)
     if args.ops is None:
         ops = space.DEFAULT_OPS
     else:
@@ -169,6 +176,26 @@ def check(args: argparse.Namespace) -> tuple[str, ...]:
         if why:
             raise Usage(f"--report: {printable(why, 200)}")
     return ops
+
+
+def apply_manifest(args: argparse.Namespace) -> None:
+    """``--manifest``: read (Usage, one line, on anything wrong), its module added to the
+    backend modules and its ``inherits:`` made the ``--overrides-for`` default."""
+    args.manifest_data = None
+    if not args.manifest:
+        return
+    try:
+        manifest = read_manifest(args.manifest)
+    except CaseFileError as exc:
+        raise Usage(f"--manifest: {manifest_error(exc)}") from None
+    if manifest.backend != args.backend:
+        raise Usage(f"--manifest {printable(args.manifest, 120)} is for backend "
+                    f"{manifest.backend!r}, not --backend {printable(args.backend, 60)!r}")
+    if manifest.module and manifest.module not in args.backend_module:
+        args.backend_module.append(manifest.module)
+    if args.overrides_for is None and manifest.inherits:
+        args.overrides_for = manifest.inherits
+    args.manifest_data = manifest
 
 
 def env_var(item: str) -> tuple[str, str]:
@@ -237,6 +264,8 @@ def reproduce_command(args: argparse.Namespace) -> str:
     """The options a finding's case file names to find it again (with its seed): the backend
     and its modules, and what changes the draws (the ops, the world sizes)."""
     extra = ["--ops", args.ops] if args.ops else []
+    if args.manifest:
+        extra += ["--manifest", args.manifest]
     if tuple(args.world_size) != DEFAULT_WORLD_SIZES:
         extra += ["--world-size", ",".join(str(w) for w in args.world_size)]
     return backend_options(args) + (" " + shlex.join(extra) if extra else "")

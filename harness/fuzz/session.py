@@ -69,8 +69,10 @@ class Session:
     def _executor(self, backend: str, modules: tuple[str, ...], args: argparse.Namespace,
                   known: KnownLibrary, max_pools: int,
                   env: tuple[tuple[str, str], ...] = ()) -> Executor:
+        # The manifest describes the backend under test, not a reference it is compared with.
+        manifest = args.manifest_data if backend == args.backend else None
         ex = Executor(backend, modules, args.deadline, known, max_pools, env=env,
-                      probe_every=args.probe_every)
+                      probe_every=args.probe_every, manifest=manifest)
         self.executors.append(ex)
         return ex
 

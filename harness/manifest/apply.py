@@ -5,7 +5,8 @@ unchanged. One that needs anything the manifest declares unsupported must be *re
 documents an error for an op a backend does not implement (``RuntimeError``/``ValueError``/
 ``NotImplementedError`` from the call or its ``wait()``), never a hang or a silent value. Its
 expectation becomes "every rank raises" (any exception: the manifest states that the backend
-lacks it, not how it says so), with the declaration as its reason, so the verdict is a
+lacks it, not how it says so; every rank that calls the backend: a rank outside an op's
+``group:`` list never does), with the declaration as its reason, so the verdict is a
 ``limitation`` whose record says ``unsupported`` (never a pass, never a failure); a backend that
 hangs on it, crashes, or computes something instead of refusing fails, and the message says a
 declared-unsupported call was not rejected. A ``skip`` the case or an override decided stays.
@@ -54,10 +55,30 @@ def apply(inst: Instance, manifest: Manifest) -> Instance:
     if not missing or inst.expectation.skip:
         return inst
     why = "; ".join(_said(m, manifest) for m in missing)
-    exp = Expectation(kind="raises", match="", ranks=None, others=(),
+    callers = _callers(inst)
+    exp = Expectation(kind="raises", match="",
+                      ranks=None if len(callers) == inst.world_size else callers,
+                      others=("finished", "raised"),
                       reason=f"declared unsupported by the manifest: {why}",
                       unsupported=tuple(missing))
     return replace(inst, expectation=exp)
+
+
+def _callers(inst: Instance) -> tuple[int, ...]:
+    """The ranks that call the backend: torch returns at once on a rank outside an op's
+    ``group:`` list (it never reaches the backend, so it cannot reject anything), and a step
+    limited by ``ranks:`` runs on those only. Every rank where that cannot be told here."""
+    out: set[int] = set()
+    for step in inst.steps:
+        if step.kind != "op":
+            continue
+        runs = set(step.ranks) if isinstance(step.ranks, tuple) else set(
+            range(inst.world_size))
+        group = dict(step.args).get("group")
+        if isinstance(group, tuple | list):
+            runs &= {int(r) for r in group}
+        out |= runs
+    return tuple(sorted(out)) or tuple(range(inst.world_size))
 
 
 def _said(item: str, manifest: Manifest) -> str:
