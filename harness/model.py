@@ -194,6 +194,15 @@ class Step:
     # names (empty: any type); the message must still match ``raises``
     raises_types: tuple[str, ...] = ()
 
+    def runs_on(self, rank: int, world_size: int, env: dict[str, Any]) -> bool:
+        """Whether the step runs on ``rank`` (its ``ranks:`` list or expression; every rank
+        without one). The parent (a program's planned deaths) and the ranks ask alike."""
+        if self.ranks is None:
+            return True
+        if isinstance(self.ranks, Expr):
+            return bool(self.ranks({**env, "rank": rank, "world_size": world_size}))
+        return rank in self.ranks
+
     def describe(self) -> str:
         if self.kind == "op":
             return f"{self.op}(" + ", ".join(f"{k}={v}" for k, v in self.bufs) + ")"

@@ -18,21 +18,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..expr import Expr
 from ..model import Case, Step
 
 DEATHS = ("abort", "exit", "segfault", "kill", "stall")
 SURVIVORS = "survivors"  # {reform: survivors}: the ranks alive when the step comes
 RECOVERY = ("reform", "shrink")
 Death = tuple[int, int, str]  # rank, step, how ("exit 3", "kill", "stall", ...)
-
-
-def _runs(step: Step, rank: int, ws: int, env: dict[str, Any]) -> bool:
-    if step.ranks is None:
-        return True
-    if isinstance(step.ranks, Expr):
-        return bool(step.ranks({**env, "rank": rank, "world_size": ws}))
-    return rank in step.ranks
 
 
 def _how(step: Step) -> str:
@@ -49,7 +40,7 @@ def with_survivors(steps: tuple[Step, ...], ws: int, env: dict[str, Any]) -> tup
             alive = tuple(r for r in range(ws) if r not in dead)
             step = replace(step, value=alive, ranks=alive if step.ranks is None else step.ranks)
         if step.kind in DEATHS:
-            dead.update(r for r in range(ws) if _runs(step, r, ws, env))
+            dead.update(r for r in range(ws) if step.runs_on(r, ws, env))
         out.append(step)
     return tuple(out)
 
@@ -74,7 +65,7 @@ def plan(case: Case, steps: tuple[Step, ...], ws: int, env: dict[str, Any]) -> t
                 raise case.error((*path, step.kind), f"the group {list(members(step, ws))} "
                                  f"names rank {bad[0]}, dead since step {dead[bad[0]][0]}",
                                  "re-form the world from the survivors only")
-        runs = [r for r in range(ws) if _runs(step, r, ws, env)]
+        runs = [r for r in range(ws) if step.runs_on(r, ws, env)]
         # A step without ``ranks:`` after a death runs on whoever is left; one that names a
         # dead rank is a mistake.
         gone = [r for r in runs if r in dead] if step.ranks is not None else []

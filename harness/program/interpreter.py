@@ -115,11 +115,7 @@ def _reduce_op(name: str | None, factor: float, tensor_of: torch.Tensor | None =
 
 def in_ranks(step: Step, rank: int, world_size: int, env: dict[str, Any]) -> bool:
     """Whether ``step`` runs on ``rank`` (its ``ranks:`` list or expression)."""
-    if step.ranks is None:
-        return True
-    if isinstance(step.ranks, Expr):
-        return bool(step.ranks({**env, "rank": rank, "world_size": world_size}))
-    return rank in step.ranks
+    return step.runs_on(rank, world_size, env)
 
 
 def _group(renv: RankEnv, ranks: tuple[int, ...] | str | None,
