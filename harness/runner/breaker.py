@@ -9,7 +9,9 @@ two different cases have hung on the same need, it trips, and every later instan
 it is skipped with a reason that names the instance that hung, said once per instance (the
 certificate files them under the broken cell as blocked, apart from skips). Two cases, not
 one: a single hang can be the case's own doing (a deliberate mismatch under a debug setting
-hung one instance of all_reduce in the torchft trial while every other all_reduce ran).
+hung one instance of all_reduce in the torchft trial while every other all_reduce ran). A hang
+of an instance with an environment of its own (``env:``) or a planned death counts for
+nothing: it is about that setting, not about the op.
 
 Off by default: a conformance report runs everything it collected.
 """
@@ -42,6 +44,10 @@ class Breaker:
     def observe(self, inst: Instance, result: InstanceResult) -> None:
         """Trip what ``inst`` hung on, if it hung where its case did not say it would."""
         if result.outcome != "hang" or inst.expectation.kind == "hangs":
+            return
+        if inst.env or inst.deaths:
+            # A hang under a case's own environment (a debug mode) or after a planned death
+            # says something about that setting, not about the op every other case calls.
             return
         need = self._hung_on(inst, result)
         cases = self.hung.setdefault(need, {})
