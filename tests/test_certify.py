@@ -271,3 +271,33 @@ def test_the_fuzzer_takes_the_manifest(tmp_path: Path) -> None:
               str(tmp_path / "bad.yaml"), "--out", str(out))
     assert bad.returncode == 2 and "--manifest: " in bad.stderr and ":2:" in bad.stderr
     assert "did you mean 'gather'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_breaker_trips_on_two_cases_and_never_on_a_case_of_its_own_setting() -> None:
+    from harness.model import InstanceResult, RankState
+    from harness.runner.breaker import Breaker
+    from tests.helpers import case_instances
+
+    def hung() -> InstanceResult:
+        return InstanceResult("hang", "", states=[RankState(0, "blocked", step=0)])
+
+    plain = case_instances("""
+cases:
+  - {name: a, op: all_reduce, world_size: 2, input: "rank", shape: [2]}
+  - {name: b, op: all_reduce, world_size: 2, input: "rank", shape: [3]}
+""")
+    special = case_instances("""
+cases:
+  - {name: a, op: all_reduce, world_size: 2, input: "rank", shape: [2],
+     env: {TORCH_DISTRIBUTED_DEBUG: DETAIL}}
+  - {name: b, op: all_reduce, world_size: 2, input: "rank", shape: [3],
+     env: {TORCH_DISTRIBUTED_DEBUG: DETAIL}}
+""")
+    breaker = Breaker()
+    for inst in special:
+        breaker.observe(inst, hung())
+    assert not breaker.tripped and not breaker.blocked(plain[0])
+    breaker.observe(plain[0], hung())
+    assert not breaker.blocked(plain[1])  # one case is not enough
+    breaker.observe(plain[1], hung())
+    assert breaker.blocked(plain[0]).startswith("blocked: op all_reduce hung in ")
