@@ -151,7 +151,8 @@ def _bytes(case: Case, spec: TensorSpec, fill: Fill, shape: tuple[int, ...] | No
     if shape is None:
         return 0  # taken from explicit values, which the node limit already bounds
     itemsize = max(1, dtypes.info(spec.dtype).bits // 8)
-    nbytes = math.prod(shape) * itemsize
+    # The allocation holds the guard regions and an offset's gap too (harness.program.guards).
+    nbytes = math.prod(shape) * itemsize + 2 * spec.guard_bytes() + spec.offset * itemsize
     layout, takes = "", "takes"
     if spec.sparse is not None:  # indices and duplicates on top of the dense values
         nbytes = sparse.bytes_bound(shape, itemsize, spec.sparse)

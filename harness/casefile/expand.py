@@ -174,6 +174,8 @@ class _Expander:
             tensors, steps, expected = ProgramBuilder(case).build(point, env)
             shorthand = None
         tensors = numerics.with_offset(case, tensors, int(point.get("offset", 0)))
+        if "guard" in raw:
+            tensors = tuple(dataclasses.replace(t, guard=int(raw["guard"])) for t in tensors)
         # A program without any collective (a deliberate crash, say) is filed under "steps".
         main_name, main_family = ((self.all_ops[0].name, self.all_ops[0].family)
                                   if self.all_ops else ("steps", "steps"))
