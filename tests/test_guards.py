@@ -173,3 +173,41 @@ def test_gloo_passes_with_guards_and_the_mutant_writing_past_the_end_fails(
                                                     "all_reduce\n    world_size: 2\n    dtype"),
                      "writes_past_end")
     assert [m for k, m in unguarded.items() if "single" in k] == ["passed", "passed"]
+
+
+def test_a_later_run_refills_the_same_allocation_with_fresh_poison_and_guards() -> None:
+    first, watch = _guarded(torch.zeros(4))
+    region = watch.regions["out"]
+    whole = torch.empty(0, dtype=torch.uint8).set_(first.untyped_storage())
+    whole[region.end] = 0  # a write past the end in the first run
+    first.fill_(7)
+    again, reused = guards.wrap("out", torch.full((4,), 3.0), 64, region)
+    assert reused is not None and reused.base is region.base
+    assert again.data_ptr() == first.data_ptr()
+    assert again.tolist() == [3.0] * 4 and bool((region.base[region.end:] == 0xDB).all())
+    other, fresh = guards.wrap("out", torch.zeros(5), 64, region)  # another size: new memory
+    assert fresh is not None and fresh.base is not region.base
+
+
+def test_iterations_reuse_buffers_so_a_stale_result_fails_on_its_iteration(
+        tmp_path: Path) -> None:
+    """``iterations: 3`` refills the first run's allocations in place: a backend that hands
+    a reused buffer its first result back (a stale cache) fails on iteration 2."""
+    cases = """
+    cases:
+      - name: iters
+        op: all_reduce
+        world_size: 2
+        shape: [16]
+        input: {generator: exact, seed: 3}
+        iterations: 3
+        isolate: true
+    """
+    project = write_case_file(tmp_path, cases)
+    args = ["c.yaml", "-q", "--report-json", "r.json", "--report-md", "r.md", "--report-html",
+            "r.html", "--backend", "faulty", "--backend-module", "fault_backend"]
+    run_pytest(project, *args, extra_env={"COLLECTIVE_FAULT": "none"})
+    assert [r["outcome"] for r in load_report(project / "r.json")["records"]] == ["passed"]
+    run_pytest(project, *args, extra_env={"COLLECTIVE_FAULT": "stale_on_reuse"})
+    (rec,) = load_report(project / "r.json")["records"]
+    assert rec["outcome"] == "failed" and "iteration 2" in rec["message"], rec["message"]

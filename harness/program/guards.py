@@ -45,17 +45,24 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
                                                                  strict=True)) + 1
 
 
-def wrap(name: str, t: torch.Tensor, g: int) -> tuple[torch.Tensor, Region | None]:
+def wrap(name: str, t: torch.Tensor, g: int, reuse: Region | None = None
+         ) -> tuple[torch.Tensor, Region | None]:
     """``t``'s values in a view of the same shape, strides and start alignment, inside an
     allocation with ``g`` guard bytes on each side (a multiple of 64:
     :meth:`~harness.model.TensorSpec.guard_bytes`); ``t`` itself when ``g`` is 0 or the
-    tensor is not a plain strided one."""
+    tensor is not a plain strided one. ``reuse``: an earlier run's allocation of the same
+    buffer, refilled in place when it has the same layout (a later iteration then writes
+    into the very memory the first one used, as nccl-tests' ``-c`` does)."""
     if not g or t.layout != torch.strided or any(st < 0 for st in t.stride()):
         return t, None
     size = t.element_size()
     lo, hi = _span(t)
     pre = g + lo * size  # the gap an offset leaves before the start is guarded too
-    base = torch.empty(pre + (hi - lo) * size + g, dtype=torch.uint8, device=t.device)
+    total = pre + (hi - lo) * size + g
+    same = (reuse is not None and reuse.start == pre and reuse.end == pre + (hi - lo) * size
+            and reuse.base.numel() == total and reuse.base.device == t.device)
+    base = reuse.base if same and reuse is not None else torch.empty(
+        total, dtype=torch.uint8, device=t.device)
     base.fill_(PATTERN)
     typed = base.view(torch.uint8 if t.dtype == torch.bool else t.dtype)
     view = typed.as_strided(tuple(t.shape), tuple(t.stride()), pre // size)

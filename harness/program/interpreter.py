@@ -78,6 +78,9 @@ class RankEnv:
     # Groups the running instance's new_group steps made, by name (never kept across
     # instances: such an instance runs on a private pool).
     named: dict[str, group_steps.Named] = field(default_factory=dict)
+    # The extra runs of one instance (iterations, deterministic): each buffer's allocation of
+    # the first run, refilled in place (fresh poison and guards) instead of a new one.
+    reuse: dict[str, guards.Region] | None = None
 
     def to_global(self, rank: int) -> int:
         """The global rank of the instance's rank ``rank``."""
@@ -210,9 +213,12 @@ def build_buffers(inst: Instance, renv: RankEnv, env: dict[str, Any],
             bufs[spec.name] = t
             continue
         bufs[spec.name], region = guards.wrap(spec.name, tensors.at_offset(
-            tensors.with_layout(t.to(dev), spec.layout), spec.offset), spec.guard_bytes())
+            tensors.with_layout(t.to(dev), spec.layout), spec.offset), spec.guard_bytes(),
+            renv.reuse.get(spec.name) if renv.reuse is not None else None)
         if region is not None and watch is not None:
             watch.regions[spec.name] = region
+        if region is not None and renv.reuse is not None:
+            renv.reuse[spec.name] = region
     return bufs
 
 
