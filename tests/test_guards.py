@@ -8,7 +8,9 @@ is what kills it. A correct backend (Gloo) passes with guards on every kind of b
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -102,18 +104,28 @@ def test_guard_regions_count_toward_the_byte_limits() -> None:
         guard: 1000
     """)
     assert all(t.guard == 1000 and t.guard_bytes() == 1024 for t in inst.tensors)
-    big = """
-    cases:
-      - name: g
-        op: all_reduce
-        world_size: 2
-        shape: [16777200]   # 64 bytes under the 64 MiB buffer limit
-        input: "i"
-        guard: GUARD
-    """
-    assert case_instances(big.replace("GUARD", "0"))
-    err = case_error(big.replace("GUARD", "65536"))
-    assert "takes 67239872 bytes per rank; the limit is 67108864" in err, err
+    from harness.casefile import expand, validate
+    from harness.casefile import load as yamlload
+    from harness.casefile.limits import Limits
+    from harness.errors import CaseFileError
+
+    def expanded(guard: int) -> list[Any]:
+        doc = yamlload.load_text(textwrap.dedent(f"""
+        cases:
+          - name: g
+            op: all_reduce
+            world_size: 2
+            shape: [16]
+            input: "i"
+            guard: {guard}
+        """), "cases/x.yaml")
+        # 2 ranks x 64 data bytes: 128 bytes of data, and 2 x 2 x 64 bytes of guard by default
+        return [i for c in validate.load_cases(doc)
+                for i in expand.expand(c, "gloo", Limits(instance_bytes=128 + 256))]
+
+    assert expanded(0) and expanded(64)
+    with pytest.raises(CaseFileError, match="take 640 bytes over all ranks; the limit is 384"):
+        expanded(65)  # rounded up to 128 bytes a side
 
 
 CASES = """
