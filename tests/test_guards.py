@@ -197,7 +197,7 @@ def test_a_later_run_refills_the_same_allocation_with_fresh_poison_and_guards() 
     assert reused is not None and reused.base is region.base
     assert again.data_ptr() == first.data_ptr()
     assert again.tolist() == [3.0] * 4 and bool((region.base[region.end:] == 0xDB).all())
-    other, fresh = guards.wrap("out", torch.zeros(5), 64, region)  # another size: new memory
+    _, fresh = guards.wrap("out", torch.zeros(5), 64, region)  # another size: new memory
     assert fresh is not None and fresh.base is not region.base
 
 
