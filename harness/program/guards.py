@@ -63,7 +63,9 @@ def wrap(name: str, t: torch.Tensor, g: int, reuse: Region | None = None
             and reuse.base.numel() == total and reuse.base.device == t.device)
     base = reuse.base if same and reuse is not None else torch.empty(
         total, dtype=torch.uint8, device=t.device)
-    base.fill_(PATTERN)
+    end = pre + (hi - lo) * size
+    base[:pre].fill_(PATTERN)  # only the guards: the buffer's own bytes are copied below
+    base[end:].fill_(PATTERN)
     typed = base.view(torch.uint8 if t.dtype == torch.bool else t.dtype)
     view = typed.as_strided(tuple(t.shape), tuple(t.stride()), pre // size)
     if t.dtype == torch.bool:  # copy the bytes: bool copies canonicalise them
@@ -71,7 +73,7 @@ def wrap(name: str, t: torch.Tensor, g: int, reuse: Region | None = None
         view = view.view(torch.bool)
     else:
         view.copy_(t)
-    return view, Region(name, base, pre, pre + (hi - lo) * size)
+    return view, Region(name, base, pre, end)
 
 
 @dataclass
@@ -90,7 +92,7 @@ class Watch:
                 continue
             for side, part in (("before the start", region.base[:region.start]),
                                ("past the end", region.base[region.end:])):
-                if (name, side) in self.found:
+                if (name, side) in self.found or bool((part == PATTERN).all()):
                     continue
                 changed = (part != PATTERN).nonzero().flatten()
                 if not changed.numel():
