@@ -74,6 +74,10 @@ class SparseSpec:
     uncoalesced: bool = False
 
 
+DEFAULT_GUARD = 64  # bytes of guard region on each side of every tensor buffer (``guard:``)
+GUARD_ALIGN = 64  # guards are whole multiples of this (the CPU allocator's alignment)
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """A named buffer of the program, created on every rank before the first step."""
@@ -92,6 +96,12 @@ class TensorSpec:
     entry_shapes: tuple[tuple[tuple[int, ...], ...] | None, ...] | None = None
     sparse: SparseSpec | None = None  # set exactly when layout is "sparse_coo"
     offset: int = 0  # elements before its start in a larger allocation (nccl-tests -u)
+    guard: int = DEFAULT_GUARD  # guard bytes asked for on each side (harness.program.guards)
+
+    def guard_bytes(self) -> int:
+        """The guard laid on each side: ``guard`` rounded up to :data:`GUARD_ALIGN`, so the
+        buffer's start keeps its alignment (an ``offset:`` misalignment stays exact)."""
+        return -(-self.guard // GUARD_ALIGN) * GUARD_ALIGN if self.guard > 0 else 0
 
     def shape_for(self, rank: int) -> tuple[int | Expr, ...] | None:
         """This rank's shape."""

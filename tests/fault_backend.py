@@ -11,7 +11,9 @@ process group is created) picks the fault:
   replaced by zeros (on a copy: its own input stays intact);
 - ``misplaced_chunk``: outputs made of per-rank chunks get two chunks swapped (gathers,
   all-to-alls), and reduce-scatters and scatters hand each rank another rank's chunk;
-- ``unwritten``: the last element of every output keeps the value it had before the op.
+- ``unwritten``: the last element of every output keeps the value it had before the op;
+- ``stale_on_reuse``: an output buffer used before (same address and size) gets the values
+  of its first use back (a result cache keyed by address that is never invalidated).
 
 Every op the harness's op table calls is wrapped: all_reduce, reduce, broadcast, all_gather
 (list and single-tensor forms), gather, scatter, reduce_scatter (list and single-tensor),
@@ -37,7 +39,8 @@ import torch
 
 from harness.backends.wrapping import Call, WrappedWork, WrappingProcessGroup
 
-FAULTS = ("none", "wrong_value", "missing_contribution", "misplaced_chunk", "unwritten")
+FAULTS = ("none", "wrong_value", "missing_contribution", "misplaced_chunk", "unwritten",
+          "stale_on_reuse")
 # Ops whose inputs are the outputs (the fault zeroes them in place) and ops whose last rank's
 # contribution is replaced by zeros on a copy (``missing_contribution``).
 IN_PLACE = ("allreduce", "allreduce_coalesced", "reduce")
@@ -63,6 +66,7 @@ class FaultyGloo(WrappingProcessGroup):
         self.fault = os.environ.get("COLLECTIVE_FAULT", "none")
         if self.fault not in FAULTS:
             raise ValueError(f"COLLECTIVE_FAULT={self.fault!r}; choose one of {FAULTS}")
+        self.first: dict[tuple[int, int], torch.Tensor] = {}  # stale_on_reuse: first results
 
     def prepare(self, call: Call) -> None:
         fault, last = self.fault, self.rank() == self.size() - 1
@@ -101,6 +105,13 @@ class FaultyGloo(WrappingProcessGroup):
                 a = chunks[0].clone()
                 chunks[0].copy_(chunks[1])
                 chunks[1].copy_(a)
+            elif fault == "stale_on_reuse":
+                for t in outputs:
+                    key = (t.data_ptr(), t.numel() * t.element_size())
+                    if key in self.first:
+                        t.copy_(self.first[key])
+                    else:
+                        self.first[key] = t.clone()
             elif fault == "unwritten" and outputs:
                 last, before = outputs[-1], saved[-1]
                 idx = tuple(s - 1 for s in last.shape)

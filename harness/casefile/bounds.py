@@ -38,7 +38,7 @@ def check_instance(case: Case, inst: Instance, limits: Limits) -> None:
         for rank in range(ws):
             shape = _int_shape(spec.shape_for(rank))
             nbytes = _bytes(case, spec, spec.init.for_rank(rank), shape, limits, path)
-            total += nbytes
+            total += nbytes + _around(spec)
             fill = spec.init.for_rank(rank)
             if spec.dtype != "object":
                 _check_fill(case, fill, shape, {**env, "rank": rank}, path)
@@ -134,6 +134,14 @@ def _int_shape(shape: Any) -> tuple[int, ...] | None:
     if shape is None or not all(isinstance(d, int) for d in shape):
         return None
     return tuple(shape)
+
+
+def _around(spec: TensorSpec) -> int:
+    """Bytes a tensor buffer's allocation holds besides its data: both guard regions and an
+    offset's gap (harness.program.guards); they count toward the instance's byte limit."""
+    if spec.dtype == "object" or spec.sparse is not None:
+        return 0
+    return 2 * spec.guard_bytes() + spec.offset * max(1, dtypes.info(spec.dtype).bits // 8)
 
 
 def _bytes(case: Case, spec: TensorSpec, fill: Fill, shape: tuple[int, ...] | None,

@@ -22,7 +22,7 @@ from ..model import (
     Tolerance,
 )
 from ..ordering.plan import plan_instances
-from . import caseenv, coverage, deaths, lifecycle, numerics, opargs, stepkinds
+from . import caseenv, coverage, deaths, lifecycle, numerics, opargs, scramble, stepkinds
 from . import groups as named_groups
 from . import overrides as case_overrides
 from .bounds import check_instance
@@ -174,6 +174,10 @@ class _Expander:
             tensors, steps, expected = ProgramBuilder(case).build(point, env)
             shorthand = None
         tensors = numerics.with_offset(case, tensors, int(point.get("offset", 0)))
+        if "guard" in raw:
+            tensors = tuple(dataclasses.replace(t, guard=int(raw["guard"])) for t in tensors)
+        if "scramble" in raw:
+            steps = scramble.apply(case, steps, ws, int(raw["scramble"]))
         # A program without any collective (a deliberate crash, say) is filed under "steps".
         main_name, main_family = ((self.all_ops[0].name, self.all_ops[0].family)
                                   if self.all_ops else ("steps", "steps"))

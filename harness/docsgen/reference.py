@@ -36,7 +36,7 @@ def render_options() -> str:
     parser = Parser(_ispytest=True)
     options.pytest_addoption(parser)
     limit_default = {f.name: f.default for f in fields(Limits)}
-    limit_default["world_size"] = "max(8, CPU count)"
+    limit_default["world_size"] = "max(16, CPU count)"
     limit_default["deadline"] = "the session's --deadline"
     by_ini = {ini: limit_default[field] for field, _flag, ini, _t in LIMIT_OPTIONS}
     ini = dict(parser._inidict)  # pytest keeps declared ini names here

@@ -26,7 +26,7 @@ from .summary import PROG
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "": 1}
 BUNDLED = Path(__file__).resolve().parents[2] / "cases"
-MAX_WORLD = 8
+MAX_WORLD = 16  # the long matrix's largest world (cases/integrity.yaml)
 DEFAULT_WORLD_SIZES = (1, 2, 3, 4)
 DATABASE = ".hypothesis"  # the example database's folder, under --out
 

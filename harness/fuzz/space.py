@@ -260,8 +260,12 @@ def p2p_case(draw: st.DrawFn, ws: int) -> dict[str, Any]:
 
 @st.composite
 def async_program(draw: st.DrawFn, ws: int) -> dict[str, Any]:
-    """Several async all_reduce (SUM) / broadcast calls in flight, waited in any order."""
+    """Several async all_reduce (SUM) / broadcast calls in flight, waited in any order; one
+    draw in three scrambles them (``scramble:``): each op on a group of its own, issued and
+    waited in each rank's own order."""
     n = int(draw(st.integers(1, 4)))
+    scrambled = draw(st.integers(0, 2)) == 2
+    made: list[dict[str, Any]] = []  # the groups, made before anything is in flight
     dtype = str(draw(st.sampled_from(("float32", "int64", "bfloat16", "int32"))))
     size = int(draw(st.sampled_from((4, 1, 0, 33, 1031))))
     tensors: dict[str, Any] = {}
@@ -270,22 +274,28 @@ def async_program(draw: st.DrawFn, ws: int) -> dict[str, Any]:
     if draw(st.integers(0, 3)) == 3:
         steps.append({"sleep": 0.05, "ranks": [int(draw(st.integers(0, ws - 1)))]})
     for m in range(n):
+        if scrambled and m:  # op 0 on the world, each other op on a group of its own
+            made.append({"new_group": f"g{m}", "members": list(range(ws))})
+        on = {"group": f"g{m}"} if scrambled and m else {}
         if draw(st.booleans()):
             tensors[f"t{m}"] = {"shape": [size], "init": f"rank + i % 16 + {m}"}
             steps.append({"op": "all_reduce", "tensor": f"t{m}", "async": True,
-                          "handle": f"h{m}"})
+                          "handle": f"h{m}", **on})
             expected[f"t{m}"] = (f"world_size * (i % 16 + {m}) + "
                                  "world_size * (world_size - 1) // 2")
         else:
             src = int(draw(st.integers(0, ws - 1)))
             tensors[f"t{m}"] = {"shape": [size], "init": f"rank * 100 + i % 16 + {m}"}
             steps.append({"op": "broadcast", "tensor": f"t{m}", "src": src, "async": True,
-                          "handle": f"h{m}"})
+                          "handle": f"h{m}", **on})
             expected[f"t{m}"] = f"{src * 100} + i % 16 + {m}"
     for m in draw(st.permutations(list(range(n)))):
         steps.append({"wait": f"h{m}"})
-    return {"name": "fuzz", "world_size": ws, "dtype": dtype, "tensors": tensors,
-            "steps": steps, "expected": expected}
+    case = {"name": "fuzz", "world_size": ws, "dtype": dtype, "tensors": tensors,
+            "steps": made + steps, "expected": expected}
+    if scrambled:
+        case["scramble"] = int(draw(st.integers(0, 999)))
+    return case
 
 
 @st.composite

@@ -28,12 +28,22 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
 
 from ..backends.wrapping import Call, DoneWork, WrappedWork, WrappingProcessGroup, shares
-from .faults import BACKEND, ENV, FAITHFUL, LARGE_BYTES, NAMES, ODD_WORLD_SIZE, SPLIT_ELEMENTS
+from .faults import (
+    BACKEND,
+    BIG_WORLD,
+    ENV,
+    FAITHFUL,
+    LARGE_BYTES,
+    NAMES,
+    ODD_WORLD_SIZE,
+    SPLIT_ELEMENTS,
+)
 
 Hook = Callable[[], None]
 FLIPPED_DTYPES = {"bf16_wrong_value": torch.bfloat16, "fp16_wrong_value": torch.float16,
                   "int8_wrong_value": torch.int8}
 INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+DATA_MOVEMENT = ("broadcast", "all_gather", "reduce_scatter", "all_to_all")
 
 
 def flip(t: torch.Tensor, last: bool = False) -> None:
@@ -45,6 +55,20 @@ def flip(t: torch.Tensor, last: bool = False) -> None:
     b = v.view(torch.uint8)
     b[0] = b[0] ^ 1
     t[idx] = v[0]
+
+
+def write_past_end(t: torch.Tensor) -> None:
+    """Write a copy of ``t``'s last element one element past its end, when its storage has
+    room there (an off-by-one loop bound; memory the caller owns but the op does not)."""
+    if not t.numel() or t.layout != torch.strided or any(st < 0 for st in t.stride()):
+        return
+    last = t.storage_offset() + sum((s - 1) * st for s, st in zip(t.shape, t.stride(),
+                                                                 strict=True))
+    size = t.element_size()
+    if (last + 2) * size > t.untyped_storage().nbytes():
+        return  # nothing after it in this allocation: the fault cannot show
+    whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+    whole[(last + 1) * size:(last + 2) * size] = whole[last * size:(last + 1) * size].clone()
 
 
 def _swap(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -97,6 +121,7 @@ class MutantGloo(WrappingProcessGroup):
         self.reformed = not dist.is_initialized() and MutantGloo.default_groups > 0
         if not dist.is_initialized():
             MutantGloo.default_groups += 1
+        self.seen: set[tuple[int, int]] = set()  # zeros_on_first_use: (address, bytes) used
 
     # -- input side ----------------------------------------------------------------------------
     def prepare(self, call: Call) -> None:
@@ -172,7 +197,7 @@ class MutantGloo(WrappingProcessGroup):
         """The output-side corruptions of this fault for one op call (run after the op)."""
         f, rank, size = self.fault, self.rank(), self.size()
         outs = [t for t in outputs if t.numel()]
-        hooks: list[Hook] = self._numerics_hooks(op, outs)
+        hooks: list[Hook] = self._numerics_hooks(op, outs) + self._integrity_hooks(op, outs)
         if f in FLIPPED_DTYPES:
             hooks += [lambda t=t: flip(t) for t in outs if t.dtype == FLIPPED_DTYPES[f]]
         elif f == "large_all_reduce_wrong" and op == "all_reduce" and nbytes > LARGE_BYTES:
@@ -215,6 +240,22 @@ class MutantGloo(WrappingProcessGroup):
             return [lambda t=t: flip(t) for t in floats[:1] if t.data_ptr() % 16]
         if f == "size_dependent_sum":
             return [lambda t=t: flip(t) for t in floats[:1] if t.numel() > SPLIT_ELEMENTS]
+        return []
+
+    def _integrity_hooks(self, op: str, outs: list[torch.Tensor]) -> list[Hook]:
+        """The integrity faults (issue 42): outside the buffer, first use, big worlds."""
+        f = self.fault
+        if f == "writes_past_end":
+            return [lambda t=t: write_past_end(t) for t in outs[-1:]]
+        if f == "zeros_on_first_use":
+            fresh = [t for t in outs if (t.data_ptr(), t.numel() * t.element_size())
+                     not in self.seen]
+            self.seen.update((t.data_ptr(), t.numel() * t.element_size()) for t in outs)
+            return [lambda t=t: t.zero_() for t in fresh]
+        if f == "wrong_above_8_ranks" and self.size() > BIG_WORLD:
+            return [lambda t=t: flip(t) for t in outs[:1]]
+        if f == "misaligned_data_movement" and op in DATA_MOVEMENT:
+            return [lambda t=t: flip(t, last=True) for t in outs[-1:] if t.data_ptr() % 16]
         return []
 
     def _in_group_corner(self, op: str) -> bool:

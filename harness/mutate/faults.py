@@ -18,6 +18,7 @@ FAITHFUL = "none"  # the faithful wrapper: Gloo behind the same Python ProcessGr
 LARGE_BYTES = 1 << 20  # "above a size": messages larger than 1 MiB (an algorithm switch)
 ODD_WORLD_SIZE = 3  # "only at one world size"
 SPLIT_ELEMENTS = 256  # size_dependent_sum: a reduction that switches its chunking above this
+BIG_WORLD = 8  # "wrong only at world sizes above": a tree/ring switch nobody runs past 8
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,17 @@ FAULTS: tuple[Fault, ...] = (
     Fault("size_dependent_sum", f"float all_reduce of more than {SPLIT_ELEMENTS} elements has "
           "the lowest bit of its first element flipped: a reduction order that depends on the "
           "buffer's size"),
+    # Integrity faults (issue 42): outside the buffer, on first use, at sizes nobody runs.
+    Fault("writes_past_end", "every collective writes one element past the end of its last "
+          "output tensor (a copy of that tensor's last element), into whatever memory follows "
+          "it"),
+    Fault("zeros_on_first_use", "a collective's outputs come back all zeros the first time "
+          "the backend sees their buffer (by address and size); later uses are faithful"),
+    Fault("wrong_above_8_ranks", f"at world sizes above {BIG_WORLD}, every collective's first "
+          "output has the lowest bit of its first element flipped"),
+    Fault("misaligned_data_movement", "broadcast, all_gather, reduce_scatter and all_to_all "
+          "outputs whose start is not 16-byte aligned have the lowest bit of their last element "
+          "flipped"),
     # Through a failure (issue 40): what a survivor or a re-formed world gets wrong.
     Fault("survivor_wait_hangs", "when a peer has died, a survivor's wait() never returns "
           "instead of raising the backend's error"),

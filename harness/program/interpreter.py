@@ -47,7 +47,7 @@ from ..model import (
     tensor_list,
     tensor_names,
 )
-from . import contract, fp64, identity, lifecycle, objects, recovery, stepchecks, tensors
+from . import contract, fp64, guards, identity, lifecycle, objects, recovery, stepchecks, tensors
 from . import groups as group_steps
 from .graphs import Graphs
 from .timeline import STEP_KINDS, ProgramState
@@ -88,6 +88,9 @@ class RankEnv:
     pool_world_size: int = 0
     # After ``reform``/``shrink``: a launch rank -> its rank in the new world (None before).
     remap: dict[int, int] | None = None
+    # The extra runs of one instance (iterations, deterministic): each buffer's allocation of
+    # the first run, refilled in place (fresh poison and guards) instead of a new one.
+    reuse: dict[str, guards.Region] | None = None
 
     def to_global(self, rank: int) -> int:
         """The global rank of the instance's rank ``rank`` (in the re-formed world, after a
@@ -206,8 +209,10 @@ def _spec(inst: Instance, name: str) -> TensorSpec:
     return next(s for s in inst.tensors if s.name == name)
 
 
-def build_buffers(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> dict[str, Any]:
-    """Every buffer of ``inst`` for this rank, freshly filled, on the rank's device."""
+def build_buffers(inst: Instance, renv: RankEnv, env: dict[str, Any],
+                  watch: guards.Watch | None = None) -> dict[str, Any]:
+    """Every buffer of ``inst`` for this rank, freshly filled, on the rank's device, each
+    tensor inside guard regions (``watch``, when given, keeps them to be checked)."""
     bufs: dict[str, Any] = {}
     dev = _device(renv)
     for spec in inst.tensors:
@@ -216,8 +221,16 @@ def build_buffers(inst: Instance, renv: RankEnv, env: dict[str, Any]) -> dict[st
             bufs[spec.name] = tensors.to_sparse(t.to(dev), spec.sparse.sparse_dim,
                                                 spec.sparse.uncoalesced)
             continue
-        bufs[spec.name] = (t if spec.dtype == "object" else tensors.at_offset(
-            tensors.with_layout(t.to(dev), spec.layout), spec.offset))
+        if spec.dtype == "object":
+            bufs[spec.name] = t
+            continue
+        bufs[spec.name], region = guards.wrap(spec.name, tensors.at_offset(
+            tensors.with_layout(t.to(dev), spec.layout), spec.offset), spec.guard_bytes(),
+            renv.reuse.get(spec.name) if renv.reuse is not None else None)
+        if region is not None and watch is not None:
+            watch.regions[spec.name] = region
+        if region is not None and renv.reuse is not None:
+            renv.reuse[spec.name] = region
     return bufs
 
 
@@ -265,7 +278,8 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         if any(s.kind == "set_device" for s in inst.steps):  # the rank's own GPU afterwards
             modes.callback(torch.cuda.set_device, torch.cuda.current_device())
         prepare_groups(inst, renv)
-        bufs = build_buffers(inst, renv, env)
+        watch = guards.Watch()
+        bufs = build_buffers(inst, renv, env, watch)
         before = {n: _snapshot(t) for n, t in bufs.items()}
         written: set[str] = set()
         rets: list[tuple[int, Step, dict[str, Any]]] = []
@@ -299,6 +313,8 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                                 _repeated(inst, step, renv, env, bufs, written, returned))
                         ev.t_return = time.perf_counter() - t0
                         state.issued(step, work, ev)
+                    watch.check(_guarded(step), f"{step.op} (step {step_idx})",
+                                "after the call returned")
                     if step.call_returns is not None:
                         late.append(contract.call_returned(f"step {step_idx}", step, work))
                     returned["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
@@ -308,6 +324,8 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                             handles[step.handle] = (work, ev)
                         else:
                             state.wait(work, ev)
+                            watch.check(_guarded(step), f"{step.op} (step {step_idx})",
+                                        "after wait()")
                     if work is None or not step.handle:
                         clock.done(step_idx)
                 elif step.kind == "wait":
@@ -321,6 +339,9 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                             with _registering(step):
                                 state.wait(work, wev,
                                            thread=bool(dict(step.args).get("thread")))
+                            watch.check(_guarded(inst.steps[wev.index]),
+                                        f"{inst.steps[wev.index].op} (step {wev.index})",
+                                        "after wait()")
                             clock.done(wev.index)
                     ev.t_return = time.perf_counter() - t0
                 elif step.kind == "drop":  # ``del work``: no reference of ours is left
@@ -381,6 +402,8 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
             torch.cuda.synchronize()
             state.synchronized()
         res.checks = group_checks + check_results(inst, renv, env, bufs, before, written)
+        watch.check(watch.regions, "the program", "at its end")  # captures, replays, ...
+        res.checks += watch.checks()
         res.checks += [stepchecks.check_return(i, step, renv.rank, renv.world_size, env, got)
                        for i, step, got in rets
                        if step.returns is not None and step.returns[renv.rank] is not None]
@@ -425,6 +448,11 @@ def torch_modes(names: tuple[str, ...]) -> Iterator[None]:
         if "inference_mode" in names:
             stack.enter_context(torch.inference_mode())
         yield
+
+
+def _guarded(step: Step) -> list[str]:
+    """The buffers an op step hands over, whose guards are read after it."""
+    return [n for _, t in step.bufs for n in tensor_names(t)]
 
 
 def receive_buffers(step: Step) -> list[str]:

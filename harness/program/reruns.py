@@ -74,16 +74,25 @@ def summary(label: str, res: RankResult) -> dict[str, Any]:
 
 def run(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         timer: Timer | None = None) -> RankResult:
-    """:func:`~harness.program.interpreter.run_instance`, then the property runs."""
-    res = run_instance(inst, renv, probes, timer)
+    """:func:`~harness.program.interpreter.run_instance`, then the property runs.
+
+    The extra runs write into the first run's allocations, each refilled in place (fresh
+    inputs, fresh poison, fresh guards) as nccl-tests' ``-c`` reuses its buffers: a backend
+    right only on a buffer's first use, or stale on a later one, fails on that iteration.
+    """
     extra = variants(inst)
-    if not extra or res.status != "ok":
-        return res
-    t0 = time.perf_counter()
-    for label, variant in extra:
-        again = run_instance(variant, renv)
-        res.reruns.append(summary(label, again))
-        if again.status != "ok":
-            break  # every rank stops here: the pool's fail-fast settles the others
-    res.phases["reruns"] = time.perf_counter() - t0
+    renv.reuse = {} if extra else None
+    try:
+        res = run_instance(inst, renv, probes, timer)
+        if not extra or res.status != "ok":
+            return res
+        t0 = time.perf_counter()
+        for label, variant in extra:
+            again = run_instance(variant, renv)
+            res.reruns.append(summary(label, again))
+            if again.status != "ok":
+                break  # every rank stops here: the pool's fail-fast settles the others
+        res.phases["reruns"] = time.perf_counter() - t0
+    finally:
+        renv.reuse = None
     return res

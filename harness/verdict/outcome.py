@@ -96,6 +96,9 @@ def _value_failures(inst: Instance, results: dict[int, RankResult]) -> list[str]
         for c in res.checks:
             if c.ok:
                 continue
+            if c.expectation == "guard":  # bytes outside the buffer, not elements in it
+                groups.setdefault(f"buffer {c.tensor!r} (guard): {c.note}", []).append(rank)
+                continue
             first = ", ".join(f"[{i}] expected {e} got {g}" for i, e, g in c.first_wrong)
             extra = f" ({c.note})" if c.note else ""
             text = (f"buffer {c.tensor!r} ({c.expectation}): {c.wrong} of {c.total} element(s) "
