@@ -34,8 +34,10 @@ NOT_COMMUNICATION = re.compile(
     r"reduce_op|set_timeout)$")
 # Budget for the default (quick) run: about 70 s for 1,900 instances on the 2-core CI machine,
 # about 3 minutes for 2,619 with the upstream-parity files (README "The bundled library");
-# keep it well inside a few minutes.
-QUICK_BUDGET = 3000
+# keep it well inside a few minutes. 3,400 since PyTorch's backend contract suites joined the
+# quick run (cases/backend_contract.yaml, 582 instances: a certificate runs the quick library,
+# and its transport matrices are upstream's own); the time itself is ci/bench/bench_budgets.py's.
+QUICK_BUDGET = 3400
 
 
 @functools.cache
