@@ -1,16 +1,19 @@
 """Programs that go on after a death: which ranks die where, by design, and what may follow.
 
 A program whose steps kill some of its ranks (``exit``, ``abort``, ``segfault``, ``kill``: a
-SIGKILL; ``stall``: the rank stops answering without dying) and that does not declare
-``crashes: true`` is a program *through a failure*: the survivors' steps after the death are
-run and judged like any other (what their pending or next call raised and how soon, with
+SIGKILL; ``stall``: the rank stops answering without dying), that does not declare
+``crashes: true`` and that asks something of the survivors after the first death (a step's
+``raises:``, or a recovery) is a program *through a failure*: the survivors' steps after the
+death are run and judged like any other (what their pending or next call raised and how soon, with
 ``raises: {within: S}``; the recovery, ``reform`` or ``shrink``; the values computed after
 it). A step after a death without ``ranks:`` runs on the ranks still alive. :func:`plan`
 computes, per instance, each planned death (rank, step, how) and rejects at the step's line
 what cannot be: a death on every rank (no survivor to judge), a step whose ``ranks:`` names a
 rank already dead, a recovery whose members include a dead rank.
 
-``crashes: true`` keeps its meaning: a rank must die, and the others may do anything.
+``crashes: true`` keeps its meaning: a rank must die, and the others may do anything. A fault
+step after which nothing is asked of the survivors documents how a crash is reported: the
+death is not planned, and the instance is a ``crash``.
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ def plan(case: Case, steps: tuple[Step, ...], ws: int, env: dict[str, Any]) -> t
     """Every planned death of the instance, in step order (empty for ``crashes: true``);
     CaseFileError at the first step that cannot run as written."""
     if case.raw.get("crashes") or not any(s.kind in DEATHS for s in steps):
+        return ()
+    first = next(i for i, s in enumerate(steps) if s.kind in DEATHS)
+    if not any(s.raises is not None or s.kind in RECOVERY for s in steps[first + 1:]):
+        # Nothing is asked of the survivors: a fault documenting how a crash is reported.
         return ()
     dead: dict[int, tuple[int, str]] = {}
     for idx, step in enumerate(steps):

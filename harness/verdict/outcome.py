@@ -151,8 +151,9 @@ def judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
                    completed=run.kind == "done" and not _raised(run.results))
     if inst.deaths:  # a program through a failure: every rank accounted
         problems, res.deaths = deaths.account(inst, run)
-        if problems and res.outcome == "passed":
-            res.outcome = "failed"
+        if problems:  # said whatever else went wrong; a pass it turns into a failure
+            if res.outcome == "passed":
+                res.outcome = "failed"
             res.message = (f"{inst.where()}: a planned death did not happen as planned\n"
                            + "\n".join(problems) + "\n" + res.message)
     res.evidence = evidence.gather(inst, run, res)
