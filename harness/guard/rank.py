@@ -40,6 +40,7 @@ from harness.guard import check, digest
 from harness.guard.check import Mismatch
 from harness.guard.plan import CHECKED, Plan, group_of, plan_for, reduce_name
 from harness.guard.settings import Settings, SettingsError, from_env
+from harness.record import native
 from harness.record.capture import GROUP, REDUCE, call_json, capture_for, where
 
 _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
@@ -63,6 +64,7 @@ class Item:
     site: str
     gname: str
     me: int  # this rank's position in the group
+    landed: threading.Event | None = None  # set once a completion callback took the digests
 
 
 class Guard:
@@ -71,7 +73,8 @@ class Guard:
     def __init__(self, settings: Settings, folder: str) -> None:
         self.s = settings
         self.folder = folder
-        self.off = False
+        self._off = False
+        self.native: Any = None  # the C++ kernel's module, when it counts and samples
         self.local: Any = threading.local()
         self.counters: dict[tuple[Any, ...], int] = {}
         self.queue: queue.Queue[Item | None] = queue.Queue()
@@ -84,6 +87,22 @@ class Guard:
         self.thread: threading.Thread | None = None
         self.finished = False
         self.rank = -1
+
+    @property
+    def off(self) -> bool:
+        """Whether this rank stopped checking (the C++ kernel is told too)."""
+        return self._off
+
+    @off.setter
+    def off(self, value: bool) -> None:
+        self._off = value
+        if value and self.native is not None:
+            self.native.guard_off()
+
+    def calls(self) -> int:
+        """How many checked-kind calls this rank made (sampled or not)."""
+        return sum(self.counters.values()) + (0 if self.native is None
+                                              else int(self.native.guard_calls()))
 
     # -- the training thread ---------------------------------------------------------------
     def sampled(self, key: tuple[Any, ...]) -> int:
@@ -136,6 +155,10 @@ class Guard:
     def check(self, item: Item) -> None:
         """Decide one sampled call from every rank's digests."""
         rows: list[Any] = []
+        if item.landed is not None and not item.landed.wait(self.s.timeout_s):
+            raise TimeoutError(f"the call did not complete within {self.s.timeout_s} s")
+        if item.pending is None and item.landed is not None:
+            return  # not digested (the guard turned off meanwhile)
         if item.pending is not None:
             item.pending.wait()
             rows = digest.as_lists(item.pending)
@@ -202,6 +225,8 @@ class Guard:
             os.abort()
         if self.s.on_mismatch == "raise":
             self.raise_next = line
+            if self.native is not None:
+                self.native.guard_raise()  # the C++ kernel's next call asks raise_next
 
     def finish(self) -> None:
         """Drain (once), then write this rank's stats: what it checked, whether it stopped."""
@@ -209,11 +234,12 @@ class Guard:
             return
         self.finished = True
         self.drain()
-        if not self.counters:
+        calls = self.calls()
+        if not calls:
             return  # a process that made no checked call (a launcher): nothing to say
         rank = dist.get_rank() if dist.is_initialized() else self.rank
         stats = {"rank": rank, "checked": self.checked, "found": self.found, "off": self.off,
-                 "calls": sum(self.counters.values()), "every": self.s.every}
+                 "calls": calls, "every": self.s.every}
         with contextlib.suppress(OSError):  # the findings are written; stats only summarise
             (Path(self.folder) / f"stats-{os.getpid()}.json").write_text(json.dumps(stats))
 
@@ -240,10 +266,10 @@ def _line(text: str) -> str:
 
 
 def _kernel(g: Guard, name: str, op: Any) -> Any:
+    """The Python kernel: used only where the C++ one cannot be built (every call enters
+    Python here; see the module doc)."""
     redispatch = op._handle.redispatch_boxed
-    schema = op._schema.arguments
-    pg_at = next(i for i, a in enumerate(schema) if "ProcessGroup" in str(a.type))
-    caps = [(a.name, capture_for(a.name, str(a.type))) for a in schema]
+    pg_at, caps = _arguments(op)
     family = CHECKED[name][0]
     p2p = family == "p2p"
     local = g.local
@@ -266,43 +292,101 @@ def _kernel(g: Guard, name: str, op: Any) -> Any:
     return kernel
 
 
+def _arguments(op: Any) -> tuple[int, list[Any]]:
+    schema = op._schema.arguments
+    pg_at = next(i for i, a in enumerate(schema) if "ProcessGroup" in str(a.type))
+    return pg_at, [(a.name, capture_for(a.name, str(a.type))) for a in schema]
+
+
 def sampled_call(g: Guard, name: str, op: Any, redispatch: Any, below: Any, args: tuple[Any, ...],
-             pg: Any, gname: str, seq: int, caps: list[Any]) -> Any:
-    try:
-        group = list(dist.get_process_group_ranks(pg))
-        plan = plan_for(name, args, group, g.s.chunk)
-        if plan is not None:
-            captured = tuple(_capture(n, cap, v, group) for (n, cap), v in zip(caps, args,
-                                                                                 strict=False))
-            site, api = _site(), where()[1]
-            call = call_json(str(op._schema.name), captured, api)
-    except Exception as exc:
-        g.disable(f"cannot digest {name}: {type(exc).__name__}: {exc}")
-        return redispatch(below, *args)
-    if plan is None:
+                 pg: Any, gname: str, seq: int, caps: list[Any]) -> Any:
+    """Issue a sampled call with its digests around it (the Python kernel's and a Python
+    ProcessGroup's path; the C++ kernel calls :func:`prepare` and :func:`complete` itself)."""
+    item = prepare(g, name, op, args, pg, gname, seq, caps)
+    if item is None:
         return redispatch(below, *args)
     g.local.depth = 1
     try:
         out = redispatch(below, *args)
     finally:
         g.local.depth = 0
-    work = out[1] if type(out) is tuple and len(out) == 2 else out
-    pw = work if isinstance(work, c10d.Work) else c10d.Work.unbox(work)
-    item = Item(name, seq, plan, None, call, site, gname, pg.rank())
-    if name == "recv_":
-        if type(pw) is not c10d.Work:
-            _patch_wait(g, type(pw))  # a Python Work overrides wait()
-        g.waiting[id(pw)] = (item, pw)
+    new = complete(g, item, _work(out))
+    if new is None:
         return out
+    if below is None:  # a Python ProcessGroup's method: it returns the Work alone, unboxed
+        return new
+    return (out[0], new.boxed()) if type(out) is tuple else new.boxed()
+
+
+def _work(out: Any) -> Any:
+    return out[1] if type(out) is tuple and len(out) == 2 else out
+
+
+def prepare(g: Guard, name: str, op: Any, args: tuple[Any, ...], pg: Any, gname: str, seq: int,
+            caps: list[Any]) -> Item | None:
+    """A sampled call's item, its input digests taken (before the op overwrites them); None
+    when this form is not checked or the guard cannot digest it (then it turns off)."""
     try:
-        if name != "send":
-            pw.wait()
-        item.pending = digest.to_host(plan.before + plan.after())
+        group = list(dist.get_process_group_ranks(pg))
+        plan = plan_for(name, args, group, g.s.chunk)
+        if plan is None:
+            return None
+        captured = tuple(_capture(n, cap, v, group) for (n, cap), v in zip(caps, args,
+                                                                             strict=False))
+        site, api = _site(), where()[1]
+        call = call_json(str(op._schema.name), captured, api)
     except Exception as exc:
-        g.disable(f"cannot digest {name} seq {seq}: {type(exc).__name__}: {exc}")
-        return out
+        g.disable(f"cannot digest {name}: {type(exc).__name__}: {exc}")
+        return None
+    return Item(name, seq, plan, None, call, site, gname, pg.rank())
+
+
+def complete(g: Guard, item: Item, work: Any) -> Any:
+    """After a sampled call was issued: arrange its output digests. A CPU collective whose Work
+    has a future is digested in a callback on that future, and the caller gets (boxed) a Work
+    completing only after it: the call is not waited here, and nobody sees it complete before
+    its output is digested. Otherwise (CUDA: the wait only makes the current stream wait for
+    the op's; a Python Work) it is waited here. Returns the replacement Work (unboxed), or
+    None."""
+    name = item.name
+    try:
+        pw = work if isinstance(work, c10d.Work) else c10d.Work.unbox(work)
+        if name == "recv_":
+            _patch_wait(g, type(pw))  # a Python Work overrides wait()
+            g.waiting[id(pw)] = (item, pw)
+            return None
+        if name == "send":
+            item.pending = digest.to_host(item.plan.before)
+        elif type(pw) is c10d.Work and all(t.device.type == "cpu" for t in item.plan.tensors):
+            return _on_completion(g, item, pw)
+        else:
+            pw.wait()
+            item.pending = digest.to_host(item.plan.before + item.plan.after())
+    except Exception as exc:
+        g.disable(f"cannot digest {name} seq {item.seq}: {type(exc).__name__}: {exc}")
+        return None
     g.submit(item)
-    return out
+    return None
+
+
+def _on_completion(g: Guard, item: Item, pw: Any) -> Any:
+    item.landed = threading.Event()
+
+    def landed(fut: Any) -> Any:
+        value = fut.value()  # the op's own error, if any, is the caller's as without the guard
+        try:
+            if not g.off:
+                item.pending = digest.to_host(item.plan.before + item.plan.after())
+        except Exception as exc:
+            g.disable(f"cannot digest {item.name} seq {item.seq}: {type(exc).__name__}: {exc}")
+        finally:
+            assert item.landed is not None
+            item.landed.set()
+        return value
+
+    fut = pw.get_future().then(landed)
+    g.submit(item)  # in issue order: the checker waits for item.landed
+    return c10d._create_work_from_future(fut)  # type: ignore[attr-defined]
 
 
 _SKIP = (str(Path(torch.__file__).resolve().parent), str(Path(__file__).resolve().parents[1]))
@@ -368,19 +452,61 @@ def install(folder: str) -> None:
         return
     g = Guard(settings, folder)
     _GUARD.append(g)
-    lib = torch.library.Library("c10d", "IMPL")  # type: ignore[no-untyped-call]
-    _LIBS.append(lib)
-    wanted = _wanted(settings)
-    for name in CHECKED:
-        if name not in wanted:
-            continue
-        op = getattr(torch.ops.c10d, name).default
-        for key in _KEYS:
-            lib.impl(name, _kernel(g, name, op), key,  # type: ignore[no-untyped-call]
-                     with_keyset=True)
-    _patch_wait(g)
+    wanted = [name for name in CHECKED if name in _wanted(settings)]
+    if settings.hook == "native":
+        try:
+            _attach_native(g, wanted)
+        except native.NativeUnavailable as exc:
+            print(f"collective-guard: the C++ kernel could not be loaded ({_line(str(exc))}); "
+                  "using the Python kernel, which makes every call slower", file=sys.stderr,
+                  flush=True)
+    if g.native is None:
+        lib = torch.library.Library("c10d", "IMPL")  # type: ignore[no-untyped-call]
+        _LIBS.append(lib)
+        for name in wanted:
+            op = getattr(torch.ops.c10d, name).default
+            for key in _KEYS:
+                lib.impl(name, _kernel(g, name, op), key,  # type: ignore[no-untyped-call]
+                         with_keyset=True)
     _patch_destroy(g)
     atexit.register(g.finish)
+
+
+def _attach_native(g: Guard, names: list[str]) -> None:
+    """Count and sample in the C++ kernel; enter Python only for a sampled call."""
+    mod = native.load()
+    table = {}
+    for name in names:
+        op = getattr(torch.ops.c10d, name).default
+        table[name] = (op, *_arguments(op))
+
+    def before(name: str, seq: int, args: tuple[Any, ...]) -> Item | None:
+        try:
+            if g.off:
+                return None
+            op, pg_at, caps = table[name]
+            pg = group_of(args[pg_at])
+            return prepare(g, name, op, args, pg, pg.group_name, seq, caps)
+        except Exception as exc:  # never fail the user's call for the guard's sake
+            g.disable(f"cannot digest {name}: {type(exc).__name__}: {exc}")
+            return None
+
+    def after(item: Item, outs: tuple[Any, ...]) -> Any:
+        try:
+            new = complete(g, item, outs[-1])
+            return None if new is None else new.boxed()
+        except Exception as exc:
+            g.disable(f"cannot digest {item.name}: {type(exc).__name__}: {exc}")
+            return None
+
+    def raise_next() -> None:
+        if g.raise_next:
+            text, g.raise_next = g.raise_next, ""
+            raise GuardMismatch(text)
+
+    mod.guard_attach(names, [CHECKED[n][0] for n in names], [table[n][1] for n in names],
+                     list(_KEYS), g.s.every, before, after, raise_next)
+    g.native = mod
 
 
 def _wanted(s: Settings) -> set[str]:
