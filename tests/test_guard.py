@@ -165,3 +165,26 @@ def test_aborting_rank_leaves_its_finding(tmp_path: Path) -> None:
     assert got.returncode != 0
     assert list((tmp_path / "findings").glob("p2p-seq0-rank*.yaml"))
     assert _left_behind(str(tmp_path / "findings")) == []
+
+
+def test_linear_digest_leaves_a_float64_input_unchanged() -> None:
+    x = torch.randn(5000, dtype=torch.float64)
+    before = x.clone()
+    digest.linear(x, 1024)
+    assert torch.equal(x, before)
+
+
+def test_unsampled_call_does_not_enter_python(tmp_path: Path) -> None:
+    got = _guard(tmp_path, "--sample", "1000", extra=("--probe", "python"))
+    assert got.returncode == 0, got.stderr
+    lines = [x for x in got.stdout.splitlines() if "python calls into the guard" in x]
+    assert len(lines) == 2 and all(": 0 []" in x for x in lines), got.stdout
+
+
+def test_sampled_async_call_is_not_waited_in_the_kernel(tmp_path: Path) -> None:
+    # rank 1 issues its all_reduce only after rank 0's async call returned: a kernel that
+    # waited for the call would block rank 0 until rank 1's store wait failed
+    got = _guard(tmp_path, "--sample", "every", extra=("--probe", "overlap"))
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.count("overlap result 3.0 3.0") == 2, got.stdout
+    assert "no mismatch in 2 checked call(s)" in got.stderr
