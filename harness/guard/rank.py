@@ -509,6 +509,23 @@ def _attach_native(g: Guard, names: list[str]) -> None:
     g.native = mod
 
 
+def detach() -> None:
+    """Unregister the guard's kernel: until :func:`attach`, collectives go through the
+    dispatcher as without the guard (ci/bench/bench_guard.py alternates blocks of steps so,
+    to compare both in the same processes). Only the C++ kernel can be detached."""
+    g = guard()
+    if g is not None and g.native is not None:
+        g.native.guard_detach()
+
+
+def attach() -> None:
+    """Register the kernel again after :func:`detach`; the counters go on where they were."""
+    g = guard()
+    if g is not None and g.native is not None:
+        g.native.guard_detach()  # never twice: a second registration would override
+        g.native.guard_reattach(list(_KEYS))
+
+
 def _wanted(s: Settings) -> set[str]:
     return {name for name, (family, _) in CHECKED.items() if family in s.families}
 

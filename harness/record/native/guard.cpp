@@ -166,6 +166,24 @@ void guard_attach(const std::vector<std::string>& names, const std::vector<std::
 
 void bind_guard(py::module& m) {
   m.def("guard_attach", &guard_attach);
+  // Unregister the kernel (collectives then go through the dispatcher as without the guard)
+  // and register it again: ci/bench/bench_guard.py alternates blocks of steps in one process.
+  m.def("guard_detach", [] { libs.clear(); });
+  m.def("guard_reattach", [](const std::vector<std::string>& keys) {
+    std::vector<std::string> names;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      for (const auto& [qual, info] : ops) names.push_back(info.name);
+    }
+    for (const auto& key : keys) {
+      auto lib = std::make_unique<torch::Library>(
+          torch::Library::IMPL, "c10d", c10::parseDispatchKey(key), __FILE__, __LINE__);
+      for (const auto& name : names) {
+        lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+      }
+      libs.push_back(std::move(lib));
+    }
+  });
   m.def("guard_off", [] { off = true; });
   m.def("guard_raise", [] { raise_pending = true; });
   m.def("guard_calls", [] { return total.load(); });
