@@ -177,8 +177,8 @@ def test_linear_digest_leaves_a_float64_input_unchanged() -> None:
 def test_unsampled_call_does_not_enter_python(tmp_path: Path) -> None:
     got = _guard(tmp_path, "--sample", "1000", extra=("--probe", "python"))
     assert got.returncode == 0, got.stderr
-    lines = [x for x in got.stdout.splitlines() if "python calls into the guard" in x]
-    assert len(lines) == 2 and all(": 0 []" in x for x in lines), got.stdout
+    # the two ranks' lines may interleave on the shared stdout: count the phrase, not lines
+    assert got.stdout.count("python calls into the guard: 0 []") == 2, got.stdout
 
 
 def test_sampled_async_call_is_not_waited_in_the_kernel(tmp_path: Path) -> None:
