@@ -5,7 +5,8 @@ the guard); ``--break-channel`` makes the guard's side channel fail in every ran
 ``--probe python`` instead prints, per rank, how many Python calls into harness/guard five
 all_reduces made after the first (run with a sampling that leaves them unsampled);
 ``--probe overlap`` has rank 0 return from an async all_reduce before rank 1 issues its own
-(a kernel that waited for it would block until rank 1's store wait times out).
+(a kernel that waited for it would block until rank 1's store wait times out); ``--probe
+raise`` makes every check report rank 0 and prints what rank 0's next all_reduce raised.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import os
 import socket
 import sys
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -58,11 +60,38 @@ def probe_overlap(rank: int) -> None:
     print(f"rank {rank}: overlap result {x[0].item()} {x[-1].item()}", flush=True)
 
 
+def probe_raise(rank: int) -> None:
+    from harness.guard import check, checker
+    from harness.guard import rank as guard_rank
+    g = guard_rank.guard()
+    assert g is not None
+    honest = check.decide
+
+    def decide(spec: dict[str, Any], digs: list[Any]) -> check.Verdict:
+        verdict = honest(spec, digs)
+        verdict.mismatches.append(check.Mismatch(spec["group"][0], 0, "made up by the test"))
+        return verdict
+
+    check.decide = decide
+    x = torch.ones(10)
+    dist.all_reduce(x)
+    deadline = time.monotonic() + 60
+    while not g.raise_next and not g.off and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the checker decided the call (bounded)
+    try:
+        dist.all_reduce(x)
+        print(f"rank {rank}: no raise", flush=True)
+    except checker.GuardMismatch as exc:
+        print(f"rank {rank}: raised GuardMismatch: {exc}", flush=True)
+    except RuntimeError as exc:
+        print(f"rank {rank}: raised {type(exc).__name__}: {exc}", flush=True)
+
+
 def run(rank: int, port: int, out: str, broken: bool, probe: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     if probe:
-        (probe_python if probe == "python" else probe_overlap)(rank)
+        {"python": probe_python, "overlap": probe_overlap, "raise": probe_raise}[probe](rank)
         dist.destroy_process_group()
         return
     if broken:
@@ -89,7 +118,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="")
     p.add_argument("--break-channel", action="store_true")
-    p.add_argument("--probe", choices=["python", "overlap"], default="")
+    p.add_argument("--probe", choices=["python", "overlap", "raise"], default="")
     a = p.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -90,6 +90,49 @@ if __name__ == "__main__":
 '''
 
 
+CALLS = r'''
+import json, os, socket, statistics, sys, time, torch, torch.distributed as dist
+import torch.multiprocessing as mp
+
+def run(rank, port, out):
+    from harness.guard import rank as guard
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    pg, t = dist.group.WORLD, torch.zeros(10)
+    got = {False: [], True: []}
+    for i in range(20):
+        for attached in ((False, True) if i % 2 == 0 else (True, False)):
+            (guard.attach if attached else guard.detach)()
+            dist.barrier()
+            c = time.thread_time()
+            for _ in range(2000):  # as DDP's Reducer: issued, then waited on its future
+                pg.allreduce([t]).get_future().wait()
+            got[attached].append((time.thread_time() - c) / 2000)
+    json.dump({"plain_s": statistics.median(got[False]),
+               "guarded_s": statistics.median(got[True])}, open(f"{out}.{rank}", "w"))
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    mp.spawn(run, args=(port, sys.argv[1]), nprocs=2)
+'''
+
+
+def _per_call(tmp: Path) -> dict[str, float]:
+    """An unsampled call's cost on the calling thread (thread CPU time: little moved by the
+    machine's load), rank 0, median of 20 pairs of 2,000-call blocks."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SITE), str(ROOT)]))
+    env[DIR_ENV] = str(tmp)
+    env[ENV] = to_env(Settings(every=10**9))  # only each counter's first call is sampled
+    script = tmp / "calls.py"
+    script.write_text(CALLS)
+    subprocess.run([sys.executable, str(script), str(tmp / "c")], env=env, check=True,
+                   timeout=1200)
+    got: dict[str, float] = json.loads(Path(f"{tmp / 'c'}.0").read_text())
+    return got
+
+
 def _run(script: Path, tmp: Path, steps: int, pairs: int, every: int,
          control: bool) -> list[list[float]]:
     """Per pair: median, mean step time (rank 0) and CPU per step (both ranks), guarded/plain."""
@@ -125,9 +168,10 @@ def main() -> int:
         script.write_text(WORKER)
         for name, every in (("control", 100), ("100", 100), ("every", 1)):
             ratios[name] = _run(script, tmp, a.steps, a.pairs, every, name == "control")
+        per_call = _per_call(tmp)
     load1 = os.getloadavg()
     result: dict[str, Any] = {"load_before": load0, "load_after": load1, "pairs": a.pairs,
-                              "steps": a.steps}
+                              "steps": a.steps, "per_call": per_call}
     ok = True
     for name, rs in ratios.items():
         row: dict[str, Any] = {}
@@ -140,6 +184,9 @@ def main() -> int:
             f"{label} x{v['median']:.3f} ({v['range'][0]:.3f}-{v['range'][1]:.3f})"
             for label, v in row.items()) + (f"; budget x{BUDGET[name]}" if name in BUDGET
                                             else " (both blocks detached: the noise)"))
+    print(f"unsampled call on the calling thread: {per_call['plain_s'] * 1e6:.2f} us plain, "
+          f"{per_call['guarded_s'] * 1e6:.2f} us guarded (+"
+          f"{(per_call['guarded_s'] - per_call['plain_s']) * 1e6:.2f} us)")
     print(f"load average before {load0[0]:.2f}, after {load1[0]:.2f}; {a.pairs} pairs of "
           f"{a.steps}-step blocks per setting")
     if a.json:

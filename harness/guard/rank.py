@@ -91,12 +91,8 @@ def sampled_call(g: Guard, name: str, op: Any, redispatch: Any, below: Any, args
         out = redispatch(below, *args)
     finally:
         g.local.depth = 0
-    new = complete(g, item, _work(out))
-    if new is None:
-        return out
-    if below is None:  # a Python ProcessGroup's method: it returns the Work alone, unboxed
-        return new
-    return (out[0], new.boxed()) if type(out) is tuple else new.boxed()
+    complete(g, item, _work(out))
+    return out
 
 
 def _work(out: Any) -> Any:
@@ -122,13 +118,13 @@ def prepare(g: Guard, name: str, op: Any, args: tuple[Any, ...], pg: Any, gname:
     return Item(name, seq, plan, None, call, site, gname, pg.rank())
 
 
-def complete(g: Guard, item: Item, work: Any) -> Any:
-    """After a sampled call was issued: arrange its output digests. A CPU collective whose Work
-    has a future is digested in a callback on that future, and the caller gets (boxed) a Work
-    completing only after it: the call is not waited here, and nobody sees it complete before
-    its output is digested. Otherwise (CUDA: the wait only makes the current stream wait for
-    the op's; a Python Work) it is waited here. Returns the replacement Work (unboxed), or
-    None."""
+def complete(g: Guard, item: Item, work: Any, wrap: bool = False) -> Any:
+    """After a sampled call was issued: arrange its output digests. With ``wrap`` (the C++
+    kernel), a CPU collective whose Work has a future is digested in a callback on that future,
+    and this returns the future that completes after the callback: the kernel gives the caller
+    a Work over it, so the call is not waited here and nobody sees it complete before its
+    output is digested. Otherwise (CUDA: the wait only makes the current stream wait for the
+    op's; a Python Work; the Python kernel) it is waited here and this returns None."""
     name = item.name
     try:
         pw = work if isinstance(work, c10d.Work) else c10d.Work.unbox(work)
@@ -138,7 +134,8 @@ def complete(g: Guard, item: Item, work: Any) -> Any:
             return None
         if name == "send":
             item.pending = digest.to_host(item.plan.before)
-        elif type(pw) is c10d.Work and all(t.device.type == "cpu" for t in item.plan.tensors):
+        elif wrap and type(pw) is c10d.Work and all(t.device.type == "cpu"
+                                                    for t in item.plan.tensors):
             return _on_completion(g, item, pw)
         else:
             pw.wait()
@@ -154,20 +151,24 @@ def _on_completion(g: Guard, item: Item, pw: Any) -> Any:
     item.landed = threading.Event()
 
     def landed(fut: Any) -> Any:
-        value = fut.value()  # the op's own error, if any, is the caller's as without the guard
+        assert item.landed is not None
+        try:
+            value = fut.value()
+        except Exception:  # the op failed: nothing to digest; its error goes to the caller
+            item.landed.set()
+            raise
         try:
             if not g.off:
                 item.pending = digest.to_host(item.plan.before + item.plan.after())
         except Exception as exc:
             g.disable(f"cannot digest {item.name} seq {item.seq}: {type(exc).__name__}: {exc}")
         finally:
-            assert item.landed is not None
             item.landed.set()
         return value
 
-    fut = pw.get_future().then(landed)
+    done = pw.get_future().then(landed)
     g.submit(item)  # in issue order: the checker waits for item.landed
-    return c10d._create_work_from_future(fut)  # type: ignore[attr-defined]
+    return done
 
 
 _SKIP = (str(Path(torch.__file__).resolve().parent), str(Path(__file__).resolve().parents[1]))
@@ -274,8 +275,7 @@ def _attach_native(g: Guard, names: list[str]) -> None:
 
     def after(item: Item, outs: tuple[Any, ...]) -> Any:
         try:
-            new = complete(g, item, outs[-1])
-            return None if new is None else new.boxed()
+            return complete(g, item, outs[-1], wrap=True)
         except Exception as exc:
             g.disable(f"cannot digest {item.name}: {type(exc).__name__}: {exc}")
             return None

@@ -64,6 +64,32 @@ std::string key_of(const OpInfo& info, const torch::jit::Stack& stack, size_t ba
   return key;
 }
 
+// A sampled CPU call's Work as its caller sees it: complete once the guard's completion callback
+// digested the output (`done` is the future that callback returns), so that no one (DDP's Reducer
+// waits on its future) sees the output before that; its wait() raises the op's error as the
+// backend's Work does (torch's future-made Work would swallow it).
+class Digested : public c10d::Work {
+ public:
+  Digested(c10::intrusive_ptr<c10d::Work> work, c10::intrusive_ptr<c10::ivalue::Future> done)
+      : c10d::Work(-1, work->retrieveOpType()), work_(std::move(work)), done_(std::move(done)) {}
+  bool isCompleted() override { return done_->completed(); }
+  bool isSuccess() const override { return done_->completed() && !done_->hasError(); }
+  std::exception_ptr exception() const override {
+    return done_->hasError() ? done_->exception_ptr() : nullptr;
+  }
+  int sourceRank() const override { return work_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return work_->result(); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    done_->waitAndThrow();
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return done_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  c10::intrusive_ptr<c10::ivalue::Future> done_;
+};
+
 py::tuple to_py(const torch::jit::Stack& stack, size_t from) {
   py::tuple out(stack.size() - from);
   for (size_t i = from; i < stack.size(); ++i) out[i - from] = torch::jit::toPyObject(stack[i]);
@@ -121,13 +147,14 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
   if (state.is_none()) return;
   const auto& returns = schema.returns();
   const size_t first = stack->size() - returns.size();
-  py::object work = after_cb(state, to_py(*stack, first));
-  if (work.is_none()) return;
-  // A Work that completes only after the guard digested the output: nobody (DDP's Reducer
-  // waits on its future) sees the call complete before that.
+  py::object done = after_cb(state, to_py(*stack, first));
+  if (done.is_none()) return;
+  auto future = torch::jit::toIValue(done, c10::FutureType::create(c10::AnyType::get())).toFuture();
   for (size_t i = 0; i < returns.size(); ++i) {
-    if (returns[i].type()->str().find("Work") != std::string::npos) {
-      (*stack)[first + i] = torch::jit::toIValue(work, returns[i].type());
+    auto& v = (*stack)[first + i];
+    if (v.isCustomClass() && returns[i].type()->str().find("Work") != std::string::npos) {
+      v = c10::IValue(c10::intrusive_ptr<c10d::Work>(
+          c10::make_intrusive<Digested>(v.toCustomClass<c10d::Work>(), future)));
     }
   }
 }
