@@ -2,6 +2,11 @@
 
 ``--out FILE`` writes rank 0's final tensor as raw bytes (compared bit for bit with and without
 the guard); ``--break-channel`` makes the guard's side channel fail in every rank after init.
+``--probe python`` instead prints, per rank, how many Python calls into harness/guard five
+all_reduces made after the first (run with a sampling that leaves them unsampled);
+``--probe overlap`` has rank 0 return from an async all_reduce before rank 1 issues its own
+(a kernel that waited for it would block until rank 1's store wait times out); ``--probe
+raise`` makes every check report rank 0 and prints what rank 0's next all_reduce raised.
 """
 
 from __future__ import annotations
@@ -9,6 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
+import time
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -21,9 +29,71 @@ class _Broken:
         raise RuntimeError("side channel unreachable (test)")
 
 
-def run(rank: int, port: int, out: str, broken: bool) -> None:
+def probe_python(rank: int) -> None:
+    x = torch.ones(1000)
+    dist.all_reduce(x)  # seq 0: sampled at any rate
+    seen: list[str] = []
+    guard_dir = os.path.join("harness", "guard")
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and guard_dir in frame.f_code.co_filename:
+            seen.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    for _ in range(5):
+        dist.all_reduce(x)
+    sys.setprofile(None)
+    print(f"rank {rank}: python calls into the guard: {len(seen)} {sorted(set(seen))}",
+          flush=True)
+
+
+def probe_overlap(rank: int) -> None:
+    store = dist.distributed_c10d._get_default_store()
+    x = torch.full((100_000,), float(rank + 1))
+    if rank == 0:
+        work = dist.all_reduce(x, async_op=True)
+        store.set("probe/issued", "1")  # only reached if the call returned before rank 1's
+        work.wait()
+    else:
+        store.wait(["probe/issued"], timedelta(seconds=20))
+        dist.all_reduce(x)
+    print(f"rank {rank}: overlap result {x[0].item()} {x[-1].item()}", flush=True)
+
+
+def probe_raise(rank: int) -> None:
+    from harness.guard import check, checker
+    from harness.guard import rank as guard_rank
+    g = guard_rank.guard()
+    assert g is not None
+    honest = check.decide
+
+    def decide(spec: dict[str, Any], digs: list[Any]) -> check.Verdict:
+        verdict = honest(spec, digs)
+        verdict.mismatches.append(check.Mismatch(spec["group"][0], 0, "made up by the test"))
+        return verdict
+
+    check.decide = decide
+    x = torch.ones(10)
+    dist.all_reduce(x)
+    deadline = time.monotonic() + 60
+    while not g.raise_next and not g.off and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the checker decided the call (bounded)
+    try:
+        dist.all_reduce(x)
+        print(f"rank {rank}: no raise", flush=True)
+    except checker.GuardMismatch as exc:
+        print(f"rank {rank}: raised GuardMismatch: {exc}", flush=True)
+    except RuntimeError as exc:
+        print(f"rank {rank}: raised {type(exc).__name__}: {exc}", flush=True)
+
+
+def run(rank: int, port: int, out: str, broken: bool, probe: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
+    if probe:
+        {"python": probe_python, "overlap": probe_overlap, "raise": probe_raise}[probe](rank)
+        dist.destroy_process_group()
+        return
     if broken:
         from harness.guard import rank as guard_rank
         g = guard_rank.guard()
@@ -48,11 +118,12 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="")
     p.add_argument("--break-channel", action="store_true")
+    p.add_argument("--probe", choices=["python", "overlap", "raise"], default="")
     a = p.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(run, args=(port, a.out, a.break_channel), nprocs=2)  # type: ignore[attr-defined,no-untyped-call]
+    mp.spawn(run, args=(port, a.out, a.break_channel, a.probe), nprocs=2)  # type: ignore[attr-defined,no-untyped-call]
 
 
 if __name__ == "__main__":

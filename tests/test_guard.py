@@ -165,3 +165,45 @@ def test_aborting_rank_leaves_its_finding(tmp_path: Path) -> None:
     assert got.returncode != 0
     assert list((tmp_path / "findings").glob("p2p-seq0-rank*.yaml"))
     assert _left_behind(str(tmp_path / "findings")) == []
+
+
+def test_linear_digest_leaves_a_float64_input_unchanged() -> None:
+    x = torch.randn(5000, dtype=torch.float64)
+    before = x.clone()
+    digest.linear(x, 1024)
+    assert torch.equal(x, before)
+
+
+def test_unsampled_call_does_not_enter_python(tmp_path: Path) -> None:
+    got = _guard(tmp_path, "--sample", "1000", extra=("--probe", "python"))
+    assert got.returncode == 0, got.stderr
+    # the two ranks' lines may interleave on the shared stdout: count the phrase, not lines
+    assert got.stdout.count("python calls into the guard: 0 []") == 2, got.stdout
+
+
+def test_sampled_async_call_is_not_waited_in_the_kernel(tmp_path: Path) -> None:
+    # rank 1 issues its all_reduce only after rank 0's async call returned: a kernel that
+    # waited for the call would block rank 0 until rank 1's store wait failed
+    got = _guard(tmp_path, "--sample", "every", extra=("--probe", "overlap"))
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.count("overlap result 3.0 3.0") == 2, got.stdout
+    assert "no mismatch in 2 checked call(s)" in got.stderr
+
+
+def test_without_a_compiler_the_python_kernel_checks_and_says_so(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CXX=str(tmp_path / "no-such-compiler"),
+               TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
+    got = subprocess.run([PY, "-m", "harness.guard", "--findings", str(tmp_path / "findings"),
+                          "--sample", "every", "--", PY, "tests/guard_train.py"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert got.returncode == 0, got.stderr
+    assert got.stderr.count("the C++ kernel cannot be built") == 1, got.stderr
+    assert "no mismatch in 36 checked call(s)" in got.stderr
+
+
+def test_raise_mode_raises_at_the_next_call_through_the_cpp_kernel(tmp_path: Path) -> None:
+    # every check reports rank 0 (a made-up verdict): its next all_reduce must raise
+    got = _guard(tmp_path, "--sample", "every", "--on-mismatch", "raise", "--timeout", "5",
+                 extra=("--probe", "raise"))
+    assert "rank 0: raised GuardMismatch: collective-guard: MISMATCH all_reduce seq 0" in \
+        got.stdout, got.stdout + got.stderr[-2000:]

@@ -14,6 +14,7 @@ import argparse
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from harness.guard.findings import read_folder, write_cases
@@ -94,6 +95,19 @@ def _launch(command: list[str], raw: Path, settings: Settings) -> int:
         raise SettingsError(f"cannot run {command[0]!r}: {e.strerror or e}") from None
 
 
+def _with_kernel(settings: Settings) -> Settings:
+    """Build the C++ kernel before the ranks start (once; cached), so that they only load it;
+    where it cannot be built the ranks use the Python kernel, and this says so once."""
+    from harness.record import native  # imports torch: only for a launch
+    try:
+        native.load()
+    except native.NativeUnavailable as exc:
+        print(f"collective-guard: the C++ kernel cannot be built ({exc}); the ranks use the "
+              "Python kernel, which makes every checked-kind call slower", file=sys.stderr)
+        return replace(settings, hook="python")
+    return settings
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; see the module docstring for the exit status."""
     try:
@@ -107,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         raw.mkdir(parents=True, exist_ok=True)
         for old in [*raw.glob("findings-*.jsonl"), *raw.glob("stats-*.json")]:
             old.unlink()
-        rc = _launch(command, raw.resolve(), settings)
+        rc = _launch(command, raw.resolve(), _with_kernel(settings))
     except SettingsError as e:
         print(f"collective-guard: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

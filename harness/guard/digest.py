@@ -107,10 +107,16 @@ def linear(t: torch.Tensor, chunk: int) -> torch.Tensor:
     out = []
     for rows in _rows(flat, n):
         w = _weights(rows.shape[1], t.device, wide, False)
-        x = rows.to(wide)
-        s = (x * w).sum(1)
-        a = (x.abs() * w).sum(1) if not integer else torch.zeros_like(s)
-        out.append(torch.stack([s, a], 1))
+        if integer:  # no BLAS for int64: elementwise, wrapping
+            s = (rows.to(wide) * w).sum(1)
+            out.append(torch.stack([s, torch.zeros_like(s)], 1))
+            continue
+        # A matrix-vector product over a float64 copy that is then made absolute in place:
+        # one temporary instead of four (about 4x faster on CPU); the summation order of the
+        # float64 sums is BLAS's, which the checker's float64 term bounds in any order.
+        x = rows.to(wide, copy=True)  # never a float64 input itself: abs_ writes to it
+        s = torch.mv(x, w)
+        out.append(torch.stack([s, torch.mv(x.abs_(), w)], 1))
     return torch.cat(out)
 
 

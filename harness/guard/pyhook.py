@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from harness.guard import rank as guard_rank
+from harness.guard.checker import Guard
 from harness.guard.plan import CHECKED
 from harness.record.capture import capture_for
 
@@ -46,7 +47,7 @@ METHODS: dict[str, tuple[str, Convert]] = {
 }
 
 
-def inject(g: guard_rank.Guard, fault: str) -> None:
+def inject(g: Guard, fault: str) -> None:
     """A drill: run the job's Gloo groups on collective-mutate's backend with ``fault``, its
     Python ProcessGroup wrapped by the guard."""
     os.environ["COLLECTIVE_MUTANT"] = fault
@@ -64,7 +65,7 @@ def inject(g: guard_rank.Guard, fault: str) -> None:
     wrap_class(g, MutantGloo)
 
 
-def wrap_class(g: guard_rank.Guard, cls: type) -> None:
+def wrap_class(g: Guard, cls: type) -> None:
     """Wrap ``cls``'s collective methods with the guard (once)."""
     if getattr(cls, "_collective_guard", False):
         return
@@ -75,7 +76,7 @@ def wrap_class(g: guard_rank.Guard, cls: type) -> None:
     cls._collective_guard = True  # type: ignore[attr-defined]
 
 
-def _wrapper(g: guard_rank.Guard, orig: Any, name: str, convert: Convert) -> Any:
+def _wrapper(g: Guard, orig: Any, name: str, convert: Convert) -> Any:
     op = getattr(torch.ops.c10d, name).default
     caps = [(a.name, capture_for(a.name, str(a.type))) for a in op._schema.arguments]
     family = CHECKED[name][0]

@@ -18,6 +18,7 @@ from harness.mutate.faults import NAMES as FAULTS
 ENV = "COLLECTIVE_GUARD_SETTINGS"
 DIR_ENV = "COLLECTIVE_GUARD_DIR"
 MODES = ("warn", "raise", "abort")
+HOOKS = ("native", "python")
 MAX_EVERY = 10**9
 MAX_CHUNK = 1 << 24
 DEFAULT_EVERY = 100
@@ -39,6 +40,7 @@ class Settings:
     timeout_s: float = 60.0
     families: tuple[str, ...] = field(default=FAMILIES)
     inject: str = ""  # a mutant fault to run the job's Gloo groups under (a drill)
+    hook: str = "native"  # native: the C++ kernel counts and samples; python: every call in Python
 
 
 def _short(value: object) -> str:
@@ -76,6 +78,8 @@ def validate(s: Settings) -> Settings:
     if bad or not s.families:
         raise SettingsError(f"--ops {_short(','.join(map(str, s.families)))}: a comma list of "
                             f"{', '.join(FAMILIES)}")
+    if s.hook not in HOOKS:
+        raise SettingsError(f"hook {_short(s.hook)}: one of {', '.join(HOOKS)}")
     if s.inject and s.inject not in (*FAULTS, FAITHFUL):
         raise SettingsError(f"--inject {_short(s.inject)}: not a fault of collective-mutate "
                             "(collective-mutate --list-faults lists them)")

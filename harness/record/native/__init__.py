@@ -17,6 +17,7 @@ Python tensor objects.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -28,7 +29,13 @@ from typing import Any
 from harness.record.capture import GROUP, CallTuple, capture_group_name, classify, site_json
 
 SOURCE = Path(__file__).resolve().parent / "hook.cpp"
-NAME = "collective_record_hook"
+GUARD_SOURCE = SOURCE.with_name("guard.cpp")  # collective-guard's kernel, same module
+SOURCES = (SOURCE, GUARD_SOURCE)
+# Named by the sources' hash: worktrees or installs with different sources then build into
+# folders of their own instead of rebuilding one folder in turn (torch's builder keys its
+# cache by name only across processes).
+NAME = "collective_record_hook_" + hashlib.sha256(
+    b"".join(p.read_bytes() for p in SOURCES)).hexdigest()[:12]
 _MODULE: list[Any] = []  # the loaded extension, once
 
 
@@ -49,7 +56,8 @@ def load(verbose: bool = False) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            mod = cpp_extension.load(NAME, [str(SOURCE)], extra_cflags=["-O2"], verbose=verbose)
+            mod = cpp_extension.load(NAME, [str(p) for p in SOURCES], extra_cflags=["-O2"],
+                                     verbose=verbose)
     except Exception as exc:  # a compiler, a header or ninja missing: the reason, one line
         text = " ".join(str(exc).split())
         raise NativeUnavailable(("..." + text[-300:]) if len(text) > 300

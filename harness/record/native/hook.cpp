@@ -401,6 +401,8 @@ py::object arg_py(const Arg& a) {
 
 }  // namespace
 
+void bind_guard(py::module& m);  // guard.cpp: collective-guard's kernel, in the same module
+
 // What was recorded since the last drain: a list of (qualname or None, args, api, code, line,
 // thread, seq, work or None). args pairs each schema argument's name with (tag, payload).
 py::list drain() {
@@ -504,4 +506,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("depth", &get_depth);
   m.def("enter", &enter);
   m.def("leave", &leave);
+  bind_guard(m);
 }
