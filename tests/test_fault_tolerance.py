@@ -40,8 +40,9 @@ cases:
 @pytest.mark.parametrize("steps, where, words", [
     ("      - {exit: 1}\n      - {op: all_reduce, tensor: t, raises: x}\n", "x.yaml:10:9",
      "every rank of the world of 3 dies"),
-    ("      - {kill: true, ranks: [1]}\n      - {op: all_reduce, tensor: t, ranks: [0, 1], raises: x}\n",
-     "x.yaml:11:9", "rank 1 died at step 0 (kill) and cannot run step 1"),
+    ("      - {kill: true, ranks: [1]}\n"
+     "      - {op: all_reduce, tensor: t, ranks: [0, 1], raises: x}\n", "x.yaml:11:9",
+     "rank 1 died at step 0 (kill) and cannot run step 1"),
     ("      - {exit: 2, ranks: [1]}\n      - {reform: [0, 1]}\n", "x.yaml:11:18",
      "names rank 1, dead since step 0"),
     ("      - {op: all_reduce, tensor: t, raises: {match: x, within: 0}}\n", "x.yaml:10:45",
