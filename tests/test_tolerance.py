@@ -119,3 +119,18 @@ def test_tolerance_auto_still_catches_wrong_sums(pytester: pytest.Pytester,
     result.assert_outcomes(failed=3)
     result.stdout.fnmatch_lines(["*wrong (max abs error *; tolerance auto: 2 rounding(s) over "
                                  "3 ranks in *"])
+
+
+def test_a_nan_mismatch_is_not_summarised_as_no_error() -> None:
+    """Issue 43.5: "expected nan got -2.0" beside "max abs error 0" read as a contradiction."""
+    import torch
+
+    from harness.program.tensors import error_stats
+
+    exp = torch.tensor([float("nan"), 1.0, 2.0])
+    assert error_stats(torch.tensor([-2.0, 1.0, 2.0]), exp) == (
+        "1 element(s) NaN or infinite on one side only")
+    mixed = error_stats(torch.tensor([-2.0, 1.5, 2.0]), exp)
+    assert mixed.startswith("1 element(s) NaN or infinite on one side only; over the finite "
+                            "ones: max abs error 0.5")
+    assert error_stats(torch.tensor([float("nan"), 1.5, 2.0]), exp).startswith("max abs error")

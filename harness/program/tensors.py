@@ -371,21 +371,28 @@ def _precision(dtype: torch.dtype) -> int:
 
 def error_stats(got: torch.Tensor, exp: torch.Tensor) -> str:
     """``max abs error 0.5, max rel error 0.01, max 3 ulp`` over the elements where both are
-    finite (empty when there are none, or for non-float dtypes)."""
+    finite (empty when there are none, or for non-float dtypes), after the count of elements
+    that are NaN or infinite on one side and not the same on the other: an error over the
+    finite ones alone would read "max abs error 0" beside "expected nan got -2.0"."""
     if not (got.is_floating_point() or got.is_complex()):
         return ""
     wide = torch.complex128 if got.is_complex() else torch.float64
     g, e = got.reshape(-1).to(wide), exp.reshape(-1).to(wide)
     fin = torch.isfinite(g) & torch.isfinite(e)
+    odd = int((~fin & ~(torch.isnan(g) & torch.isnan(e)) & (g != e)).sum())
+    note = f"{odd} element(s) NaN or infinite on one side only" if odd else ""
     if not bool(fin.any()):
-        return ""
+        return note
     g, e = g[fin], e[fin]
+    if odd and not bool((g != e).any()):
+        return note
     err = (g - e).abs()
     nz = e != 0
     rel = float((err[nz] / e[nz].abs()).max()) if bool(nz.any()) else 0.0
     real = torch.empty(0, dtype=got.dtype).real.dtype
     ulps = float((err / ulp_of(e.abs(), real)).max())
-    return (f"max abs error {float(err.max()):.3g}, max rel error {rel:.3g}, "
+    return ((f"{note}; over the finite ones: " if note else "")
+            + f"max abs error {float(err.max()):.3g}, max rel error {rel:.3g}, "
             f"max {ulps:.3g} ulp")
 
 
