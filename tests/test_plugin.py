@@ -591,3 +591,20 @@ cases:
             "was not met: either the backend made the data visible at another time than the async "
             "contract allows, or the read's expect: is not what the contract implies")
     assert want in res.stdout, res.stdout
+
+
+def test_pytest_inside_ones_own_folder_of_cases_says_how_to_collect_them(
+        tmp_path: Path) -> None:
+    """Issue 43.1: ``pytest .`` (or a bare ``pytest``) in a folder of case files collected
+    nothing and said nothing; the printed command collects them."""
+    (tmp_path / "mycases").mkdir()
+    (tmp_path / "mycases" / "ar.yaml").write_text(CASES)
+    for args in ((".", "-q"), ("-q",)):
+        res = run_pytest(tmp_path / "mycases", *args)
+        assert res.returncode == pytest.ExitCode.NO_TESTS_COLLECTED
+        assert "not collected as case files: ar.yaml" in res.stdout, res.stdout
+        fix = next(line for line in res.stdout.splitlines() if "to collect these:" in line)
+        argv = shlex.split(fix.split("to collect these: ", 1)[1])
+        assert argv[-2:] == ["-o", "collective_case_dirs=mycases"]
+        again = run_pytest(tmp_path / "mycases", *argv[1:], "--no-report")
+        assert "ar.yaml::sum_basic" in again.stdout or "passed" in again.stdout, again.stdout

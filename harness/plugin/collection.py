@@ -59,9 +59,12 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
         # A YAML file under a directory the user named is not collected (only directories
         # named like collective_case_dirs hold case files, so unrelated YAML never runs), but
         # it is not skipped in silence: the collection report lists it and says how.
-        if (file_path.suffix.lower() in CASE_SUFFIXES
-                and named_directory(file_path, parent.config) is not None):
-            harness_session(parent.config).skipped_yaml.append(file_path)
+        if file_path.suffix.lower() in CASE_SUFFIXES:
+            hs = harness_session(parent.config)
+            if named_directory(file_path, parent.config) is not None:
+                hs.skipped_yaml.append(file_path)
+            elif len(hs.here_yaml) < MAX_HERE_YAML:
+                hs.here_yaml.append(file_path)
         return None
     harness_session(parent.config).saw_case_file = True
     mark_started(parent.config, harness_session(parent.config))
@@ -178,6 +181,7 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
 
 
 MAX_SKIPPED_LISTED = 5
+MAX_HERE_YAML = 50  # YAML files kept for the "nothing collected" hint (pytest / pytest .)
 
 
 def pytest_report_collectionfinish(config: pytest.Config, start_path: Path,
@@ -185,12 +189,17 @@ def pytest_report_collectionfinish(config: pytest.Config, start_path: Path,
     """Under pytest's "collected N items": YAML files under the directories the user named
     that were not collected as case files, and the exact option that collects them."""
     hs = harness_session(config)
+    if not hs.skipped_yaml and not items and hs.here_yaml:
+        # ``pytest`` or ``pytest .`` in one's own folder of cases collected nothing: the YAML
+        # files there are listed like a named directory's (a project whose other tests ran
+        # hears nothing of its unrelated YAML).
+        hs.skipped_yaml = hs.here_yaml
     if not hs.skipped_yaml:
         return []
     here = config.invocation_params.dir
     shown = [os.path.relpath(p, here) for p in hs.skipped_yaml[:MAX_SKIPPED_LISTED]]
     more = len(hs.skipped_yaml) - len(shown)
-    dirs = sorted({p.parent.name for p in hs.skipped_yaml})
+    dirs = sorted({p.resolve().parent.name for p in hs.skipped_yaml})
     args = [a for a in config.invocation_params.args]
     fix = shlex.join(["pytest", *args, "-o", f"collective_case_dirs={dirs[0]}"])
     lines = [f"collective-harness: {len(hs.skipped_yaml)} YAML file(s) under the paths you "

@@ -103,6 +103,9 @@ class HarnessSession:
         self.fallback = ""  # where the report went when its own paths failed (the message)
         # YAML files under a directory named on the command line that are not case files.
         self.skipped_yaml: list[Path] = []
+        # YAML files under the invocation directory itself (``pytest``, ``pytest .``) that were
+        # not case files: listed only when nothing at all was collected (a bounded sample).
+        self.here_yaml: list[Path] = []
 
     def add_record(self, record: dict[str, Any]) -> None:
         """Keep ``record`` for the report.
