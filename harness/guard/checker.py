@@ -224,8 +224,8 @@ class Guard:
         if not calls:
             return  # a process that made no checked call (a launcher): nothing to say
         rank = dist.get_rank() if dist.is_initialized() else self.rank
-        stats = {"rank": rank, "checked": self.checked, "found": self.found, "off": self.off,
-                 "calls": calls, "every": self.s.every}
+        stats = {"rank": rank, "pid": os.getpid(), "checked": self.checked, "found": self.found,
+                 "off": self.off, "calls": calls, "every": self.s.every}
         with contextlib.suppress(OSError):  # the findings are written; stats only summarise
             (Path(self.folder) / f"stats-{os.getpid()}.json").write_text(json.dumps(stats))
 

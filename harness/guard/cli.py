@@ -136,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     checked = sum(int(s.get("checked", 0)) for s in read.stats)
     off = [s.get("rank") for s in read.stats if s.get("off")]
     tail = f"; stopped early in rank(s) {off}" if off else ""
+    # A rank that aborted (or was killed) wrote no counts: the total would understate it.
+    counted = {s.get("pid") for s in read.stats}
+    uncounted = sorted({f.get("rank") for f in read.findings if f.get("pid") not in counted},
+                       key=str)
+    if uncounted:
+        tail += f"; rank(s) {uncounted} ended before writing their counts (not included)"
     torn = f"; {read.skipped} unreadable line(s) skipped" if read.skipped else ""
     if read.findings:
         print(f"collective-guard: {len(read.findings)} mismatch report(s) in {checked} checked "

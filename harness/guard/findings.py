@@ -72,7 +72,10 @@ def _calls(f: dict[str, Any]) -> list[Call]:
         return [c for r in group for c in translate(call, r)]
     recv, spec = call, f["spec"]
     me, peer = int(f["rank"]), group[int(spec["peer"])]
-    send = {"op": "c10d::send", "group": group, "api": None, "site": "?", "seq": call["seq"],
+    # The receiver's finding does not hold the sender's call site; api "" makes the case's
+    # description say so rather than guess (None would read "issued from C++").
+    send = {"op": "c10d::send", "group": group, "api": "", "site": "sender's site not recorded",
+            "seq": call["seq"],
             "args": {"tensors": recv["args"]["tensors"], "dst": group.index(me),
                      "tag": recv["args"].get("tag", 0)}}
     return translate(send, peer) + translate(recv, me)
