@@ -402,6 +402,8 @@ class PerfPlan:
     max_iters: int = 100_000
     paired_bare: bool = False
     budget_s: float = 20.0
+    # --perf-check: checked runs after the timing loop (harness.casefile.numerics.perf_check)
+    check: int = 0
 
 
 @dataclass(frozen=True)
@@ -418,6 +420,10 @@ class NumericsPlan:
     size: int = 0  # size_invariant: the element count of the extra run (0: not asked)
     prefix: int = 0  # size_invariant: the leading elements both runs must agree on
     same_bits: tuple[tuple[str, ...], ...] = ()  # buffers of a program that must match
+    # --perf-check N: N runs after the timing loop on its allocations, fresh poison each,
+    # fully checked; on fresh inputs where the reference computes the expected values.
+    perf_check: int = 0
+    perf_fresh: bool = False
     # An extra run of a property (harness.program.reruns): digest every buffer, as run 1 does.
     rerun: bool = False
 
@@ -425,7 +431,8 @@ class NumericsPlan:
         """Whether the bits of this run are compared with another run's, so every buffer
         (expected or not) needs a digest."""
         return (self.deterministic > 1 or self.iterations > 1 or self.offset_invariant
-                or self.fusion_invariant or self.prefix > 0 or self.rerun)
+                or self.fusion_invariant or self.prefix > 0 or self.rerun
+                or self.perf_check > 0)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from harness.gate import cli
 from harness.gate import perf as perfgate
 from harness.model import RankResult
 from harness.perf import stats
+from harness.perf.plan import loop_settings as perfplan_loop
 from harness.program.perf import wait_order
 from harness.report import html, markdown
 from harness.report.records import validate_report, write_json
@@ -403,3 +404,59 @@ def test_busbw_pairs_every_block_of_the_harness_with_one_of_the_bare_loop(
         assert all(math.isfinite(x) and x > 0 for x in r["ratios"])
         assert r["harness_busbw_gbs"] > 0 and r["bare_busbw_gbs"] > 0
         assert math.isfinite(r["ratio_of_means"]) and len(r["ratios_of_means"]) == 3
+
+
+# -- --perf-check: checked runs after the timing loop (nccl-tests -c) -------------------------
+
+CHECKED_CASES = """\
+cases:
+  - name: summed
+    op: all_reduce
+    world_size: 2
+    dtype: float32
+    shape: [64]
+    input: {generator: random, seed: 3}
+"""
+
+
+def _perf_check_session(root: Path, fault: str, *extra: str) -> tuple[str, dict[str, Any]]:
+    (root / "cases").mkdir(parents=True, exist_ok=True)
+    (root / "cases" / "c.yaml").write_text(CHECKED_CASES)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    env = {**subprocess_env(), "COLLECTIVE_MUTANT": fault}
+    proc = subprocess.run([PYTHON, "-m", "pytest", "cases/", "-q", "-p", "no:cacheprovider",
+                           "--backend", "mutant", "--backend-module", "harness.mutate.backend",
+                           "--perf", "--perf-warmup", "1", "--perf-iters", "3",
+                           "--perf-min-time", "0", "--perf-repeats", "2", *extra],
+                          cwd=root, capture_output=True, text=True, env=env, timeout=600)
+    report = load_report(root / "reports" / "conformance.json")
+    validate_report(report)
+    (rec,) = report["records"]
+    return proc.stdout + proc.stderr, {**rec, "_settings": report["perf"]["settings"]}
+
+
+def test_perf_check_catches_a_backend_wrong_on_later_uses(tmp_path: Path) -> None:
+    """run_dependent_sum makes every second all_reduce of a group wrong: the first run's check
+    passes and the timing loop checks nothing, so only the checked runs after it can see it."""
+    out, unchecked = _perf_check_session(tmp_path / "a", "run_dependent_sum")
+    assert unchecked["outcome"] == "passed", out
+    assert "perf_check" not in (unchecked.get("numerics") or {}).get("properties", {})
+    out, rec = _perf_check_session(tmp_path / "b", "run_dependent_sum", "--perf-check", "2")
+    assert rec["outcome"] == "failed", out
+    assert "after the timing loop" in rec["message"] and "fresh inputs" in rec["message"]
+    assert "perf check 2" in rec["message"]  # names the run that was wrong
+    assert rec["_settings"]["check"] == 2
+
+
+def test_perf_check_passes_a_correct_backend_and_says_what_it_compared(tmp_path: Path) -> None:
+    out, rec = _perf_check_session(tmp_path, "none", "--perf-check", "3")
+    assert rec["outcome"] == "passed", out
+    assert rec["perf"]["time_us"] > 0
+    assert {"property": "perf_check", "buffers": ["tensor"], "ranks": [0, 1],
+            "runs": 4} in rec["evidence"]["properties"]
+
+
+def test_perf_check_bounds() -> None:
+    with pytest.raises(ValueError, match="--perf-check 101"):
+        perfplan_loop({"--perf-check": "101"})
+    assert perfplan_loop({}).check == 0

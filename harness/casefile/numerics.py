@@ -199,14 +199,32 @@ def plan(case: Case, steps: tuple[Step, ...], tensors: tuple[TensorSpec, ...]
                                         for g in raw.get("same_bits") or ()))
 
 
+def reference_checked(inst: Instance) -> bool:
+    """Whether ``inst`` is of the ``op:`` form, must pass, and its output is computed by the
+    reference model (``expected: auto``): then fresh inputs have known expected values."""
+    if inst.shorthand is None or inst.expectation.kind != "pass":
+        return False
+    out = dict(inst.expected).get(inst.shorthand[1])
+    return out is not None and out.kind == "auto"
+
+
 def check_iters(inst: Instance, n: int) -> Instance:
     """``--check-iters N``: every instance of the ``op:`` form whose output the reference
     model computes (``expected: auto``) and that must pass runs at least N iterations on
     fresh inputs, each checked; other instances are left as they are."""
-    if n <= 1 or inst.shorthand is None or inst.expectation.kind != "pass":
-        return inst
-    out = dict(inst.expected).get(inst.shorthand[1])
-    if out is None or out.kind != "auto":
+    if n <= 1 or not reference_checked(inst):
         return inst
     plan = inst.numerics or NumericsPlan()
     return replace(inst, numerics=replace(plan, iterations=max(plan.iterations, n)))
+
+
+def perf_check(inst: Instance) -> Instance:
+    """``--perf-check N`` on an instance ``--perf`` times: N checked runs after the timing
+    loop, on the allocations the loop used (fresh poison each). Fresh inputs where the
+    reference computes the expected values; the case's own inputs otherwise (its expected
+    values hold only for them). Instances that are not timed are left as they are."""
+    if inst.perf is None or inst.perf.check <= 0:
+        return inst
+    plan = inst.numerics or NumericsPlan()
+    return replace(inst, numerics=replace(plan, perf_check=inst.perf.check,
+                                          perf_fresh=reference_checked(inst)))

@@ -19,7 +19,7 @@ TIMED_STEPS = frozenset({"op", "wait", "sync"})
 # The largest value each setting takes: the timing loop also stops at its own time budget
 # (PerfPlan.budget_s), so these only keep a typo from asking for something absurd.
 MAXIMA = {"--perf-warmup": 1_000_000, "--perf-iters": 1_000_000_000,
-          "--perf-min-time": 3600.0, "--perf-repeats": 1000}
+          "--perf-min-time": 3600.0, "--perf-repeats": 1000, "--perf-check": 100}
 # (option, ini, type, default, help)
 SETTINGS: tuple[tuple[str, str, type, Any, str], ...] = (
     ("--perf-warmup", "collective_perf_warmup", int, 5,
@@ -30,6 +30,9 @@ SETTINGS: tuple[tuple[str, str, type, Any, str], ...] = (
      "least seconds per timed block: more iterations when the op is fast (default 0.02)"),
     ("--perf-repeats", "collective_perf_repeats", int, 5,
      "timed blocks; the report gives their median and spread (default 5)"),
+    ("--perf-check", "collective_perf_check", int, 0,
+     "checked runs after the timing loop, on its buffers, each freshly poisoned and fully "
+     "checked (nccl-tests -c; default 0)"),
 )
 
 
@@ -61,7 +64,7 @@ def loop_settings(values: dict[str, Any]) -> PerfPlan:
                              f"{MAXIMA[opt]:,}")
         out[opt[len("--perf-"):].replace("-", "_")] = number
     return PerfPlan(warmup=out["warmup"], iters=out["iters"], min_time_s=out["min_time"],
-                    repeats=out["repeats"])
+                    repeats=out["repeats"], check=out["check"])
 
 
 def not_timed(inst: Instance) -> str:

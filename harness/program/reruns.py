@@ -43,6 +43,11 @@ def variants(inst: Instance) -> list[tuple[str, Instance]]:
     out += [(f"iteration {k}", replace(bare, tensors=tuple(
         replace(t, init=reseeded(t.init, k)) for t in inst.tensors)))
         for k in range(2, plan.iterations + 1)]
+    # After the timing loop (the first run's, inside run_instance): seeds far from the
+    # iterations' so that no check run repeats an iteration's inputs.
+    out += [(f"perf check {k}", replace(bare, tensors=tuple(
+        replace(t, init=reseeded(t.init, 500 + k)) for t in inst.tensors))
+        if plan.perf_fresh else bare) for k in range(1, plan.perf_check + 1)]
     if plan.offset_invariant:
         out.append(("offset 0", replace(bare, tensors=tuple(replace(t, offset=0)
                                                             for t in inst.tensors))))

@@ -55,6 +55,7 @@ def prepare(inst: Instance, settings: RunSettings, caps: Capabilities,
     planned = ordering.configure(resolved, settings.ordering)
     planned = perfplan.configure(planned, settings.perf, deadline)
     planned = numerics.check_iters(planned, settings.check_iters)
+    planned = numerics.perf_check(planned)
     skip = planned.expectation.skip or caps.skip_reason(planned, local_rank=local_rank)
     return Prepared(planned, deadline, skip, problem, not_applied)
 

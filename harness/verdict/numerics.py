@@ -19,7 +19,9 @@ from ..model import ORDER_SENSITIVE, Instance, InstanceResult, NumericsPlan, Ran
 
 FLOATS = ("float", "bfloat", "complex")
 LABELS = {"run": "deterministic", "iteration": "iterations", "offset 0": "offset_invariant",
-          "one by one": "fusion_invariant", "size": "size_invariant"}
+          "one by one": "fusion_invariant", "size": "size_invariant", "perf": "perf_check"}
+# Properties whose extra runs are judged by their own value checks, not by bits against run 1.
+VALUED = ("iterations", "perf_check")
 
 
 def own_bound(inst: Instance) -> str:
@@ -157,6 +159,8 @@ def property_lines(inst: Instance, results: dict[int, RankResult]
             asked["size_invariant"] = "held"
         if plan.same_bits:
             asked["same_bits"] = "held"
+        if plan.perf_check:
+            asked["perf_check"] = "held"
     lines: list[str] = []
     for r, rr in sorted(results.items()):
         first = {c.tensor: c.digest for c in rr.checks if c.digest}
@@ -174,10 +178,13 @@ def property_lines(inst: Instance, results: dict[int, RankResult]
                 continue
             if run.get("status") != "ok":
                 text = f"rank {r}: the {label} run raised {run.get('error', '')}"
-            elif prop == "iterations":
+            elif prop in VALUED:
                 if not run.get("wrong"):
                     continue
-                text = f"rank {r}: {label} (fresh inputs) failed: {run['wrong']}"
+                inputs = ("fresh inputs" if prop == "iterations" or (plan and plan.perf_fresh)
+                          else "the case's inputs")
+                after = ", after the timing loop" if prop == "perf_check" else ""
+                text = f"rank {r}: {label} ({inputs}{after}) failed: {run['wrong']}"
             else:
                 digests: dict[str, Any] = run.get("digests", {})
                 mine = ({c.tensor: c.prefix_digest for c in rr.checks if c.prefix_digest}
@@ -209,7 +216,8 @@ def property_lines(inst: Instance, results: dict[int, RankResult]
 
 def _property_of(label: str) -> str:
     """The property an extra run's label belongs to ("" for none)."""
-    return LABELS.get(label.split(" ")[0] if label.startswith(("run ", "iteration ", "size "))
+    return LABELS.get(label.split(" ")[0]
+                      if label.startswith(("run ", "iteration ", "size ", "perf check "))
                       else label, "")
 
 
@@ -232,7 +240,8 @@ def compared_buffers(inst: Instance, results: dict[int, RankResult]
                 seen.setdefault("same_bits", set()).update(group)
         for run in rr.reruns:
             prop = _property_of(str(run.get("label", "")))
-            names = {"size_invariant": prefixed, "iterations": valued}.get(prop, first) & set(
+            names = {"size_invariant": prefixed, "iterations": valued,
+                     "perf_check": valued}.get(prop, first) & set(
                 run.get("digests", {}))
             if prop and run.get("status") == "ok" and names:
                 seen.setdefault(prop, set()).update(names)
