@@ -7,12 +7,12 @@ the rules here are tested without running anything.
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import BAD_OUTCOMES
+from ..report.oneline import cause_of, one_line
 
 BLOCKED = "blocked: "  # harness.runner.breaker's skip prefix
 # Per record, then per cell the worst of its records: the order is the order of severity.
@@ -92,27 +92,13 @@ def build_cells(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], Cel
     return cells
 
 
-_NUMBER = re.compile(r"\b\d+(\.\d+)?\b")
-_PATH = re.compile(r"(/[\w.-]+)+")
-
-
 def cause(record: dict[str, Any]) -> str:
     """What a failed record failed on, with its particulars (numbers, paths) taken out, so
-    that hundreds of results of one root cause read as one line."""
-    excs = [r["exception"] for r in record.get("ranks", []) if r.get("exception")]
-    if excs:
-        first = (str(excs[0].get("message") or "").splitlines() or [""])[0]
-        text = f"{excs[0]['type']}: {first}"
-    else:
-        lines = str(record.get("message", "")).splitlines()
-        # "file:line: case[id]: what happened": the case and what happened, not the instance
-        head = lines[0].split("]: ", 1)[-1] if lines else ""
-        head = f"{record.get('case', '?')}: {head}"
-        detail = next((ln.strip() for ln in lines[1:] if "expected" in ln or "blocked" in ln),
-                      "")
-        text = f"{record['outcome']}: {head}" + (f" / {detail}" if detail else "")
-    text = _PATH.sub("PATH", _NUMBER.sub("N", text))
-    return text[:240]
+    that hundreds of results of one root cause read as one line: the gate's cause key, with
+    the outcome and the case in front where no rank raised (a wrong value of broadcast and one
+    of all_reduce are different causes; one exception text is one cause, whatever the case)."""
+    return cause_of(record, f"{record['outcome']}: {record.get('case', '?')}: "
+                            f"{one_line(record)}")
 
 
 def causes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

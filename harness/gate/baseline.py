@@ -21,9 +21,8 @@ from typing import Any, Literal
 from ..errors import quote
 from ..model import BAD_OUTCOMES, OUTCOMES
 from ..report.jsonfile import UnreadableFile, printable, read_json
-from ..report.oneline import one_line
+from ..report.oneline import cause_of, one_line
 from ..report.records import write_atomic
-from .causes import cause_of
 
 BASELINE_VERSION = 1
 Level = Literal["fail", "warn", "ok"]

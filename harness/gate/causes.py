@@ -14,42 +14,13 @@ renderers in :mod:`harness.gate.compare` print it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..report.oneline import normalise
+
 EXAMPLES = 3  # example instances shown per group
-CAUSE_CHARS = 200
-
-_NORMALISE = (
-    (re.compile(r"0x[0-9a-fA-F]+"), "0x…"),  # addresses, handles
-    (re.compile(r"(?<![\w.])(?:/[\w.@+-]+)+/?"), "<path>"),  # absolute paths
-    (re.compile(r"\b[\w.@+-]+(?:/[\w.@+-]+)+"), "<path>"),  # relative ones (a/b.yaml)
-    # numbers standing alone (not the 32 of float32 or the 4 of ws4)
-    (re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?!\w)"), "N"),
-    (re.compile(r"\s+"), " "),
-)
-
-
-def normalise(text: str) -> str:
-    """``text`` with what varies between instances of one cause made general, on one line."""
-    out = text
-    for pattern, repl in _NORMALISE:
-        out = pattern.sub(repl, out)
-    out = out.strip()
-    return out if len(out) <= CAUSE_CHARS else out[:CAUSE_CHARS - 1] + "…"
-
-
-def cause_of(record: dict[str, Any], reason: str) -> str:
-    """The cause key of a report record: the first exception a rank raised (type: message's
-    first line), else ``reason`` (the record's one-line verdict), normalised."""
-    for rank in record.get("ranks") or []:
-        exc = rank.get("exception") if isinstance(rank, dict) else None
-        if isinstance(exc, dict) and exc.get("type"):
-            lines = str(exc.get("message") or "").strip().splitlines()
-            return normalise(f"{exc['type']}: {lines[0] if lines else ''}".rstrip(": "))
-    return normalise(reason)
 
 
 class Grouped(Protocol):
