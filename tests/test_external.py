@@ -460,3 +460,50 @@ def test_the_same_cases_give_the_same_records_under_pytest_and_a_launcher(
     assert {r["outcome"] for r in external.values()} == {"passed"}
     options = load_report(tmp_path / "r.json")["metadata"]["options"]
     assert options["check_iters"] == 3 and options["ordering"] == "all"
+
+
+MANIFEST_CASES = """\
+cases:
+  - name: ar
+    op: all_reduce
+    world_size: 2
+    shape: [5]
+    input: "rank + i"
+  - name: bc
+    op: broadcast
+    world_size: 2
+    args: {src: 0}
+    shape: [5]
+    input: "rank * 10 + i"
+"""
+
+
+def test_a_manifest_judges_the_same_under_a_launcher_as_under_pytest(tmp_path: Path) -> None:
+    """--manifest in external mode: a declared gap the backend computes anyway is "not
+    rejected" there as under pytest, a claimed op passes, and the backend comes from the
+    manifest; a broken manifest is a usage error of one line, before any launch."""
+    _write(tmp_path, MANIFEST_CASES)
+    (tmp_path / "m.yaml").write_text("backend: gloo\nsupports:\n  ops: [all_reduce]\n")
+    res = finish(start(tmp_path, [
+        PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "harness.external", "c.yaml", "--manifest", "m.yaml", "--report-json", "r.json",
+        "--report-md", "r.md", "--deadline", "20"]), 240)
+    external = {r["case"]: r for r in load_report(tmp_path / "r.json")["records"]}
+    subprocess.run([PYTHON, "-m", "pytest", "c.yaml", "-q", "-p", "no:cacheprovider",
+                    "--manifest", "m.yaml", "--report-json", "pools.json", "--report-md",
+                    "pools.md", "--report-html", "pools.html"], cwd=tmp_path,
+                   capture_output=True, text=True, timeout=240, env=subprocess_env())
+    pytest_run = {r["case"]: r for r in load_report(tmp_path / "pools.json")["records"]}
+    # The launcher's status says the run completed; the verdict is the report's.
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert external["ar"]["outcome"] == pytest_run["ar"]["outcome"] == "passed"
+    assert external["bc"]["outcome"] == pytest_run["bc"]["outcome"] == "failed"
+    assert "not rejected" in external["bc"]["message"]
+    assert external["bc"]["message"] == pytest_run["bc"]["message"]
+    (tmp_path / "bad.yaml").write_text("backend: gloo\nsupports:\n  ops: [all_reduse]\n")
+    bad = subprocess.run([PYTHON, "-m", "harness.external", "c.yaml", "--manifest", "bad.yaml"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env=subprocess_env())
+    assert bad.returncode == 2
+    assert "bad.yaml:3:" in bad.stderr and "all_reduce" in bad.stderr  # the nearest name
+    assert "Traceback" not in bad.stderr

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import float_in, int_in
+from ..errors import CaseFileError, float_in, int_in, quote
+from ..manifest.load import error_line
+from ..manifest.load import read as read_manifest
 from ..ordering import plan as ordering
 from ..perf import plan as perfplan
 from ..report.jsonfile import unwritable
@@ -25,8 +27,12 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=PROG, description=PACKAGE_DOC,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+", help="case files or folders")
-    ap.add_argument("--backend", default="gloo")
+    ap.add_argument("--backend", default=None, help="the backend (default: the manifest's, "
+                                                    "else gloo)")
     ap.add_argument("--backend-module", action="append", default=[])
+    ap.add_argument("--manifest", default=None, metavar="FILE",
+                    help="the backend's capability manifest, as pytest --manifest "
+                         "(docs/howto/certify.md): declared gaps must be rejected")
     ap.add_argument("--deadline", type=float_in(0, 86400, open_low=True), default=120.0)
     ap.add_argument("-k", dest="keyword", default="", help="only instance keys containing this")
     ap.add_argument("--full", action="store_true",
@@ -58,7 +64,22 @@ def parser() -> argparse.ArgumentParser:
 
 def settings(args: argparse.Namespace) -> RunSettings:
     """The run settings the options ask for (the runner's, as the plugin builds them);
-    ValueError naming the option when one is out of range."""
+    ValueError naming the option when one is out of range. Settles ``args.backend`` and
+    ``args.backend_module`` from the manifest, as the plugin does."""
+    manifest = None
+    if args.manifest:
+        try:
+            manifest = read_manifest(args.manifest)
+        except CaseFileError as exc:
+            raise ValueError(f"--manifest: {error_line(exc)}") from None
+        if args.backend and args.backend != manifest.backend:
+            raise ValueError(f"--manifest {quote(args.manifest)} is for backend "
+                             f"{quote(manifest.backend)}, not --backend {quote(args.backend)}: "
+                             "leave --backend out, or give that backend's manifest")
+        args.backend = manifest.backend
+        if manifest.module and manifest.module not in args.backend_module:
+            args.backend_module.append(manifest.module)
+    args.backend = args.backend or "gloo"
     loop = perfplan.loop_settings({opt: getattr(args, ini)
                                    for opt, ini, _t, _d, _h in perfplan.SETTINGS})
     delay = args.collective_ordering_delay
@@ -69,7 +90,8 @@ def settings(args: argparse.Namespace) -> RunSettings:
     return RunSettings(backend=args.backend, backend_modules=tuple(args.backend_module),
                        deadline_s=args.deadline, check_iters=args.check_iters,
                        ordering=ordering.OrderingSettings(args.collective_ordering, delay_s),
-                       perf=perfplan.PerfSettings(enabled=args.perf, loop=loop))
+                       perf=perfplan.PerfSettings(enabled=args.perf, loop=loop),
+                       manifest=manifest)
 
 
 def main(argv: list[str] | None = None) -> int:
