@@ -11,6 +11,7 @@ from typing import Any
 
 import jsonschema
 
+from .. import schemacheck
 from ..errors import CaseFileError, quote
 from .fields import suggest
 from .load import Document, Path
@@ -26,6 +27,11 @@ def case_schema() -> dict[str, Any]:
 @functools.cache
 def _validator() -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(case_schema())
+
+
+@functools.cache
+def _check() -> schemacheck.Check:
+    return schemacheck.compile_schema(case_schema())
 
 
 def _jsonable(value: Any) -> Any:
@@ -116,7 +122,10 @@ def schema_problems(doc: Document) -> list[tuple[CaseFileError, tuple[Any, ...],
     """Schema violations with the raw document path each was found at, and whether it is an
     unknown key (which the rest of the checks can simply leave out)."""
     found: list[tuple[CaseFileError, tuple[Any, ...], bool]] = []
-    for err in _validator().iter_errors(_jsonable(doc.data)):
+    data = _jsonable(doc.data)
+    if _check()(data):  # the compiled check's yes is final; a no is worded by jsonschema
+        return found
+    for err in _validator().iter_errors(data):
         path = _doc_path(doc, tuple(err.absolute_path))
         if err.validator == "additionalProperties":
             # One error per unknown key, each at its own line (jsonschema reports them as one).
