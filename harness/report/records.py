@@ -11,9 +11,10 @@ import os
 import tempfile
 from collections import Counter
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
+if TYPE_CHECKING:
+    pass
 
 from .. import schemacheck
 from ..errors import trim_traceback
@@ -245,6 +246,8 @@ def validate_report(report: dict[str, Any]) -> None:
     The compiled check answers first (a fraction of jsonschema's time on a large report);
     only a report it does not accept goes through jsonschema, which decides and says why."""
     if not report_check()(report):
+        import jsonschema  # only to word a refusal: 40 ms to import, off every session's path
+
         jsonschema.Draft202012Validator(report_schema()).validate(report)
 
 
@@ -303,6 +306,8 @@ def load_report(path: str, missing_hint: str = "") -> dict[str, Any]:
     """Read and validate a report written by :func:`write_json` (``.json``, or ``.json.gz``
     as the committed references are); :class:`UnreadableFile` (one line naming the file) for
     anything else, ``missing_hint`` following the message of a missing file."""
+    import jsonschema  # see validate_report
+
     report = read_json(path, "report", missing_hint)
     try:
         validate_report(report)
