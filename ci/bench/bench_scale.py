@@ -134,7 +134,7 @@ def main() -> int:
     rows = []
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs")
     print("| instances | collect s | us/instance | peak MiB | report write s | us/record | "
-          "peak MiB | JSON MB | HTML MB | HTML elements |\n|---|---|---|---|---|---|---|---|---|---|")
+          "peak MiB | JSON MB | HTML MB | HTML elements |\n" + "|---" * 10 + "|")
     for n in (int(x) for x in args.sizes.split(",")):
         c, r = collect(n), report(n, keep)
         rows.append({"collect": c, "report": r})
