@@ -13,8 +13,9 @@ reports when it ends (``wait4``):
   Markdown and HTML, each timed; the HTML's size and element count (what a browser parses and
   lays out: the per-instance table's rows are built by its script, a page at a time).
 
-Linear means the per-instance figures stay flat as N grows. A benchmark, not a test: CI does
-not run it.
+Linear means the per-instance figures stay flat as N grows. Quoted in
+docs/explanation/process-model.md ("Session cost"). A benchmark, not a test: CI does not run
+it.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ and imports before pytest count) and the process's CPU time: pytest and its plug
 capability probe and the first pool before it), the last instance done, and the session's
 end (reports, the pools stopped). Printed on stderr at exit, or written as JSON. Loaded with
 ``-p`` it is imported before the entry-point plugins, so the first mark is pytest's own start.
+Its figures are quoted in docs/explanation/process-model.md ("Session cost"); bench_budgets.py
+uses it for the whole-session budget.
 """
 
 from __future__ import annotations
