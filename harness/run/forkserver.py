@@ -46,8 +46,12 @@ class _LateList:
         self.dir = tempfile.mkdtemp(prefix="collective-harness-fs-")
         self.path = os.path.join(self.dir, "preload.sock")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.path)
-        self.listener.listen(1)
+        try:
+            self.listener.bind(self.path)
+            self.listener.listen(1)
+        except OSError:
+            self.close()
+            raise
         self.final = threading.Event()
         self.modules: list[str] = []
         self.thread = threading.Thread(target=self._answer, name="collective-preload",
@@ -131,7 +135,10 @@ def start_early() -> bool:
     with _lock:
         if _ctx is not None:
             return False
-        late = _LateList()
+        try:
+            late = _LateList()
+        except OSError:  # no socket here (a TMPDIR path too long for one): start on first use
+            return False
         ctx = _context(late)
         # The forkserver inherits the environment as it is when it is spawned: the path of the
         # socket travels there (and latepreload removes it from the forkserver's environment).
