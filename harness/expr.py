@@ -11,6 +11,7 @@ element values over the flat index ``i``), because it only uses operators both s
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ MAX_LENGTH = 400
 MAX_NODES = 200
 MAX_POW_EXPONENT = 128
 MAX_INT_BITS = 128
+PARSED_KEPT = 4096  # parsed expressions kept (see parse): bounded, whatever a file holds
 
 _BINOPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -116,8 +118,16 @@ class Expr:
 
 
 def parse(source: str, allowed_names: Iterable[str]) -> Expr:
-    """Parse ``source`` and check it only uses whitelisted syntax and ``allowed_names``."""
-    allowed = set(allowed_names)
+    """Parse ``source`` and check it only uses whitelisted syntax and ``allowed_names``.
+
+    Answers are kept (an :class:`Expr` is immutable): a case file repeats the same few
+    expressions in every instance of its matrix, and parsing them again was a tenth of the
+    bundled suite's collection. Errors are not kept: each raises anew."""
+    return _parse(source, frozenset(allowed_names))
+
+
+@functools.lru_cache(maxsize=PARSED_KEPT)
+def _parse(source: str, allowed: frozenset[str]) -> Expr:
     if len(source) > MAX_LENGTH:
         raise ExprError(f"expression is longer than {MAX_LENGTH} characters")
     try:
@@ -127,6 +137,7 @@ def parse(source: str, allowed_names: Iterable[str]) -> Expr:
     nodes = list(ast.walk(tree))
     if len(nodes) > MAX_NODES:
         raise ExprError(f"expression has more than {MAX_NODES} parts")
+    callees = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
     used: set[str] = set()
     for node in nodes:
         if not isinstance(node, _ALLOWED_NODES):
@@ -145,16 +156,12 @@ def parse(source: str, allowed_names: Iterable[str]) -> Expr:
             if len(node.args) != want or any(isinstance(a, ast.Starred) for a in node.args):
                 raise ExprError(f"{node.func.id}() takes {want} argument"
                                 f"{'s' if want > 1 else ''}, got {len(node.args)}")
-        if isinstance(node, ast.Name) and not _is_callee(tree, node):
+        if isinstance(node, ast.Name) and id(node) not in callees:
             if node.id not in allowed:
                 raise ExprError(f"unknown name {node.id!r}; available here: "
                                 + ", ".join(sorted(allowed)))
             used.add(node.id)
     return Expr(source, tree, frozenset(used))
-
-
-def _is_callee(tree: ast.AST, name: ast.Name) -> bool:
-    return any(isinstance(n, ast.Call) and n.func is name for n in ast.walk(tree))
 
 
 def _check_int(value: Any) -> Any:

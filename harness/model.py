@@ -26,7 +26,7 @@ FillKind = Literal["list", "expr", "generator", "poison", "zeros", "per_rank", "
 # What switching a torch mode on imports the first time: torch.use_deterministic_algorithms
 # imports torch._inductor.config, which pulls in dynamo (about 1.5 s of CPU in every rank that
 # runs such a case first). A session that collects such a case has the forkserver import it
-# once, before any rank is forked (harness.run.pool.preload).
+# once, before any rank is forked (harness.run.forkserver.preload).
 TORCH_MODE_IMPORTS: dict[str, tuple[str, ...]] = {
     "deterministic_algorithms": ("torch._inductor.config",),
     "inference_mode": (),

@@ -152,3 +152,10 @@ def case_error(text: str, backend: str = "gloo") -> str:
     except (CaseFileError, CaseFileErrors) as exc:
         return str(exc)
     raise AssertionError("the case file was accepted; an error was expected")
+
+
+def has_module(name: str, conn: Any) -> None:
+    """Run in a process forked from the forkserver: send whether ``name`` is imported there
+    (what the forkserver preloaded, since the child imports nothing before it runs this)."""
+    conn.send(name in sys.modules)
+    conn.close()

@@ -39,7 +39,7 @@ from ..errors import float_in, int_in
 from ..report import costs
 from ..report.jsonfile import UnreadableFile, unwritable
 from ..report.records import load_report
-from ..run.pool import forkserver_context
+from ..run.forkserver import forkserver_context
 from ..runner.execute import Runner
 from ..runner.settings import RunSettings
 from . import busbw as busbw_bench

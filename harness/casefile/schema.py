@@ -3,14 +3,17 @@ the loaded document, each violation turned into a ``file:line:col`` message a pe
 (the key path, what is allowed, a suggestion for a misspelt key).
 """
 
+from __future__ import annotations
 
 import functools
 import json
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
+if TYPE_CHECKING:
+    import jsonschema
 
+from .. import schemacheck
 from ..errors import CaseFileError, quote
 from .fields import suggest
 from .load import Document, Path
@@ -25,7 +28,14 @@ def case_schema() -> dict[str, Any]:
 
 @functools.cache
 def _validator() -> jsonschema.Draft202012Validator:
+    import jsonschema  # only to word what is wrong: 40 ms to import, off collection's path
+
     return jsonschema.Draft202012Validator(case_schema())
+
+
+@functools.cache
+def _check() -> schemacheck.Check:
+    return schemacheck.compile_schema(case_schema())
 
 
 def _jsonable(value: Any) -> Any:
@@ -73,7 +83,9 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
         # The branch that fits the value's type says what is wrong with it (a map's missing
         # key), not the branch of another type ("is not of type 'string'").
         shaped = [e for e in err.context or [] if e.validator not in ("type", "const")]
-        best = jsonschema.exceptions.best_match(shaped) if shaped else None
+        from jsonschema.exceptions import best_match
+
+        best = best_match(shaped) if shaped else None
         if best is not None and best.validator not in ("type", "anyOf"):
             return _schema_message(best)
         return (f"{_short(inst)} does not fit here", _expected_types(err))
@@ -116,7 +128,10 @@ def schema_problems(doc: Document) -> list[tuple[CaseFileError, tuple[Any, ...],
     """Schema violations with the raw document path each was found at, and whether it is an
     unknown key (which the rest of the checks can simply leave out)."""
     found: list[tuple[CaseFileError, tuple[Any, ...], bool]] = []
-    for err in _validator().iter_errors(_jsonable(doc.data)):
+    data = _jsonable(doc.data)
+    if _check()(data):  # the compiled check's yes is final; a no is worded by jsonschema
+        return found
+    for err in _validator().iter_errors(data):
         path = _doc_path(doc, tuple(err.absolute_path))
         if err.validator == "additionalProperties":
             # One error per unknown key, each at its own line (jsonschema reports them as one).

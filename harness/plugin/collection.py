@@ -19,7 +19,8 @@ import pytest
 from ..casefile import collect
 from ..errors import CaseFileError, CaseFileErrors, clip
 from ..model import TORCH_MODE_IMPORTS
-from ..run import pool
+from ..run import forkserver
+from . import warmup
 from .items import CaseItem
 from .session import mark_started
 from .state import CONFIG, harness_session
@@ -66,8 +67,10 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
             elif len(hs.here_yaml) < MAX_HERE_YAML:
                 hs.here_yaml.append(file_path)
         return None
-    harness_session(parent.config).saw_case_file = True
-    mark_started(parent.config, harness_session(parent.config))
+    hs = harness_session(parent.config)
+    hs.saw_case_file = True
+    warmup.start(parent.config, hs, named=False)
+    mark_started(parent.config, hs)
     return CaseFile.from_parent(parent, path=file_path)
 
 
@@ -159,7 +162,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     harness_session(session.config).collected.update(i.nodeid for i in case_items)
     # Before the first pool starts: what the selected cases' torch modes import is imported
     # once in the forkserver instead of once in every rank.
-    pool.preload(sorted({m for i in case_items for mode in i.instance.torch_modes
+    forkserver.preload(sorted({m for i in case_items for mode in i.instance.torch_modes
                          for m in TORCH_MODE_IMPORTS.get(mode, ())}))
     if case_items:
         # No gc.collect() first: over the bundled suite it found 56 objects of garbage and

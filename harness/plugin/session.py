@@ -14,6 +14,7 @@ import datetime
 import os
 import shlex
 import signal
+import sys
 from collections import Counter
 from typing import Any
 from xml.sax.saxutils import quoteattr
@@ -30,6 +31,7 @@ from ..report.junitfile import add_session_error
 from ..report.records import build_report, json_text, write_all
 from ..run.capabilities import probe
 from ..run.torchfacts import BUILTIN_BACKENDS, ProbeError
+from . import warmup
 from .state import (
     BASELINE_KEY,
     CONFIG,
@@ -70,6 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
         # Turn SIGTERM into a normal exit so pools are torn down (ranks would also notice the
         # parent's death on their own, within a fraction of a second).
         signal.signal(signal.SIGTERM, _sigterm)
+    warmup.start(config, harness_session(config), named=True)
 
 
 def _sigterm(signum: int, frame: Any) -> None:
@@ -145,6 +148,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     hs = harness_session(session.config)
+    if hs.saw_case_file:
+        drop_idle_hypothesis(session.config)
     hs.close_failure = hs.close()
     if hs.close_failure:
         session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
@@ -177,6 +182,24 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         # pytest exits 0 on a non-strict xpass; the report says FAIL, and a script or CI job
         # that reads only the exit status must not see a pass the report does not give.
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+HYPOTHESIS_PLUGIN = "hypothesispytest"  # Hypothesis's pytest11 entry point
+
+
+def drop_idle_hypothesis(config: pytest.Config) -> None:
+    """Unregister Hypothesis's pytest plugin when nothing in this session imported
+    Hypothesis (a core dependency, so its plugin is in every session). The plugin's terminal
+    summary imports ``hypothesis`` whether or not a test used it, to list the observation
+    files its tests wrote: 0.7 s of every harness session's end (1 s with pytest's assertion
+    rewriting of it), to print nothing. With Hypothesis never imported there is nothing it
+    could print, except an empty statistics section that ``--hypothesis-show-statistics``
+    asks for: then it stays."""
+    if "hypothesis" in sys.modules or config.getoption("hypothesis_show_statistics", False):
+        return
+    plugin = config.pluginmanager.get_plugin(HYPOTHESIS_PLUGIN)
+    if plugin is not None:
+        config.pluginmanager.unregister(plugin)
 
 
 def session_info(session: pytest.Session, hs: HarnessSession, exitstatus: int

@@ -86,6 +86,7 @@ class HarnessSession:
             "--ahead", config.getini("collective_ahead") if ahead is None else ahead, 0, 64)
         self.ahead: Ahead | None = None
         self.ahead_started = False
+        self.warmed = False  # the forkserver and the probe were started early (plugin.warmup)
         self.is_worker = hasattr(config, "workerinput")
         # Node ids of the case instances selected to run (after -k/-m/--world-size/--full):
         # every one must end with a record, or the report says the session is incomplete.

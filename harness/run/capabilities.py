@@ -20,7 +20,7 @@ from .. import ops
 from ..errors import quote
 from ..model import Instance, flat_steps
 from . import torchfacts
-from .pool import start_child  # a fork of the pools' forkserver, where torch is imported
+from .forkserver import start_child  # a fork of the pools' forkserver: torch is imported
 from .torchfacts import BUILTIN_BACKENDS, TorchFacts
 
 # Steps that only mean something on a GPU (docs/howto/async-ordering.md).

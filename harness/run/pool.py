@@ -28,13 +28,14 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .. import ops
 from ..model import Instance, PoolRun, RankState, flat_steps, phase
 from . import ranklog, stranded
+from .forkserver import forkserver_context, without_main_module
 from .overdue import POLL_S, Overdue
 from .rank import STACK_SIGNAL, RankConfig, decode, encode, rank_main
 
@@ -49,69 +50,6 @@ WAIT_SLICE_S = 3600.0
 # PROGRESS_EVERY_S): which rank is in which step, and the time left to the deadline.
 PROGRESS_AFTER_S = 5.0
 PROGRESS_EVERY_S = 15.0
-
-_ctx_lock = threading.RLock()
-_ctx: Any = None
-_extra_preload: list[str] = []  # see preload()
-
-
-@contextlib.contextmanager
-def _without_main_module() -> Iterator[None]:
-    """Start children without re-importing ``__main__`` in them.
-
-    Spawn-style start methods re-run the parent's main script in each child; under pytest that
-    is pytest's own entry script (slow, and pointless: ranks need only harness.run.rank), and for a
-    user's script without a ``__main__`` guard it would recurse.
-    """
-    original = multiprocessing.spawn.get_preparation_data
-
-    def without_main(name: str) -> dict[str, Any]:
-        data = original(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
-
-    with _ctx_lock:
-        multiprocessing.spawn.get_preparation_data = without_main
-        try:
-            yield
-        finally:
-            multiprocessing.spawn.get_preparation_data = original
-
-
-def preload(modules: Iterator[str] | tuple[str, ...] | list[str]) -> bool:
-    """Have the forkserver import ``modules`` too, so that ranks forked from it do not each pay
-    for them. Only a forkserver not yet started takes them: returns False (and changes
-    nothing) once it runs, which costs time, never correctness."""
-    with _ctx_lock:
-        if _ctx is not None:
-            return False
-        for name in modules:
-            if name not in _extra_preload:
-                _extra_preload.append(name)
-        return True
-
-
-def start_child(target: Callable[..., None], args: tuple[Any, ...]) -> Any:
-    """Start a daemon process forked from the forkserver (torch already imported there),
-    without re-importing ``__main__``; the caller joins (or kills) it."""
-    proc = forkserver_context().Process(target=target, args=args, daemon=True)
-    with _without_main_module():
-        proc.start()
-    return proc
-
-
-def forkserver_context() -> Any:
-    """The forkserver context every pool starts its ranks from (torch preloaded once)."""
-    global _ctx
-    with _ctx_lock:
-        if _ctx is None:
-            ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["torch", "torch.distributed", "harness.program.interpreter",
-                                        "harness.ordering.probes", *_extra_preload])
-            _ctx = ctx
-        return _ctx
-
 
 @dataclass(frozen=True)
 class PoolKey:
@@ -206,7 +144,7 @@ class RankPool:
                              nonce=self.nonce, bind_device=key.bind_device)
             proc = ctx.Process(target=rank_main, args=(cfg, child_conn, progress, fr_recv),
                                name=f"collective-rank{r}", daemon=True)
-            with _without_main_module():
+            with without_main_module():
                 proc.start()
             child_conn.close()
             fr_recv.close()

@@ -150,7 +150,7 @@ class ProbeError(RuntimeError):
 def probe_child(start: Callable[[Callable[..., None], tuple[Any, ...]], Any],
                 backend_modules: tuple[str, ...]) -> TorchFacts:
     """:func:`gather` in a process started by ``start(target, args)`` (a fork of the pools'
-    forkserver: :func:`harness.run.pool.start_child`). A probe that dies or does not answer
+    forkserver: :func:`harness.run.forkserver.start_child`). A probe that dies or does not answer
     within :data:`PROBE_TIMEOUT_S` raises :class:`ProbeError` saying so (each test then
     errors with it), never a hung or crashed session."""
     recv, send = multiprocessing.Pipe(duplex=False)
