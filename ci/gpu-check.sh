@@ -96,7 +96,7 @@ if [ "$rc" -eq 0 ]; then
   export PYTHONPATH="$site/lib${PYTHONPATH:+:$PYTHONPATH}"
   "$py" ci/gpu/gpu_wheels.py check --dest "$wheels" >> "$out/install.log" 2>&1 || rc=1
   # Every module the harness imports, and the plugin through its pytest11 entry point.
-  "$py" -c "import importlib.metadata as m, yaml, jsonschema, re2, packaging, numpy, pytest, xdist, torch
+  "$py" -c "import importlib.metadata as m, yaml, jsonschema, fastjsonschema, re2, packaging, numpy, pytest, xdist, torch
 eps = [e for e in m.entry_points(group='pytest11') if e.name == 'collective_harness']
 assert eps, 'no pytest11 entry point named collective_harness'
 eps[0].load()" >> "$out/install.log" 2>&1 || rc=1

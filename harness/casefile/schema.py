@@ -129,7 +129,7 @@ def schema_problems(doc: Document) -> list[tuple[CaseFileError, tuple[Any, ...],
     unknown key (which the rest of the checks can simply leave out)."""
     found: list[tuple[CaseFileError, tuple[Any, ...], bool]] = []
     data = _jsonable(doc.data)
-    if _check()(data):  # the compiled check's yes is final; a no is worded by jsonschema
+    if _check()(data):  # the fast check's yes is final; a no is worded by jsonschema
         return found
     for err in _validator().iter_errors(data):
         path = _doc_path(doc, tuple(err.absolute_path))

@@ -236,14 +236,14 @@ def overrides_not_applied(records: list[dict[str, Any]]) -> list[dict[str, Any]]
 
 @functools.cache
 def report_check() -> schemacheck.Check:
-    """The compiled yes-or-no check of the report schema (:mod:`harness.schemacheck`)."""
+    """The fast yes-or-no check of the report schema (:mod:`harness.schemacheck`)."""
     return schemacheck.compile_schema(report_schema())
 
 
 def validate_report(report: dict[str, Any]) -> None:
     """Raise jsonschema.ValidationError if ``report`` does not match the shipped schema.
 
-    The compiled check answers first (a fraction of jsonschema's time on a large report);
+    The fast check answers first (a fraction of jsonschema's time on a large report);
     only a report it does not accept goes through jsonschema, which decides and says why."""
     if not report_check()(report):
         import jsonschema  # only to word a refusal: 40 ms to import, off every session's path
