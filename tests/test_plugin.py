@@ -608,3 +608,40 @@ def test_pytest_inside_ones_own_folder_of_cases_says_how_to_collect_them(
         assert argv[-2:] == ["-o", "collective_case_dirs=mycases"]
         again = run_pytest(tmp_path / "mycases", *argv[1:], "--no-report")
         assert "ar.yaml::sum_basic" in again.stdout or "passed" in again.stdout, again.stdout
+
+
+ONE = """
+cases:
+  - name: one
+    op: all_reduce
+    world_size: 1
+    shape: [2]
+    input: "i"
+"""
+
+
+def test_reports_land_where_pytest_was_run(tmp_path: Path) -> None:
+    """Issue 43.3: with no ini file pytest's rootdir is the folder of the cases it is given,
+    and the reports used to land there (`cases/reports/`) when cases were named from another
+    folder. Without an ini file the default paths are relative to the current folder; with
+    one, to its folder (the project); a path given on the command line to the current folder,
+    as --junitxml is."""
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "c.yaml").write_text(ONE)
+    (tmp_path / "run").mkdir()
+    res = run_pytest(tmp_path / "run", "../cases/c.yaml", "-q")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "report written to reports/conformance.json, reports/conformance.md" in res.stdout
+    assert (tmp_path / "run" / "reports" / "conformance.json").exists()
+    assert not (tmp_path / "cases" / "reports").exists()
+
+    project = tmp_path / "project"
+    (project / "sub").mkdir(parents=True)
+    (project / "pytest.ini").write_text("[pytest]\n")
+    (project / "c.yaml").write_text(ONE)
+    res = run_pytest(project / "sub", "../c.yaml", "-q", "--report-json", "mine.json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "report written to mine.json, ../reports/conformance.md" in res.stdout
+    assert (project / "sub" / "mine.json").exists()
+    assert (project / "reports" / "conformance.md").exists()
+    assert not (project / "sub" / "reports").exists()
