@@ -645,3 +645,45 @@ def test_reports_land_where_pytest_was_run(tmp_path: Path) -> None:
     assert (project / "sub" / "mine.json").exists()
     assert (project / "reports" / "conformance.md").exists()
     assert not (project / "sub" / "reports").exists()
+
+
+SELECTIONS = """
+cases:
+  - name: quick
+    op: all_reduce
+    world_size: [1, 2]
+    shape: [2]
+    input: "i"
+  - name: long
+    op: all_reduce
+    world_size: 1
+    marks: [full]
+    shape: [2]
+    input: "i"
+  - name: bandwidth
+    op: all_reduce
+    world_size: 1
+    marks: [perf]
+    shape: [2]
+    input: "i"
+  - name: other
+    op: broadcast
+    args: {src: 0}
+    world_size: 1
+    shape: [2]
+    input: "i"
+"""
+
+
+def test_the_terminal_says_what_pytests_deselected_count_is_made_of(tmp_path: Path) -> None:
+    """Issue 43.4: pytest's "N deselected" counts the long matrix together with bandwidth
+    instances, --world-size and -k; the harness's line named the long matrix alone, so the
+    two numbers did not add up."""
+    (tmp_path / "c.yaml").write_text(SELECTIONS)
+    res = run_pytest(tmp_path, "c.yaml", "-q", "--world-size", "1", "-k", "not other")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "1 passed, 4 deselected" in res.stdout, res.stdout
+    assert ("collective-harness: 4 deselected: 1 instance(s) of the long matrix (marked "
+            "'full'; add --full to run them); 1 bandwidth instance(s) (marked 'perf'; they run "
+            "under --perf); 1 instance(s) at world sizes --world-size does not name; 1 by -k, "
+            "-m, --deselect or another plugin") in res.stdout, res.stdout

@@ -208,7 +208,9 @@ def session_info(session: pytest.Session, hs: HarnessSession, exitstatus: int
     bad_records = sum(r["outcome"] in BAD_OUTCOMES for r in hs.records)
     opt = session.config.option
     chosen = {**selection(session.config, hs), "deselected": hs.deselected,
-              "deselected_full": hs.deselected_full,
+              "deselected_full": hs.deselected_full, "deselected_perf": hs.deselected_perf,
+              "deselected_world_size": hs.deselected_world_size,
+              "deselected_items": hs.deselected_items,
               "last_failed": bool(getattr(opt, "lf", False)),
               "node_ids": any("::" in str(a) for a in session.config.args)}
     return {
