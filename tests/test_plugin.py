@@ -538,7 +538,7 @@ cases:
     deadline: 8
     tensors: {t: {shape: [2], init: 0}}
     steps:
-      - {op: recv, tensor: t, src: 0, ranks: [1]}
+      - {op: recv, tensor: t, ranks: [1]}  # from any rank: not matched at collection
     expected: {t: 0}
 """)
     res = run_pytest(tmp_path, "c.yaml", "-q", "--no-report")
