@@ -443,3 +443,78 @@ def test_matched_declared_or_unknown_messages_are_accepted(steps: str, extra: st
     text = p2p_program(steps, extra)
     doc = yamlload.load_text(textwrap.dedent(text), "cases/x.yaml")
     assert [i.id for c in validate.load_cases(doc) for i in expand.expand(c, "gloo")]
+
+
+TABLES = """
+cases:
+  - name: t
+    op: all_to_all_single
+    world_size: 2
+{tables}    args: {{splits: "routes[src][dst]"}}
+    shape: [4]
+    input: "i"
+"""
+
+
+def test_a_table_of_split_sizes_gives_each_instance_its_splits() -> None:
+    """Issue 43.7: per-rank split sizes from a routing table, indexed in an expression."""
+    (inst,) = case_helpers.case_instances(TABLES.format(
+        tables="    tables:\n      routes: [[1, 3], [2, 2]]\n"))
+    assert dict(inst.steps[0].args)["splits"] == ((1, 3), (2, 2))
+
+
+@pytest.mark.parametrize(("tables", "message"), [
+    ("    params: {routes: [1]}\n    tables:\n      routes: [[1, 3], [2, 2]]\n",
+     "cases/x.yaml:8:7: at cases[0].tables.routes: tables: 'routes' is a param of this case"),
+    ("    tables:\n      src: [[1, 3], [2, 2]]\n",
+     "tables: 'src' is a name the harness itself gives expressions"),
+    ("    tables:\n      routes: [[[[[1]]]]]\n",
+     "tables: 'routes' is larger than a table may be (65,536 numbers, 4 levels of lists)"),
+    ("    tables:\n      routes: [[1, 3]]\n",
+     "at cases[0].args.splits: bad splits: index 1 is out of range 0..0 of 'routes'"),
+    ("    tables:\n      routes: [[1, 3], [2, \"x\"]]\n", "at cases[0].tables.routes"),
+])
+def test_bad_tables_are_located_errors(tables: str, message: str) -> None:
+    assert message in problems(TABLES.format(tables=tables))
+
+
+SAME_VALUES = """
+cases:
+  - name: p
+    world_size: 2
+    tensors:
+      flat: {{shape: [4], init: "rank + i"}}
+      hier: {{shape: [4], init: "rank + i"}}
+      objs: {{dtype: object, shape: [1], init: poison}}
+    steps:
+      - {{op: all_reduce, tensor: flat}}
+      - {{op: all_reduce, tensor: hier}}
+    expected:
+{expected}"""
+
+
+@pytest.mark.parametrize(("expected", "message"), [
+    ("      hier: {same_values: flt}\n", "cases/x.yaml:13:27: at cases[0].expected.hier."
+     "same_values: same_values names 'flt', which is not a tensor of the program"),
+    ("      hier: {same_values: hier}\n", "same_values names 'hier', the buffer itself"),
+    ("      hier: {same_values: objs}\n", "same_values names 'objs', an object buffer"),
+    ("      hier: {same_values: flat, rtol: .inf}\n", "rtol must be a finite number >= 0"),
+    ("      hier: {same_values: flat, tol: 1}\n", "at cases[0].expected.hier"),
+])
+def test_bad_same_values_are_located_errors(expected: str, message: str) -> None:
+    assert message in problems(SAME_VALUES.format(expected=expected))
+
+
+def test_same_values_is_a_programs_expectation() -> None:
+    err = problems(GOOD.replace('input: "rank + i"',
+                                'input: "rank + i"\n    expected: {same_values: x}'))
+    assert "same_values compares two buffers of a program" in err
+
+
+def test_same_values_compares_with_its_own_tolerance_and_counts_both_buffers() -> None:
+    (inst,) = case_helpers.case_instances(SAME_VALUES.format(
+        expected="      hier: {same_values: flat, rtol: 1.0e-5}\n"))
+    fill = dict(inst.expected)["hier"]
+    assert fill.kind == "same_values" and fill.data[0] == "flat"
+    assert fill.data[1].rtol == 1e-5 and fill.data[1].atol == 0
+    assert inst.unchecked == ()  # flat is compared too: neither is reported unchecked
