@@ -2,8 +2,9 @@
 
 Case files can come from untrusted pull requests and run on expensive GPU runners, so nothing in
 them reaches ``eval``. An expression is parsed with :mod:`ast`, checked against a whitelist
-(arithmetic, comparisons, ``x if c else y``, a few pure functions, and names the caller
-provides) at load time, and evaluated by walking the tree. The same tree evaluates over Python
+(arithmetic, comparisons, ``x if c else y``, a few pure functions, names the caller provides,
+and indexing a table the case declares: ``routes[rank][j]``) at load time, and evaluated by
+walking the tree. The same tree evaluates over Python
 ints (for op arguments such as ``dst: (rank + 1) % world_size``) and over torch tensors (for
 element values over the flat index ``i``), because it only uses operators both support.
 """
@@ -95,7 +96,7 @@ ARITY = {"where": 3, "min": 2, "max": 2, "abs": 1}
 
 _ALLOWED_NODES = (
     ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.IfExp, ast.BoolOp, ast.Name,
-    ast.Constant, ast.Call, ast.Load, ast.And, ast.Or, ast.Not,
+    ast.Constant, ast.Call, ast.Load, ast.And, ast.Or, ast.Not, ast.Subscript,
     *_BINOPS, *_UNARY, *_CMP,
 )
 
@@ -161,6 +162,14 @@ def _parse(source: str, allowed: frozenset[str]) -> Expr:
                 raise ExprError(f"unknown name {node.id!r}; available here: "
                                 + ", ".join(sorted(allowed)))
             used.add(node.id)
+    for node in nodes:  # every part is allowed: now how a subscript uses them
+        if isinstance(node, ast.Subscript):
+            root = node.value
+            while isinstance(root, ast.Subscript):
+                root = root.value
+            if not isinstance(root, ast.Name) or isinstance(node.slice, ast.Slice | ast.Tuple):
+                raise ExprError("only a table may be indexed, one index at a time: "
+                                "name[index] or name[index][index]")
     return Expr(source, tree, frozenset(used))
 
 
@@ -208,11 +217,58 @@ def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
         raise ExprError(f"cannot evaluate: {quote(str(exc))[1:-1]}") from None
 
 
+def _table_name(node: ast.Subscript) -> str:
+    root: ast.AST = node
+    while isinstance(root, ast.Subscript):
+        root = root.value
+    assert isinstance(root, ast.Name)  # parse() allows nothing else
+    return root.id
+
+
+def _index(node: ast.AST, env: Mapping[str, Any]) -> Any:
+    """A table (a tuple of numbers or of tables) or one of its rows or numbers."""
+    if isinstance(node, ast.Name):
+        table = env[node.id]
+        if not isinstance(table, tuple):
+            raise ExprError(f"{node.id!r} is not a table (declare it under tables:)")
+        return table
+    assert isinstance(node, ast.Subscript)
+    rows = _index(node.value, env)
+    name = _table_name(node)
+    if not isinstance(rows, tuple):
+        raise ExprError(f"{name!r} has fewer dimensions than indices given")
+    at = _eval_node(node.slice, env)
+    if _is_tensor(at):  # a per-element index (i, j): gather from a row of numbers
+        import torch
+
+        if at.is_floating_point() or at.is_complex() or any(
+                isinstance(v, tuple) for v in rows):
+            raise ExprError(f"{name!r}: a per-element index needs whole numbers and a row "
+                            "of numbers")
+        if at.numel() and (int(at.min()) < 0 or int(at.max()) >= len(rows)):
+            raise ExprError(f"index out of range 0..{len(rows) - 1} of {name!r}")
+        return torch.as_tensor(rows)[at.long()]
+    if isinstance(at, bool) or not isinstance(at, int):
+        raise ExprError(f"{name!r} is indexed by {quote(at, 60)}; indices are whole numbers")
+    if not 0 <= at < len(rows):
+        raise ExprError(f"index {at} is out of range 0..{len(rows) - 1} of {name!r}")
+    return rows[at]
+
+
 def _eval_node(node: ast.AST, env: Mapping[str, Any]) -> Any:
     if isinstance(node, ast.Constant):
         return node.value
+    if isinstance(node, ast.Subscript):
+        value = _index(node, env)
+        if isinstance(value, tuple):
+            raise ExprError(f"{_table_name(node)!r} has more dimensions than indices given "
+                            "(a row is not a number)")
+        return _number(_table_name(node), value)
     if isinstance(node, ast.Name):
-        return _number(node.id, env[node.id])
+        value = env[node.id]
+        if isinstance(value, tuple):
+            raise ExprError(f"{node.id!r} is a table: index it, e.g. {node.id}[rank]")
+        return _number(node.id, value)
     if isinstance(node, ast.BinOp):
         left, right = _eval_node(node.left, env), _eval_node(node.right, env)
         _bounded_operands(node.op, left, right)

@@ -20,7 +20,7 @@ from .expr import Expr
 DEFAULT_ORDERING_DELAY_S = 0.02  # delay the ordering probes inject (--ordering-delay)
 
 FillKind = Literal["list", "expr", "generator", "poison", "zeros", "per_rank", "unspecified",
-                   "unchanged", "auto", "stale", "final"]
+                   "unchanged", "auto", "stale", "final", "same_values"]
 
 
 # What switching a torch mode on imports the first time: torch.use_deterministic_algorithms
@@ -42,7 +42,8 @@ class Fill:
     ``"others"``) to a Fill; ``poison``/``zeros``: fixed patterns; ``unspecified``: the
     contract says nothing; ``unchanged``: must equal its pre-op contents; ``auto``: the op's
     reference model; ``stale``/``final`` (expectations of a ``read`` snapshot only): the
-    tensor's contents at program start / at program end.
+    tensor's contents at program start / at program end; ``same_values`` (a program's
+    expectations): ``data = (another buffer, Tolerance or None)``, that buffer's final values.
     """
 
     kind: FillKind

@@ -40,7 +40,7 @@ cases:
     deadline: 2
     tensors: {t: {shape: [2], init: zeros}}
     steps:
-      - {op: recv, tensor: t, src: 0, ranks: [1]}
+      - {op: recv, tensor: t, ranks: [1]}  # from any rank: not matched at collection
     expected: {t: 0}
   - name: groups
     world_size: 3
@@ -125,8 +125,8 @@ cases:
     deadline: 300
     tensors: {t: {shape: [2], init: zeros}}
     steps:
-      - {op: recv, tensor: t, src: 0, ranks: [1]}
-      - {op: recv, tensor: t, src: 1, ranks: [0]}
+      - {op: recv, tensor: t, ranks: [1]}  # from any rank: not matched at collection
+      - {op: recv, tensor: t, ranks: [0]}
     expected: {t: 0}
 """ + LONG_HANG
 

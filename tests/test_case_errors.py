@@ -369,3 +369,152 @@ def test_every_name_the_harness_gives_expressions_is_reserved() -> None:
             given.update(re.findall(r'"([A-Za-z_]\w*)":', scope))
     assert given >= {"rank", "world_size", "rep", "src", "dst", "j"}  # the scan finds scopes
     assert given <= set(RESERVED_NAMES), given - set(RESERVED_NAMES)
+
+
+def p2p_program(steps: str, extra: str = "", world_size: int = 2) -> str:
+    return f"""
+cases:
+  - name: p
+    world_size: {world_size}
+    tensors: {{t: {{shape: [2], init: "rank"}}}}
+{extra}    steps:
+{steps}    expected: {{t: "rank"}}
+"""
+
+
+def test_a_recv_without_its_send_is_an_error_at_the_step() -> None:
+    """Issue 43.6: a recv whose peer never sends was found only at the deadline, with the
+    case's line; it is visible in the file, so it is an error at collection, at the step."""
+    err = problems(p2p_program("      - {op: all_reduce, tensor: t}\n"
+                               "      - {op: recv, tensor: t, src: 0, ranks: [1]}\n"))
+    assert err.startswith("cases/x.yaml:8:9: at cases[0].steps[1]: no matching send for this "
+                          "receive at world size 2: rank 1 receives from rank 0 (tag 0) 1 "
+                          "time(s), rank 0 sends to rank 1 with that tag 0 time(s); rank 1 "
+                          "would block until the deadline"), err
+    assert "add the send on rank 0 (dst 1, tag 0), or declare the hang with 'hangs: true'" in err
+
+
+@pytest.mark.parametrize(("steps", "message"), [
+    # a send nobody receives, at the send
+    ("      - {op: send, tensor: t, dst: 1, ranks: [0]}\n",
+     "cases/x.yaml:7:9: at cases[0].steps[0]: no matching receive for this send at world size 2:"
+     " rank 0 sends to rank 1 (tag 0) 1 time(s), rank 1 receives from rank 0 with that tag 0"),
+    # tags differ
+    ("      - {op: send, tensor: t, dst: 1, tag: 1, ranks: [0]}\n"
+     "      - {op: recv, tensor: t, src: 0, tag: 2, ranks: [1]}\n",
+     "at cases[0].steps[0]: no matching receive for this send at world size 2: rank 0 sends "
+     "to rank 1 (tag 1)"),
+    # a ring one rank short: rank 2 (of 3) receives from rank 1, which sends to nobody
+    ("      - {op: isend, tensor: t, dst: \"rank + 1\", ranks: \"rank < 1\", handle: s}\n"
+     "      - {op: irecv, tensor: t, src: \"rank - 1\", ranks: \"rank > 0\", handle: r}\n"
+     "      - {wait: s, ranks: [0]}\n      - {wait: r, ranks: [1, 2]}\n",
+     "at cases[0].steps[1]: no matching send for this receive at world size 3: rank 2 receives "
+     "from rank 1 (tag 0) 1 time(s), rank 1 sends to rank 2 with that tag 0 time(s)"),
+    # a batch whose receive has no send; repeated receives count one each
+    ("      - op: batch_isend_irecv\n        p2p:\n"
+     "          - {op: irecv, tensor: t, peer: \"1 - rank\"}\n        handle: b\n"
+     "      - {wait: b}\n",
+     "at cases[0].steps[0]: no matching send for this receive at world size 2: rank 0 receives "
+     "from rank 1"),
+    ("      - {op: send, tensor: t, dst: 1, ranks: [0]}\n"
+     "      - {op: recv, tensor: t, src: 0, ranks: [1], repeat: 2}\n",
+     "at cases[0].steps[1]: no matching send for this receive at world size 2: rank 1 receives "
+     "from rank 0 (tag 0) 2 time(s), rank 0 sends to rank 1 with that tag 1 time(s)"),
+])
+def test_unmatched_point_to_point_messages_are_named(steps: str, message: str) -> None:
+    world_size = 3 if "rank + 1" in steps else 2
+    assert message in problems(p2p_program(steps, world_size=world_size))
+
+
+@pytest.mark.parametrize(("steps", "extra"), [
+    # matched: a ring in both directions, a batch, a group given as a list (by position)
+    ("      - {op: isend, tensor: t, dst: \"(rank + 1) % world_size\", handle: s}\n"
+     "      - {op: irecv, tensor: t, src: \"(rank - 1) % world_size\", handle: r}\n"
+     "      - {wait: [s, r]}\n", ""),
+    ("      - {op: send, tensor: t, group: [0, 1], group_dst: 1, ranks: [0]}\n"
+     "      - {op: recv, tensor: t, src: 0, ranks: [1]}\n", ""),
+    # declared: the hang, or an error
+    ("      - {op: recv, tensor: t, src: 0, ranks: [1]}\n", "    hangs: true\n    deadline: 2\n"),
+    ("      - {op: recv, tensor: t, src: 0, ranks: [1], raises: timed out}\n", ""),
+    # not static: a receive from any rank (the hang names the step and the peer instead)
+    ("      - {op: recv, tensor: t, ranks: [1]}\n", ""),
+])
+def test_matched_declared_or_unknown_messages_are_accepted(steps: str, extra: str) -> None:
+    text = p2p_program(steps, extra)
+    doc = yamlload.load_text(textwrap.dedent(text), "cases/x.yaml")
+    assert [i.id for c in validate.load_cases(doc) for i in expand.expand(c, "gloo")]
+
+
+TABLES = """
+cases:
+  - name: t
+    op: all_to_all_single
+    world_size: 2
+{tables}    args: {{splits: "routes[src][dst]"}}
+    shape: [4]
+    input: "i"
+"""
+
+
+def test_a_table_of_split_sizes_gives_each_instance_its_splits() -> None:
+    """Issue 43.7: per-rank split sizes from a routing table, indexed in an expression."""
+    (inst,) = case_helpers.case_instances(TABLES.format(
+        tables="    tables:\n      routes: [[1, 3], [2, 2]]\n"))
+    assert dict(inst.steps[0].args)["splits"] == ((1, 3), (2, 2))
+
+
+@pytest.mark.parametrize(("tables", "message"), [
+    ("    params: {routes: [1]}\n    tables:\n      routes: [[1, 3], [2, 2]]\n",
+     "cases/x.yaml:8:7: at cases[0].tables.routes: tables: 'routes' is a param of this case"),
+    ("    tables:\n      src: [[1, 3], [2, 2]]\n",
+     "tables: 'src' is a name the harness itself gives expressions"),
+    ("    tables:\n      routes: [[[[[1]]]]]\n",
+     "tables: 'routes' is larger than a table may be (65,536 numbers, 4 levels of lists)"),
+    ("    tables:\n      routes: [[1, 3]]\n",
+     "at cases[0].args.splits: bad splits: index 1 is out of range 0..0 of 'routes'"),
+    ("    tables:\n      routes: [[1, 3], [2, \"x\"]]\n", "at cases[0].tables.routes"),
+])
+def test_bad_tables_are_located_errors(tables: str, message: str) -> None:
+    assert message in problems(TABLES.format(tables=tables))
+
+
+SAME_VALUES = """
+cases:
+  - name: p
+    world_size: 2
+    tensors:
+      flat: {{shape: [4], init: "rank + i"}}
+      hier: {{shape: [4], init: "rank + i"}}
+      objs: {{dtype: object, shape: [1], init: poison}}
+    steps:
+      - {{op: all_reduce, tensor: flat}}
+      - {{op: all_reduce, tensor: hier}}
+    expected:
+{expected}"""
+
+
+@pytest.mark.parametrize(("expected", "message"), [
+    ("      hier: {same_values: flt}\n", "cases/x.yaml:13:27: at cases[0].expected.hier."
+     "same_values: same_values names 'flt', which is not a tensor of the program"),
+    ("      hier: {same_values: hier}\n", "same_values names 'hier', the buffer itself"),
+    ("      hier: {same_values: objs}\n", "same_values names 'objs', an object buffer"),
+    ("      hier: {same_values: flat, rtol: .inf}\n", "rtol must be a finite number >= 0"),
+    ("      hier: {same_values: flat, tol: 1}\n", "at cases[0].expected.hier"),
+])
+def test_bad_same_values_are_located_errors(expected: str, message: str) -> None:
+    assert message in problems(SAME_VALUES.format(expected=expected))
+
+
+def test_same_values_is_a_programs_expectation() -> None:
+    err = problems(GOOD.replace('input: "rank + i"',
+                                'input: "rank + i"\n    expected: {same_values: x}'))
+    assert "same_values compares two buffers of a program" in err
+
+
+def test_same_values_compares_with_its_own_tolerance_and_counts_both_buffers() -> None:
+    (inst,) = case_helpers.case_instances(SAME_VALUES.format(
+        expected="      hier: {same_values: flat, rtol: 1.0e-5}\n"))
+    fill = dict(inst.expected)["hier"]
+    assert fill.kind == "same_values" and fill.data[0] == "flat"
+    assert fill.data[1].rtol == 1e-5 and fill.data[1].atol == 0
+    assert inst.unchecked == ()  # flat is compared too: neither is reported unchecked

@@ -125,7 +125,7 @@ cases:
     steps:
       - op: batch_isend_irecv
         p2p:
-          - {op: isend, tensor: a, peer: "1 - rank"}
+          - {op: isend, tensor: a, peer: "1 - rank", tag: 4}
           - {op: irecv, tensor: b, peer: "1 - rank", tag: 4}
     expected: {b: 0}
 """)

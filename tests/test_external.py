@@ -105,7 +105,8 @@ cases:
     deadline: 2
     tensors: {t: {shape: [1], init: zeros}}
     steps:
-      - {op: recv, tensor: t, src: 0, ranks: [1]}
+      # from any rank (not matched at collection), on a tag no other instance uses
+      - {op: recv, tensor: t, tag: 7, ranks: [1]}
     expected: {t: 0}
   - name: declared_hang
     world_size: 2

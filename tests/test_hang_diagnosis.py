@@ -120,3 +120,38 @@ def test_a_rank_blocked_where_it_should_have_raised_has_its_last_output_quoted()
     assert "rank 1 last output (stdout and stderr, escaped):" in result.message
     assert "KeyError: 'fut-17'" in result.message
 
+
+
+CROSSED = """
+cases:
+  - name: crossed
+    world_size: 3
+    deadline: 3
+    tensors: {t: {shape: [2], init: rank}, u: {shape: [2], init: poison}}
+    steps:
+      - {op: all_reduce, tensor: t, ranks: [2], group: [2]}
+      - {op: recv, tensor: u, src: "1 - rank", ranks: [0, 1]}
+      - {op: send, tensor: t, dst: "1 - rank", ranks: [0, 1]}
+    expected: {u: {0: 1, 1: 0, 2: unchanged}}
+"""
+
+
+def test_a_hang_in_a_recv_names_the_step_and_the_peer() -> None:
+    """Issue 43.6: sends and receives that match in number but not in order (each rank
+    receives first) pass the collection check and hang; the message points at the step's
+    line and says whom each blocked rank waits for and what that peer was doing."""
+    (inst,) = case_instances(CROSSED)
+    runner = Runner(RunSettings(deadline_s=3))
+    try:
+        result = runner.execute(runner.prepare(inst)).result
+    finally:
+        runner.close()
+    assert result.outcome == "hang", result.message
+    first = result.message.splitlines()[0]
+    assert first.startswith("cases/x.yaml:9: crossed[gloo-ws3-float32-sum-sync]: no result "
+                            "after the 3 s deadline; rank(s) [0, 1] blocked; rank 0 waits (line 9) "
+                            "to receive from rank 1, which is blocked in step 1 "
+                            "(recv(tensor=u))"), first
+    assert ("rank 1: BLOCKED in step 1 (recv(tensor=u)); waits (line 9) to receive from "
+            "rank 0, which is blocked in step 1") in result.message
+    assert "rank 2: finished" in result.message

@@ -257,8 +257,8 @@ def test_a_stop_under_xdist_is_named_as_such_and_full_is_pointed_at(tmp_path: Pa
     assert rep["session"]["ended_by"].startswith("stopped early: stopping after 1 failures"), (
         rep["session"])
     serial = run(where, "-q")
-    assert ("collective-harness: 1 instance(s) of the long matrix (marked 'full') were not "
-            "run; add --full to run them") in serial.stdout
+    assert ("collective-harness: 1 deselected: 1 instance(s) of the long matrix (marked "
+            "'full'; add --full to run them)") in serial.stdout
 
 
 @pytest.mark.parametrize(("sig", "ended"), [(signal.SIGINT, "interrupted (Ctrl-C"),

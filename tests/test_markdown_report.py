@@ -53,3 +53,30 @@ def test_a_multi_op_program_is_counted_in_every_row_it_issues() -> None:
     assert rows == ["| all_gather_into_tensor | ✅\u00a01 |",
                     "| reduce_scatter_tensor | ✅\u00a01 |"]
     assert "1 program instance(s) issue several ops and are counted in the row of each" in text
+
+
+def test_only_overrides_not_applied_that_bear_on_a_failure_are_listed() -> None:
+    """Issue 43.4: the report opened with ~80 lines of the library's overrides for other torch
+    versions and backends. Now a count, and listed only the ones covering an instance with an
+    unexpected outcome (judged without its override, the divergence may be that failure)."""
+    bad = rec("ar", "all_reduce", "float32", 2, False, "failed")
+    bad["overrides_not_applied"] = [{"line": 10, "scope": "torch", "when": "torch <2.5",
+                                     "reason": "documents the failure"}]
+    good = rec("ok", "all_reduce", "int64", 2, False, "passed")
+    good["overrides_not_applied"] = [{"line": 20, "scope": "backend", "when": "backend nccl",
+                                      "reason": "about another backend"},
+                                     {"line": 30, "scope": "torch", "when": "torch <2.5",
+                                      "reason": "about another torch"}]
+    text = markdown.render(build_report([bad, good], {"torch": "2.13.0+cpu", "hostname": "h",
+                                                      "options": {}}))
+    assert ("> **Overrides not applied** because of their scope: 2 because of the torch version"
+            " (2 instance(s)); 1 because of the backend (1 instance(s)).") in text
+    assert ("The other 2 cover no instance with an unexpected outcome here: listed in the JSON "
+            "report (`summary.overrides_not_applied`) and the HTML report.") in text
+    assert "`cases/x.yaml:10` (torch <2.5; 1 instance(s)): documents the failure" in text
+    assert "about another backend" not in text and "about another torch" not in text
+    clean = markdown.render(build_report([good], {"torch": "2.13.0+cpu", "hostname": "h",
+                                                  "options": {}}))
+    notice = [ln for ln in clean.splitlines() if "Overrides not applied" in ln]
+    assert len(notice) == 1 and "The 2 cover no instance" in notice[0]
+    assert "<details>" not in clean

@@ -501,3 +501,58 @@ def test_a_result_no_summation_order_gives_fails_even_without_a_bound(tmp_path: 
     (rec,) = load_report(faulty / "r.json")["records"]
     assert rec["outcome"] == "failed", rec["message"]
     assert "outside what any order of the operations gives" in rec["message"]
+
+
+TWO_BUFFERS = """
+cases:
+  - name: hier_vs_flat
+    world_size: 4
+    dtype: float32
+    tensors:
+      flat: {shape: [64], init: {generator: random, seed: 3}}
+      hier: {shape: [64], init: {generator: random, seed: 3}}
+    steps:
+      - {op: all_reduce, tensor: flat}
+      - {op: all_reduce, tensor: hier, group: [0, 1], ranks: [0, 1]}
+      - {op: all_reduce, tensor: hier, group: [2, 3], ranks: [2, 3]}
+      - {op: all_reduce, tensor: hier, group: [0, 2], ranks: [0, 2]}
+      - {op: all_reduce, tensor: hier, group: [1, 3], ranks: [1, 3]}
+    expected:
+      hier: {same_values: flat, rtol: 1.0e-5, atol: 1.0e-6}
+  - name: max_vs_sum
+    world_size: 2
+    tensors:
+      a: {shape: [4], init: "rank + i"}
+      b: {shape: [4], init: "rank + i"}
+    steps:
+      - {op: all_reduce, tensor: a}
+      - {op: all_reduce, tensor: b, reduce_op: max}
+    expected:
+      b: {same_values: a, atol: 0.5}
+  - name: routed
+    op: all_to_all_single
+    world_size: 3
+    tables:
+      routes: [[0, 2, 1], [1, 1, 3], [2, 0, 0]]
+    args: {splits: "routes[src][dst]"}
+    shape: [3]
+    input: "rank * 10 + i"
+"""
+
+
+def test_two_buffers_within_a_tolerance_and_splits_from_a_table(tmp_path: Path) -> None:
+    """Issue 43.7: a hierarchical all_reduce (pairs, then across) against the flat one on
+    random data agrees within a tolerance but not bit for bit, which same_bits cannot say;
+    a MAX against a SUM does not, and the failure names both buffers; an all_to_all_single's
+    split sizes come from a routing table indexed by src and dst."""
+    project = write_case_file(tmp_path, TWO_BUFFERS)
+    done = run_pytest(project, "c.yaml", "-q", "--report-json", "r.json")
+    rep = load_report(project / "r.json")
+    recs = {r["case"]: r for r in rep["records"]}
+    assert {c: r["outcome"] for c, r in recs.items()} == {
+        "hier_vs_flat": "passed", "max_vs_sum": "failed", "routed": "passed"}, done.stdout
+    assert {"what": "hier", "how": "same values as 'flat'", "ranks": [0, 1, 2, 3],
+            "elements": 256} in recs["hier_vs_flat"]["evidence"]["checks"]
+    assert ("ranks 0-1, buffer 'b' (same values as 'a'): 3 of 4 element(s) wrong"
+            in recs["max_vs_sum"]["message"]), recs["max_vs_sum"]["message"]
+    assert "atol 0.5" in recs["max_vs_sum"]["message"]

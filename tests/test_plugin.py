@@ -538,7 +538,7 @@ cases:
     deadline: 8
     tensors: {t: {shape: [2], init: 0}}
     steps:
-      - {op: recv, tensor: t, src: 0, ranks: [1]}
+      - {op: recv, tensor: t, ranks: [1]}  # from any rank: not matched at collection
     expected: {t: 0}
 """)
     res = run_pytest(tmp_path, "c.yaml", "-q", "--no-report")
@@ -608,3 +608,82 @@ def test_pytest_inside_ones_own_folder_of_cases_says_how_to_collect_them(
         assert argv[-2:] == ["-o", "collective_case_dirs=mycases"]
         again = run_pytest(tmp_path / "mycases", *argv[1:], "--no-report")
         assert "ar.yaml::sum_basic" in again.stdout or "passed" in again.stdout, again.stdout
+
+
+ONE = """
+cases:
+  - name: one
+    op: all_reduce
+    world_size: 1
+    shape: [2]
+    input: "i"
+"""
+
+
+def test_reports_land_where_pytest_was_run(tmp_path: Path) -> None:
+    """Issue 43.3: with no ini file pytest's rootdir is the folder of the cases it is given,
+    and the reports used to land there (`cases/reports/`) when cases were named from another
+    folder. Without an ini file the default paths are relative to the current folder; with
+    one, to its folder (the project); a path given on the command line to the current folder,
+    as --junitxml is."""
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "c.yaml").write_text(ONE)
+    (tmp_path / "run").mkdir()
+    res = run_pytest(tmp_path / "run", "../cases/c.yaml", "-q")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "report written to reports/conformance.json, reports/conformance.md" in res.stdout
+    assert (tmp_path / "run" / "reports" / "conformance.json").exists()
+    assert not (tmp_path / "cases" / "reports").exists()
+
+    project = tmp_path / "project"
+    (project / "sub").mkdir(parents=True)
+    (project / "pytest.ini").write_text("[pytest]\n")
+    (project / "c.yaml").write_text(ONE)
+    res = run_pytest(project / "sub", "../c.yaml", "-q", "--report-json", "mine.json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "report written to mine.json, ../reports/conformance.md" in res.stdout
+    assert (project / "sub" / "mine.json").exists()
+    assert (project / "reports" / "conformance.md").exists()
+    assert not (project / "sub" / "reports").exists()
+
+
+SELECTIONS = """
+cases:
+  - name: quick
+    op: all_reduce
+    world_size: [1, 2]
+    shape: [2]
+    input: "i"
+  - name: long
+    op: all_reduce
+    world_size: 1
+    marks: [full]
+    shape: [2]
+    input: "i"
+  - name: bandwidth
+    op: all_reduce
+    world_size: 1
+    marks: [perf]
+    shape: [2]
+    input: "i"
+  - name: other
+    op: broadcast
+    args: {src: 0}
+    world_size: 1
+    shape: [2]
+    input: "i"
+"""
+
+
+def test_the_terminal_says_what_pytests_deselected_count_is_made_of(tmp_path: Path) -> None:
+    """Issue 43.4: pytest's "N deselected" counts the long matrix together with bandwidth
+    instances, --world-size and -k; the harness's line named the long matrix alone, so the
+    two numbers did not add up."""
+    (tmp_path / "c.yaml").write_text(SELECTIONS)
+    res = run_pytest(tmp_path, "c.yaml", "-q", "--world-size", "1", "-k", "not other")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "1 passed, 4 deselected" in res.stdout, res.stdout
+    assert ("collective-harness: 4 deselected: 1 instance(s) of the long matrix (marked "
+            "'full'; add --full to run them); 1 bandwidth instance(s) (marked 'perf'; they run "
+            "under --perf); 1 instance(s) at world sizes --world-size does not name; 1 by -k, "
+            "-m, --deselect or another plugin") in res.stdout, res.stdout

@@ -75,7 +75,7 @@ cases:
     deadline: 1
     tensors: {t: {shape: [2], init: zeros}}
     steps:
-      - {op: recv, tensor: t, src: 0, ranks: [1]}
+      - {op: recv, tensor: t, ranks: [1]}  # from any rank: not matched at collection
     expected: {t: 0}
   - name: aborts
     world_size: 3
@@ -172,8 +172,8 @@ def start_hanging_session(tmp_path: Path, marker: str, *extra: str) -> subproces
         deadline: 300
         tensors: {t: {shape: [2], init: zeros}}
         steps:
-          - {op: recv, tensor: t, src: 0, ranks: [1]}
-          - {op: recv, tensor: t, src: 1, ranks: [0]}
+          - {op: recv, tensor: t, ranks: [1]}  # from any rank: not matched at collection
+          - {op: recv, tensor: t, ranks: [0]}
         expected: {t: 0}
     """))
     return start(tmp_path, pytest_argv("hang.yaml", "-q", "--no-report", *extra),

@@ -63,9 +63,12 @@ STEP_CHECKS = ("returns", "warns", "raises", "work_state", "blocks_until_all", "
 
 
 def _valued(raw: dict[str, Any]) -> set[str]:
+    """Buffers with a value, and those another buffer is compared with (``same_values``)."""
     given = raw.get("expected")
     expected: dict[str, Any] = given if isinstance(given, dict) else {}
-    return {str(n) for n, v in expected.items() if v != "unspecified"}
+    return {str(n) for n, v in expected.items() if v != "unspecified"} | {
+        str(v["same_values"]) for v in expected.values()
+        if isinstance(v, dict) and "same_values" in v}
 
 
 def _same_bits(raw: dict[str, Any]) -> set[str]:

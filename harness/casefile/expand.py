@@ -22,7 +22,7 @@ from ..model import (
     Tolerance,
 )
 from ..ordering.plan import plan_instances
-from . import caseenv, coverage, deaths, lifecycle, numerics, opargs, scramble, stepkinds
+from . import caseenv, coverage, deaths, lifecycle, numerics, opargs, scramble, stepkinds, tables
 from . import groups as named_groups
 from . import overrides as case_overrides
 from .bounds import check_instance
@@ -175,7 +175,8 @@ class _Expander:
         raw, case = self.raw, self.case
         overrides, unchecked = self.per_case()
         ws: int = point["world_size"]
-        params = {k.split(".", 1)[1]: v for k, v in point.items() if k.startswith("params.")}
+        params = {**tables.as_env(case),
+                  **{k.split(".", 1)[1]: v for k, v in point.items() if k.startswith("params.")}}
         env = {"world_size": ws, **params}
         device = point["device"]
         if device == "default":

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import CaseFileErrors, ExprError, quote
 from ..expr import FUNCTIONS, parse
-from ..model import Case, Fill
+from ..model import Case, Fill, Tolerance
 
 KEYWORDS = ("poison", "zeros", "unspecified", "unchanged", "auto")
 BASE_NAMES = ("rank", "world_size")
@@ -38,7 +38,8 @@ def suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
 
 def expr_names(case: Case) -> tuple[str, ...]:
     """Names an expression in this case may use."""
-    return (*BASE_NAMES, *case.raw.get("params", {}).keys())
+    return (*BASE_NAMES, *case.raw.get("params", {}).keys(),
+            *(case.raw.get("tables") or {}).keys())
 
 
 def check_expr(case: Case, path: Path, source: str, extra: tuple[str, ...] = ()) -> None:
@@ -54,6 +55,10 @@ def check_fill(case: Case, path: Path, value: Any, expected: bool, depth: int = 
     if value is None:
         raise CaseFileErrors([case.error(path, "null is not a tensor value",
                                          "give a number, a list, an expression or a keyword")])
+    if isinstance(value, dict) and "same_values" in value:
+        raise CaseFileErrors([case.error(path, "same_values compares two buffers of a program",
+                                         "give it under a program's expected: for one buffer, "
+                                         "e.g. expected: {hier: {same_values: flat}}")])
     if isinstance(value, dict) and "generator" not in value:
         if depth > 0:
             raise CaseFileErrors([case.error(path, "a per-rank value cannot be another map",
@@ -81,6 +86,11 @@ def parse_fill(case: Case, raw: Any) -> Fill:
 
     Object buffers take :func:`harness.casefile.opargs.parse_object_fill` instead.
     """
+    if isinstance(raw, dict) and "same_values" in raw:
+        given = any(k in raw for k in ("atol", "rtol", "ulp"))
+        tol = Tolerance(atol=float(raw.get("atol", 0)), rtol=float(raw.get("rtol", 0)),
+                        ulp=float(raw.get("ulp", 0))) if given else None
+        return Fill("same_values", (str(raw["same_values"]), tol))
     if isinstance(raw, dict) and "generator" in raw:
         params = {k: v for k, v in raw.items() if k != "generator"}
         return Fill("generator", (raw["generator"], tuple(sorted(params.items()))))

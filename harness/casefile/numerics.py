@@ -111,6 +111,31 @@ def _check_same_bits(case: Case) -> list[CaseFileError]:
     return errs
 
 
+def check_same_values(case: Case, path: tuple[Any, ...], name: str, fill: dict[str, Any],
+                      tensors: dict[str, Any], object_tensors: set[str]
+                      ) -> list[CaseFileError]:
+    """``expected: {NAME: {same_values: OTHER, atol, rtol, ulp}}``: OTHER is another tensor
+    (not an object buffer) of the program, and the tolerance is finite."""
+    other = fill["same_values"]
+    if name in object_tensors:
+        return [case.error(path, f"same_values compares tensors; {name!r} is an object buffer",
+                           "compare object buffers with their values")]
+    if other not in tensors:
+        return [case.error((*path, "same_values"), f"same_values names {other!r}, which is not "
+                           "a tensor of the program", "use a name from tensors: ("
+                           + ", ".join(map(str, tensors)) + ")")]
+    if other == name or other in object_tensors:
+        why = "the buffer itself" if other == name else "an object buffer"
+        return [case.error((*path, "same_values"), f"same_values names {other!r}, {why}",
+                           "name another tensor of the program")]
+    for key in ("atol", "rtol", "ulp"):
+        value = fill.get(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            return [case.error((*path, key), f"{key} must be a finite number >= 0, got "
+                               f"{value!r}", "leave the key out for no tolerance of that kind")]
+    return []
+
+
 def _check_size(case: Case, op: ops.Op | None) -> list[CaseFileError]:
     """``size_invariant: M`` compares leading elements of two runs of different sizes: an
     elementwise reduction whose inputs come from a generator (generators give the same

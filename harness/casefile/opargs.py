@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import CaseFileError, CaseFileErrors, ExprError, quote
 from ..expr import parse
 from ..model import Case, Fill
-from .fields import KEYWORDS
+from .fields import KEYWORDS, expr_names
 
 SPLIT_NAMES = ("src", "dst")
 Path = tuple[Any, ...]
@@ -66,7 +66,7 @@ def check_object_fill(case: Case, path: Path, value: Any, expected: bool) -> Non
 
 
 def _names(case: Case) -> tuple[str, ...]:
-    return ("rank", "world_size", *case.raw.get("params", {}).keys())
+    return expr_names(case)
 
 
 def check_splits(case: Case, path: Path, value: Any) -> None:

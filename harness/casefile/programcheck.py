@@ -13,7 +13,7 @@ from typing import Any
 from .. import ops
 from ..errors import CaseFileError, CaseFileErrors
 from ..model import Case
-from . import entries, lifecycle, opargs, repeat, returns, stepkinds
+from . import entries, lifecycle, numerics, opargs, repeat, returns, stepkinds
 from .fields import check_expr, check_fill, suggest
 from .load import Path
 from .stepkinds import work_state
@@ -88,6 +88,10 @@ def check_steps(case: Case) -> None:
             if tname not in tensors:
                 errs.append(case.error((*epath, tname), f"unknown tensor {tname!r}",
                                        suggest(str(tname), tuple(tensors))))
+                continue
+            if isinstance(fill, dict) and "same_values" in fill:
+                errs.extend(numerics.check_same_values(case, (*epath, tname), tname, fill,
+                                                       tensors, object_tensors))
                 continue
             try:
                 (opargs.check_object_fill if tname in object_tensors else check_fill)(

@@ -13,7 +13,7 @@ from typing import Any
 from .. import dtypes
 from ..expr import Expr, parse
 from ..model import Fill, Step, TensorSpec
-from . import deaths, opargs, stepkinds
+from . import deaths, opargs, p2pmatch, stepkinds
 from . import entries as list_entries
 from . import sparse as sparse_layout
 from .evaluate import CaseEval, buffer_fill
@@ -57,8 +57,10 @@ class ProgramBuilder(CaseEval):
                                           self.case, ("tensors", name) if "sparse" in spec
                                           else (), spec if "sparse" in spec else raw, layout,
                                           list(rank_shapes or (shape,)))))
-        steps = deaths.with_survivors(tuple(self._step(s, ("steps", idx), point, env)
-                                            for idx, s in enumerate(raw["steps"])), ws, env)
+        built = tuple(self._step(s, ("steps", idx), point, env)
+                      for idx, s in enumerate(raw["steps"]))
+        p2pmatch.check(self.case, built, ws, env)
+        steps = deaths.with_survivors(built, ws, env)
         self._check_futures(steps)
         dead = frozenset(r for r, _, _ in deaths.plan(self.case, steps, ws, env))
         expected: list[tuple[str, Fill]] = []

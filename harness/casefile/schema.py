@@ -124,6 +124,19 @@ def _short(value: Any) -> str:
     return quote(value, 60)
 
 
+def _deeper(err: jsonschema.ValidationError) -> jsonschema.ValidationError:
+    """The failure inside a value when only the branch of an ``anyOf`` that fits the map got
+    that far (an unknown key in a program's ``expected: {t: {...}}``): said at that key, not
+    "does not fit here" at the map."""
+    while err.validator in ("anyOf", "oneOf") and err.context:
+        deeper = [e for e in err.context if len(e.absolute_path) > len(err.absolute_path)
+                  and e.validator not in ("type", "const")]
+        if not deeper:
+            break
+        err = max(deeper, key=lambda e: len(e.absolute_path))
+    return err
+
+
 def schema_problems(doc: Document) -> list[tuple[CaseFileError, tuple[Any, ...], bool]]:
     """Schema violations with the raw document path each was found at, and whether it is an
     unknown key (which the rest of the checks can simply leave out)."""
@@ -131,12 +144,13 @@ def schema_problems(doc: Document) -> list[tuple[CaseFileError, tuple[Any, ...],
     data = _jsonable(doc.data)
     if _check()(data):  # the fast check's yes is final; a no is worded by jsonschema
         return found
-    for err in _validator().iter_errors(data):
+    for err in map(_deeper, _validator().iter_errors(data)):
         path = _doc_path(doc, tuple(err.absolute_path))
         if err.validator == "additionalProperties":
             # One error per unknown key, each at its own line (jsonschema reports them as one).
             props = err.schema.get("properties", {}) if isinstance(err.schema, dict) else {}
-            for extra in [k for k in err.instance if k not in props]:
+            instance: Any = err.instance
+            for extra in [k for k in instance if k not in props]:
                 message, hint = unknown_key(extra, sorted(props))
                 key_path = (*path, int(extra) if (*path, extra) not in doc.positions
                             and str(extra).isdigit() else extra)

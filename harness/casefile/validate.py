@@ -23,6 +23,7 @@ from . import (
     pgargs,
     programcheck,
     sparse,
+    tables,
 )
 from .fields import KEYWORDS, RESERVED_NAMES, as_list, check_expr, check_fill, suggest
 from .load import Document, Path
@@ -105,6 +106,7 @@ def check_case(case: Case) -> None:
             errs.append(case.doc.error(full, f"params: {name!r} is a name the harness itself "
                                        "gives expressions (" + ", ".join(RESERVED_NAMES) + ")",
                                        "rename the parameter", at_key=True))
+    errs.extend(tables.check(case))
     has_op, has_steps = "op" in raw, "steps" in raw
     if has_op == has_steps:
         errs.append(case.error(("name",), "a case needs exactly one of 'op' (one collective) "

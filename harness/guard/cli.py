@@ -100,7 +100,7 @@ def _with_kernel(settings: Settings) -> Settings:
     where it cannot be built the ranks use the Python kernel, and this says so once."""
     from harness.record import native  # imports torch: only for a launch
     try:
-        native.load()
+        native.load_announced("collective-guard")
     except native.NativeUnavailable as exc:
         print(f"collective-guard: the C++ kernel cannot be built ({exc}); the ranks use the "
               "Python kernel, which makes every checked-kind call slower", file=sys.stderr)

@@ -131,6 +131,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             inst = item.instance
             if hs.world_sizes is not None and inst.world_size not in hs.world_sizes:
                 dropped.append(item)
+                hs.deselected_world_size += 1
                 continue
             if "full" in inst.marks and not hs.full:
                 dropped.append(item)
@@ -138,6 +139,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 continue
             if "perf" in inst.marks and not harness_session(config).settings.perf.enabled:
                 dropped.append(item)
+                hs.deselected_perf += 1
                 continue
         keep.append(item)
     if dropped:
@@ -153,7 +155,9 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
     # -k, -m, --world-size, --full: a selection, recorded as such, not incompleteness.
     config = CONFIG.get("config")
     if config is not None:
-        harness_session(config).deselected += sum(isinstance(i, CaseItem) for i in items)
+        hs = harness_session(config)
+        hs.deselected += sum(isinstance(i, CaseItem) for i in items)
+        hs.deselected_items += len(items)  # what pytest's own "N deselected" counts
 
 
 @pytest.hookimpl(trylast=True)

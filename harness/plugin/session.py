@@ -231,7 +231,9 @@ def session_info(session: pytest.Session, hs: HarnessSession, exitstatus: int
     bad_records = sum(r["outcome"] in BAD_OUTCOMES for r in hs.records)
     opt = session.config.option
     chosen = {**selection(session.config, hs), "deselected": hs.deselected,
-              "deselected_full": hs.deselected_full,
+              "deselected_full": hs.deselected_full, "deselected_perf": hs.deselected_perf,
+              "deselected_world_size": hs.deselected_world_size,
+              "deselected_items": hs.deselected_items,
               "last_failed": bool(getattr(opt, "lf", False)),
               "node_ids": any("::" in str(a) for a in session.config.args)}
     return {
@@ -312,11 +314,18 @@ def junit_path(config: pytest.Config) -> str:
 
 
 def report_paths(config: pytest.Config) -> list[str]:
-    """The JSON, Markdown and HTML report paths of this session."""
-    root = config.rootpath
-    return [str(root / (config.getoption(f"collective_report_{kind}")
-                        or str(config.getini(f"collective_report_{kind}"))))
-            for kind in ("json", "md", "html")]
+    """The JSON, Markdown and HTML report paths of this session. A relative path given on the
+    command line is relative to the current folder (as ``--junitxml`` is); one from the ini
+    file, or the default, to the ini file's folder (the project's root), and to the current
+    folder where there is no ini file: pytest's rootdir is then the common folder of the paths
+    it was given, and cases named from elsewhere would write their reports beside them."""
+    here = config.invocation_params.dir
+    out = []
+    for kind in ("json", "md", "html"):
+        given = config.getoption(f"collective_report_{kind}")
+        base = here if given or config.inipath is None else config.rootpath
+        out.append(str(base / (given or str(config.getini(f"collective_report_{kind}")))))
+    return out
 
 
 def check_report_paths(config: pytest.Config) -> None:

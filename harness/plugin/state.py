@@ -93,6 +93,9 @@ class HarnessSession:
         self.collected: set[str] = set()
         self.deselected = 0
         self.deselected_full = 0  # of which: marked 'full' and left out without --full
+        self.deselected_perf = 0  # marked 'perf' (bandwidth) and left out without --perf
+        self.deselected_world_size = 0  # at a world size --world-size does not name
+        self.deselected_items = 0  # every item deselected, cases or not (pytest's count)
         self.ended_by = ""  # set when pytest is interrupted or fails internally
         self.close_failure = ""  # what went wrong stopping the ranks at the end (close())
         # The report paths were replaced by an INCOMPLETE report when the first case file was

@@ -13,6 +13,30 @@ from ..report.headline import NOTHING_RAN
 from .state import GATE_KEY, INFO_KEY, RECORD_ATTR, VERDICT_KEY, WRITTEN_KEY, harness_session
 
 
+def deselected_line(selection: dict[str, Any]) -> str:
+    """What pytest's "N deselected" is made of, where the harness left instances out by itself
+    (the long matrix, bandwidth cases, ``--world-size``): pytest counts them together with what
+    ``-k``/``-m``/``--deselect`` left out, and a count of the long matrix alone would not add
+    up to its number. "" when the harness left nothing out."""
+    full = int(selection.get("deselected_full", 0))
+    parts = [f"{full:,} instance(s) of the long matrix (marked 'full'; add --full to run them)"
+             ] if full else []
+    perf = int(selection.get("deselected_perf", 0))
+    if perf:
+        parts.append(f"{perf:,} bandwidth instance(s) (marked 'perf'; they run under --perf)")
+    world = int(selection.get("deselected_world_size", 0))
+    if world:
+        parts.append(f"{world:,} instance(s) at world sizes --world-size does not name")
+    if not parts:
+        return ""
+    total = int(selection.get("deselected_items", 0))
+    rest = total - full - perf - world
+    if rest > 0:
+        parts.append(f"{rest:,} by -k, -m, --deselect or another plugin")
+    total = max(total, full + perf + world)
+    return f"collective-harness: {total:,} deselected: " + "; ".join(parts)
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
                             config: pytest.Config) -> None:
     hs = harness_session(config)
@@ -37,11 +61,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
             why = json.loads(text).get("reason", "") if text else ""
             terminalreporter.write_line(f"LIMITATION {rep.nodeid} - {why}")
     info = config.stash.get(INFO_KEY, None)
-    left_out = (info or {}).get("selection", {}).get("deselected_full", 0)
+    left_out = deselected_line((info or {}).get("selection", {}))
     if left_out:
-        terminalreporter.write_line(
-            f"collective-harness: {left_out:,} instance(s) of the long matrix (marked 'full') "
-            "were not run; add --full to run them")
+        terminalreporter.write_line(left_out)
     if info is not None and not info["complete"]:
         terminalreporter.write_line(
             f"collective-harness: INCOMPLETE: {info['without_result']} of {info['collected']} "

@@ -725,6 +725,9 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
             exp = before[spec.name]
         elif fill.kind == "unspecified":
             exp = None
+        elif fill.kind == "same_values":
+            other = fill.data[0]  # its own tolerance is applied below
+            exp, how = bufs[other], f"same values as {other!r}"
         elif spec.dtype == "object":
             exp = _materialize(inst, spec, renv.rank, renv.world_size, env, fill)
             how = "explicit" if fill.kind == "list" else fill.kind
@@ -746,6 +749,8 @@ def check_results(inst: Instance, renv: RankEnv, env: dict[str, Any], bufs: dict
             checks.append(objects.compare(spec.name, got, exp, how))
         else:
             tol = inst.tolerance
+            if fill.kind == "same_values" and fill.data[1] is not None:
+                tol = fill.data[1]  # the comparison's own tolerance wins over the case's
             bound, tol_text = None, ""
             if tol is not None and tol.auto:
                 tol, bound, tol_text = _auto_tolerance(inst, renv, env, how, got.dtype)

@@ -71,11 +71,37 @@ def tensor_meta(t: Any) -> tuple[Any, ...]:
     return (tuple(t.shape), None, contiguous, t.dtype, t.device, layout)
 
 
+class OwnWorld(tuple):  # type: ignore[type-arg]
+    """The ranks of a group made by ``new_group`` whose members are the whole world: a group
+    of its own, which a backend may treat otherwise than the default group (its own
+    communicator, its own sequence numbers), so the case keeps it apart. Never equal to the
+    default group's ranks: the calls' JSON is cached by their captured arguments."""
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is OwnWorld and tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash((OwnWorld, tuple(self)))
+
+
 def _group_ranks(name: str, pg: Any) -> tuple[int, ...]:
     got = _GROUPS.get(name)
     if got is None:
-        got = _GROUPS[name] = tuple(dist.get_process_group_ranks(pg))
+        got = tuple(dist.get_process_group_ranks(pg))
+        if got == tuple(range(dist.get_world_size())) and name != _default_name():
+            got = OwnWorld(got)
+        _GROUPS[name] = got
     return got
+
+
+def _default_name() -> str:
+    try:
+        return str(dist.distributed_c10d._get_default_group().group_name)
+    except (RuntimeError, ValueError, AttributeError):  # no default group: none is it
+        return ""
 
 
 def capture_group(value: Any) -> Captured:
@@ -237,6 +263,8 @@ def _call_dict(op: str, args: tuple[tuple[str, Captured], ...], api: str | None
     for name, (tag, payload) in args:
         if tag == GROUP:
             call["group"] = list(payload)
+            if isinstance(payload, OwnWorld):
+                call["own_group"] = True
         elif tag == REDUCE:
             call["reduce_op"] = (payload if isinstance(payload, str)
                                  else _REDUCE.get(payload, str(payload)))

@@ -98,7 +98,9 @@ def _input(c: Call) -> dict[str, Any]:
 def _collective_cases(calls: list[Call], world: int, used: set[str]) -> list[dict[str, Any]]:
     groups: dict[tuple[Any, ...], list[Call]] = defaultdict(list)
     for c in calls:
-        key = (c.op, c.group, c.dtype, c.reduce_op, c.root, c.async_op, c.layout, c.form,
+        # a group of the world's ranks that new_group made is kept apart from the default one
+        group = c.group if c.own_group or list(c.group) != list(range(world)) else ()
+        key = (c.op, group, c.dtype, c.reduce_op, c.root, c.async_op, c.layout, c.form,
                c.device)
         groups[key].append(c)
     out = []
@@ -108,7 +110,7 @@ def _collective_cases(calls: list[Call], world: int, used: set[str]) -> list[dic
         case: dict[str, Any] = {
             "name": unique_name([op, dtype if op not in {"barrier", "monitored_barrier"} else "",
                            reduce_op or "", f"g{'_'.join(map(str, group))}"
-                           if group and list(group) != list(range(world)) else "",
+                           if group else "",
                            "async" if async_op else ""], used),
             "description": (f"Recorded: {op} issued {calls_in(cs)} time(s) by "
                             f"{ranks_text([c.rank for c in cs])} at {sites_text(cs)}."
@@ -129,7 +131,7 @@ def _collective_cases(calls: list[Call], world: int, used: set[str]) -> list[dic
         if device == "cuda":
             case["device"] = "cuda"
         args: dict[str, Any] = {}
-        if group and list(group) != list(range(world)):
+        if group:
             args["group"] = list(group)
         if root is not None:
             args["src" if op in {"broadcast", "scatter"} else "dst"] = root

@@ -85,7 +85,7 @@ def _hook(choice: str) -> str:
         return "python"
     from harness.record import native  # imports torch: only for a launch
     try:
-        native.load()
+        native.load_announced("collective-record")
     except native.NativeUnavailable as exc:
         if choice == "native":
             raise RecordError(f"--hook native: the C++ kernel cannot be built: {exc}") from None

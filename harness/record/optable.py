@@ -41,6 +41,9 @@ class Call:
     waits: tuple[tuple[str, int], ...] = ()
     count: int = 1  # identical calls it stands for (the trace counted the repeats)
     ordered: bool = True  # within the part of the trace kept in issue order
+    # a group new_group made with every rank of the world: not the default group, though its
+    # members are the same (a backend may treat it otherwise), so it is replayed as a group
+    own_group: bool = False
 
 
 class UnknownOp(Exception):
@@ -91,7 +94,8 @@ def _base(rec: dict[str, Any], rank: int, t: dict[str, Any], op: str, **kw: Any)
     return Call(op=op, rank=rank, group=group, shape=tuple(t["shape"]), dtype=t["dtype"],
                 device=t["device"], layout="contiguous" if t.get("contiguous", True)
                 else "strided", reduce_op=rec.get("reduce_op"), async_op=bool(async_op),
-                site=rec["site"], api=api, seq=rec["seq"], **kw)
+                site=rec["site"], api=api, seq=rec["seq"],
+                own_group=rec.get("own_group") is True, **kw)
 
 
 Reader = Callable[[dict[str, Any], int, str], list[Call]]

@@ -51,9 +51,9 @@ class Event:
 
 
 def _sig(call: Call) -> tuple[Any, ...]:
-    return (call.op, call.group, call.shape, call.dtype, call.device, call.layout,
-            call.reduce_op, call.root, call.peer, call.tag, call.async_op, call.form,
-            call.splits)
+    return (call.op, call.group, call.own_group, call.shape, call.dtype, call.device,
+            call.layout, call.reduce_op, call.root, call.peer, call.tag, call.async_op,
+            call.form, call.splits)
 
 
 def rank_events(calls: list[Call], waits: dict[int, list[tuple[int, int]]]
@@ -258,7 +258,7 @@ def _op_step(c: Call, n: int, world: int, tensors: dict[str, Any],
                 expected[name] = exp
             elif per:
                 expected[name] = {**per, "others": "unspecified"}
-    if c.group and not _world(c.group, world):
+    if c.group and (c.own_group or not _world(c.group, world)):
         step["group"] = list(c.group)
     if c.root is not None:
         step["src" if c.op in {"broadcast", "scatter"} else "dst"] = c.root

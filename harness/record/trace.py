@@ -83,6 +83,8 @@ def _check_call(path: Path, n: int, call: Any) -> None:
     if group is not None and not (isinstance(group, list)
                                   and all(type(r) is int and r >= 0 for r in group)):
         raise TraceError(f"{path}: record {n}: 'group' must be a list of ranks")
+    if call.get("own_group", False) is not True and "own_group" in call:
+        raise TraceError(f"{path}: record {n}: 'own_group' is true or absent")
 
 
 def tally_path(trace: Path) -> Path:

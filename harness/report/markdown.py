@@ -94,27 +94,40 @@ def session_notice(report: dict[str, Any]) -> list[str]:
 
 
 def not_applied_notice(report: dict[str, Any]) -> list[str]:
-    """Overrides that did not apply because of their torch/backend scope (after the verdict:
-    a long list must not push the verdict down the page)."""
+    """Overrides that did not apply because of their torch/backend scope: a count, and the
+    ones that bear on this run listed (after the verdict: a long list must not push it down
+    the page). One bears on the run where an instance it would have covered did not do what
+    was expected: judged without the override, a divergence it documents elsewhere can be
+    this failure. The others (the library's overrides for other torch versions and backends,
+    usually dozens) are in the JSON and HTML reports."""
     out: list[str] = []
     scoped = report.get("summary", {}).get("overrides_not_applied") or []
-    if scoped:
-        parts = []
-        for scope, label in (("torch", "the torch version"), ("nccl", "the NCCL version"),
-                             ("backend", "the backend")):
-            these = [o for o in scoped if o["scope"] == scope]
-            if these:
-                parts.append(f"{len(these)} because of {label} ("
-                             f"{sum(o['instances'] for o in these)} instance(s))")
-        torch_note = (" Instances whose override is scoped to another torch version are judged "
-                      "without it: a documented divergence can show up as a failure."
-                      if any(o["scope"] in ("torch", "nccl") for o in scoped) else "")
-        out.append("> **Overrides not applied** because of their scope: " + "; ".join(parts)
-                   + "." + torch_note)
-        out.append("")
-        out.append("<details><summary>Which overrides and cases</summary>")
-        out.append("")
-        for o in sorted(scoped, key=lambda o: (o["scope"] != "torch", o["file"], o["line"])):
+    if not scoped:
+        return out
+    parts = []
+    for scope, label in (("torch", "the torch version"), ("nccl", "the NCCL version"),
+                         ("backend", "the backend")):
+        these = [o for o in scoped if o["scope"] == scope]
+        if these:
+            parts.append(f"{len(these)} because of {label} ("
+                         f"{sum(o['instances'] for o in these)} instance(s))")
+    bearing = {(r.get("file"), o.get("line"), o.get("scope"))
+               for r in report.get("records", ()) if r.get("outcome") in UNEXPECTED_OUTCOMES
+               for o in r.get("overrides_not_applied", ())}
+    shown = [o for o in scoped if (o["file"], o["line"], o["scope"]) in bearing]
+    torch_note = (" Instances whose override is scoped to another torch version are judged "
+                  "without it: a documented divergence can show up as a failure."
+                  if any(o["scope"] in ("torch", "nccl") for o in scoped) else "")
+    rest = len(scoped) - len(shown)
+    where = ("" if not rest else f" {'The' if not shown else 'The other'} {rest} cover no "
+             "instance with an unexpected outcome here: listed in the JSON report "
+             "(`summary.overrides_not_applied`) and the HTML report.")
+    out += ["> **Overrides not applied** because of their scope: " + "; ".join(parts) + "."
+            + torch_note + where, ""]
+    if shown:
+        out += [f"<details><summary>The {len(shown)} that cover an instance with an "
+                "unexpected outcome here</summary>", ""]
+        for o in sorted(shown, key=lambda o: (o["scope"] != "torch", o["file"], o["line"])):
             cases = ", ".join(f"`{c}`" for c in o["cases"][:20])
             more = f" and {len(o['cases']) - 20} more" if len(o["cases"]) > 20 else ""
             out.append(f"- `{o['file']}:{o['line']}` ({o['when']}; {o['instances']} "

@@ -6,7 +6,7 @@ from ..casefile import patterns
 from ..errors import trim_traceback
 from ..model import BAD_OUTCOMES, Instance, InstanceResult, Outcome, PoolRun, RankResult, RankState
 from ..ordering import verdicts as ordering
-from . import deaths, evidence, numerics
+from . import deaths, evidence, numerics, p2pwait
 from . import steps as stepverdicts
 
 MAX_TB_LINES = 25
@@ -60,8 +60,9 @@ def where_rank_was(st: RankState) -> str:
     return f"while {st.step_desc}" if st.step_desc else ""
 
 
-def describe_state(st: RankState, results: dict[int, RankResult]) -> str:
-    """One block per rank for hang/crash/fail-fast reports."""
+def describe_state(st: RankState, results: dict[int, RankResult], waits: str = "") -> str:
+    """One block per rank for hang/crash/fail-fast reports (``waits``: whom a blocked rank
+    waits for, :func:`harness.verdict.p2pwait.waiting`)."""
     if st.state == "finished":
         return f"  rank {st.rank}: finished"
     if st.state == "raised":
@@ -73,7 +74,8 @@ def describe_state(st: RankState, results: dict[int, RankResult]) -> str:
         if st.stderr_tail:
             text += "\n    last output:\n" + _indent(st.stderr_tail)
         return text
-    text = f"  rank {st.rank}: BLOCKED {where_rank_was(st)}".rstrip()
+    text = f"  rank {st.rank}: BLOCKED {where_rank_was(st)}".rstrip() + (
+        f"; {waits}" if waits else "")
     if st.stack:
         text += "\n    Python stack:\n" + _indent(st.stack)
     if st.flight_recorder:
@@ -224,7 +226,8 @@ def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
     exp = inst.expectation
     ranks = [run.results[r] for r in sorted(run.results)]
     where = inst.where()
-    states_text = "\n".join(describe_state(s, run.results) for s in run.states)
+    states_text = "\n".join(describe_state(s, run.results, p2pwait.waiting(inst, s, run.states))
+                            for s in run.states)
     if run.kind == "crash":
         died = [s for s in run.states if s.state == "died"]
         if exp.kind == "crashes":
@@ -247,8 +250,11 @@ def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
                              f"{inst.steps[s].raises_within:g} s" for r, s, t in run.overdue)
             where = inst.where(_step_line(inst, run.overdue[0][1]))
             return InstanceResult("hang", f"{where}: {late}\n{states_text}", ranks, run.states)
-        return InstanceResult("hang", f"{where}: no result after the {deadline_s:g} s deadline;"
-                              f" rank(s) {blocked} blocked\n{states_text}", ranks, run.states)
+        line, waits = p2pwait.first_waiting(inst, run.states)
+        return InstanceResult("hang", f"{inst.where(line)}: no result after the {deadline_s:g} s "
+                              f"deadline; rank(s) {blocked} blocked"
+                              + (f"; {waits}" if waits else "") + f"\n{states_text}",
+                              ranks, run.states)
     raised = _raised(run.results)
     if exp.kind == "raises":
         return _check_raises(inst, raised, ranks, run)

@@ -8,8 +8,9 @@ same facts from the dispatcher's stack in C++ and queues them; the flusher threa
 queue into the Python kernel's records (:func:`records`), so the trace is the same.
 
 It needs a C++ compiler and torch's headers (both come with a usual torch install plus
-``g++``); ``collective-record`` builds it before starting the program (about 25 s the first
-time, then cached under ``TORCH_EXTENSIONS_DIR``), and the ranks load the built module. Where it
+``g++``); ``collective-record`` builds it before starting the program (about 30 s the first
+time on an idle machine, minutes on a busy one, announced on stderr; then cached under
+``TORCH_EXTENSIONS_DIR``), and the ranks load the built module. Where it
 cannot be built, recording uses the Python kernel and says so. The ``_c10d_functional::`` ops
 (DTensor, FSDP2) stay on the Python kernel either way: matching their ``wait_tensor`` needs the
 Python tensor objects.
@@ -21,6 +22,7 @@ import hashlib
 import logging
 import os
 import shutil
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -66,6 +68,40 @@ def load(verbose: bool = False) -> Any:
         log.setLevel(level)
     _MODULE.append(mod)
     return mod
+
+
+def build_folder() -> Path | None:
+    """Where torch's builder keeps this kernel (under ``TORCH_EXTENSIONS_DIR`` or torch's
+    default cache), or None where this torch does not say."""
+    from torch.utils import cpp_extension
+    where = getattr(cpp_extension, "_get_build_directory", None)
+    if where is None:
+        return None
+    try:
+        return Path(where(NAME, False))
+    except Exception:  # an unwritable cache folder: the build itself will say why
+        return None
+
+
+def is_built() -> bool:
+    """Whether the kernel is built and cached already, so that :func:`load` only loads it."""
+    if _MODULE:
+        return True
+    folder = build_folder()
+    return folder is not None and (folder / f"{NAME}.so").exists()
+
+
+def load_announced(prog: str) -> Any:
+    """:func:`load`, saying first on stderr that the kernel is being built where it is not
+    cached yet: the build takes from half a minute to minutes with nothing else printed, which
+    reads as a hang the first time."""
+    if not is_built():
+        folder = build_folder()
+        where = f" under {folder.parent}" if folder is not None else ""
+        print(f"{prog}: building the C++ recording kernel (once: about 30 s on an idle machine, "
+              f"minutes on a busy one; cached{where} for later runs)...", file=sys.stderr,
+              flush=True)
+    return load()
 
 
 def _ninja_on_path() -> None:
