@@ -35,6 +35,7 @@ from typing import Any
 from .. import ops
 from ..model import Instance, PoolRun, RankState, flat_steps, phase
 from . import ranklog, stranded
+from .children import ForkserverContext
 from .overdue import POLL_S, Overdue
 from .rank import STACK_SIGNAL, RankConfig, decode, encode, rank_main
 
@@ -106,7 +107,7 @@ def forkserver_context() -> Any:
     global _ctx
     with _ctx_lock:
         if _ctx is None:
-            ctx = multiprocessing.get_context("forkserver")
+            ctx = ForkserverContext()  # exit statuses safe to read from any thread
             ctx.set_forkserver_preload(["torch", "torch.distributed", "harness.program.interpreter",
                                         "harness.ordering.probes", *_extra_preload])
             _ctx = ctx
