@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing.connection
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from harness.casefile import expand, validate
 from harness.casefile import load as yamlload
 from harness.model import Instance
+from harness.run.forkserver import start_child
 from harness.run.pool import PoolKey, PoolManager
 
 from .helpers import finish, load_report, pytest_argv, rank_pids, start, wait_for
@@ -162,6 +164,31 @@ def test_failures_are_diagnosed_per_rank_and_do_not_leak(pytester: pytest.Pytest
             ("many_passing", "after_everything")} == {"passed"}
     res.stdout.fnmatch_lines(["*[[]HANG[]] mixed.yaml:*hangs_unexpectedly*no result after the "
                               "1 s deadline; rank(s) [[]1[]] blocked*"])
+
+
+def test_threads_reading_a_dead_processs_exit_status_at_once_all_get_it() -> None:
+    """The forkserver sends a child's exit status once, on a pipe; multiprocessing read it
+    without a lock, so a second reader at the same moment met the pipe's end and recorded 255.
+    In a run, the reader beside the pool's diagnosis is a run-ahead thread starting a process
+    (which polls every child): a rank's ``exit: 7`` was once reported as exit code 255. Eight
+    threads read at once, twenty times (with the unlocked reading most rounds lost one)."""
+    for _ in range(20):
+        proc = start_child(os._exit, (7,))
+        multiprocessing.connection.wait([proc.sentinel])  # exited, its status on the pipe
+        together = threading.Barrier(8)
+        got: list[int | None] = []
+        threads = [threading.Thread(target=_read_exitcode, args=(proc, together, got))
+                   for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == [7] * 8 and proc.exitcode == 7
+
+
+def _read_exitcode(proc: Any, together: threading.Barrier, got: list[int | None]) -> None:
+    together.wait()
+    got.append(proc.exitcode)
 
 
 def start_hanging_session(tmp_path: Path, marker: str, *extra: str) -> subprocess.Popen[str]:

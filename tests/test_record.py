@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -343,6 +344,36 @@ def test_the_cpp_and_python_kernels_write_the_same_trace(tmp_path: Path, program
                      (out / "out.yaml").read_text().split("\n", 1)[1])
     assert got["native"] == got["python"]
     assert got["native"][0] and all(calls for _, calls, _, _ in got["native"][0])
+
+
+LOAD_KERNEL = """
+from harness.record import native
+print(native.__file__)
+print(native.load().__file__)
+"""
+
+
+def test_a_second_checkout_of_the_same_sources_finds_the_kernel_built(tmp_path: Path) -> None:
+    """Two checkouts (or an install, as gpu-check's dry run makes) of the same sources load
+    the one build: the second does not rebuild it (ninja logs each command it runs)."""
+    other = tmp_path / "other"
+    shutil.copytree(REPO / "harness", other / "harness",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+
+    def load(where: Path) -> list[str]:
+        got = subprocess.run([PY, "-c", LOAD_KERNEL], cwd=tmp_path, capture_output=True,
+                             text=True, env={**os.environ, "PYTHONPATH": str(where)},
+                             timeout=600, check=False)
+        assert got.returncode == 0, got.stderr[-2000:]
+        return got.stdout.split()
+
+    source, built = load(REPO)  # builds it if no earlier test has
+    assert source.startswith(str(REPO))
+    log = Path(built).parent / ".ninja_log"
+    before = log.read_text()
+    source, again = load(other)
+    assert source.startswith(str(other)) and again == built
+    assert log.read_text() == before, "the second checkout rebuilt the kernel"
 
 
 def test_without_a_compiler_the_python_kernel_records_and_says_so(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import latepreload
+from .children import ForkserverContext
 
 BASE_PRELOAD = ("torch", "torch.distributed", "harness.program.interpreter",
                 "harness.ordering.probes")
@@ -121,7 +122,7 @@ def preload(modules: Iterator[str] | tuple[str, ...] | list[str]) -> bool:
 
 
 def _context(late: _LateList | None) -> Any:
-    ctx = multiprocessing.get_context("forkserver")
+    ctx = ForkserverContext()  # exit statuses safe to read from any thread (children.py)
     ctx.set_forkserver_preload([*BASE_PRELOAD, *_extra,
                                 *([latepreload.__name__] if late is not None else [])])
     return ctx

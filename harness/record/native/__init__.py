@@ -10,10 +10,11 @@ queue into the Python kernel's records (:func:`records`), so the trace is the sa
 It needs a C++ compiler and torch's headers (both come with a usual torch install plus
 ``g++``); ``collective-record`` builds it before starting the program (about 30 s the first
 time on an idle machine, minutes on a busy one, announced on stderr; then cached under
-``TORCH_EXTENSIONS_DIR``), and the ranks load the built module. Where it
-cannot be built, recording uses the Python kernel and says so. The ``_c10d_functional::`` ops
-(DTensor, FSDP2) stay on the Python kernel either way: matching their ``wait_tensor`` needs the
-Python tensor objects.
+``TORCH_EXTENSIONS_DIR``, from a copy of the sources there so that every checkout of the same
+sources finds the one build), and the ranks load the built module. Where it cannot be built,
+recording uses the Python kernel and says so. The ``_c10d_functional::`` ops (DTensor, FSDP2)
+stay on the Python kernel either way: matching their ``wait_tensor`` needs the Python tensor
+objects.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def load(verbose: bool = False) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            mod = cpp_extension.load(NAME, [str(p) for p in SOURCES], extra_cflags=["-O2"],
+            mod = cpp_extension.load(NAME, _stable_sources(cpp_extension), extra_cflags=["-O2"],
                                      verbose=verbose)
     except Exception as exc:  # a compiler, a header or ninja missing: the reason, one line
         text = " ".join(str(exc).split())
@@ -102,6 +103,33 @@ def load_announced(prog: str) -> Any:
               f"minutes on a busy one; cached{where} for later runs)...", file=sys.stderr,
               flush=True)
     return load()
+
+
+def _stable_sources(cpp_extension: Any) -> list[str]:
+    """The sources, copied once into a folder named by their hash beside the builds.
+
+    Why: torch's builder writes the source paths into its build file, and ninja rebuilds when
+    that file's commands change; checkouts, worktrees and installs of the same sources at
+    different paths (gpu-check's dry run installs the project into a temporary folder) shared
+    one build folder and rebuilt it in turn, two minutes or more on a busy machine. Built from
+    one path, a second checkout finds the build current."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    folder = Path(root) / f"{NAME}-sources"
+    paths: list[str] = []
+    for src in SOURCES:
+        data = src.read_bytes()
+        dest = folder / src.name
+        try:
+            current = dest.read_bytes() == data
+        except OSError:
+            current = False
+        if not current:  # written whole, then renamed: a concurrent build never reads half
+            folder.mkdir(parents=True, exist_ok=True)
+            part = folder / f".{src.name}.{os.getpid()}.part"
+            part.write_bytes(data)
+            os.replace(part, dest)
+        paths.append(str(dest))
+    return paths
 
 
 def _ninja_on_path() -> None:
