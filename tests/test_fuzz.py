@@ -377,3 +377,26 @@ def test_the_reproduction_names_the_backend_module_and_a_raise_its_exception(
                            capture_output=True, text=True, cwd=ROOT, timeout=240, check=False,
                            env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert again.returncode == 1 and raised in again.stdout, again.stdout[-2000:]
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "all_gather_into_tensor"])
+def test_no_offset_is_drawn_where_the_case_file_checks_refuse_it(op: str) -> None:
+    """Issue 43.8: about six documents a minute were "not valid (a fuzzer bug)": an offset
+    drawn for a buffer of fewer elements than the offset (a 1-element, 0-dim or empty one)
+    or together with a layout, both of which the case-file checks refuse. Hypothesis looks
+    for such a document and must find none."""
+    import math
+
+    from hypothesis import HealthCheck, find, settings
+    from hypothesis.errors import NoSuchExample
+
+    from harness.fuzz import space
+
+    def refused(case: dict[str, Any]) -> bool:
+        return "offset" in case and (math.prod(case.get("shape", ())) <= case["offset"]
+                                     or "layout" in case)
+
+    with pytest.raises(NoSuchExample):
+        find(space.shorthand_case(op, 2), refused,
+             settings=settings(max_examples=3000, derandomize=True, database=None,
+                               suppress_health_check=list(HealthCheck)))
