@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.casefile import overrides
-from harness.errors import CaseFileError
+from harness.errors import CaseFileError, CaseFileErrors
 from tests.helpers import case_error
 from tests.helpers import case_instances as instances
 
@@ -130,6 +130,44 @@ def test_an_nccl_scoped_override_applies_only_within_its_nccl_versions() -> None
     [miss] = overrides.not_applied(bf16, "2.13.0", "2.26.2")
     assert (miss["scope"], miss["when"]) == ("nccl", "NCCL >=2.27")
     assert not overrides.not_applied(by_id["nccl-ws2-float32-sum-sync"], "2.13.0", "2.26.2")
+
+
+BY_VALUE = """
+defaults:
+  op: broadcast
+  params: {m: [1]}
+  shape: [2]
+  input: "i"
+  overrides:
+    - when: {backend: gloo, args: {src: "world_size - 1"}}
+      xfail: true
+      reason: the last rank as the root
+    - when: {backend: gloo, args: {src: "m + 1"}, world_size: 3}
+      skip: true
+      reason: a param in the expression
+cases:
+  - name: low
+    world_size: [2, 3]
+    args: {src: [0, 1]}
+  - name: high
+    world_size: 3
+    args: {src: 2}
+"""
+
+
+def test_a_when_expression_of_the_world_size_matches_the_number_it_is_there() -> None:
+    """Issue 43.8: the override matcher compared 'world_size - 1' with the instance's 2 as
+    strings, so an override written for the last rank never applied to a case (or a
+    generated instance) that names it by number."""
+    got = {}
+    for inst in instances(BY_VALUE):
+        exp = overrides.resolve(inst, "2.13.0").expectation
+        got[f"{inst.case}[{inst.id}]"] = (bool(exp.xfail), bool(exp.skip))
+    assert got == {"low[gloo-ws2-float32-sync-src0]": (False, False),
+                   "low[gloo-ws2-float32-sync-src1]": (True, False),
+                   "low[gloo-ws3-float32-sync-src0]": (False, False),
+                   "low[gloo-ws3-float32-sync-src1]": (False, False),
+                   "high[gloo-ws3-float32-sync-src2]": (True, True)}
 
 
 @pytest.mark.parametrize("key", ["torch", "nccl"])
@@ -258,3 +296,40 @@ def test_a_case_reduce_op_no_call_uses_is_an_error_at_its_line() -> None:
             "call: every reducing step names its own reduce_op") in text
     assert "cases/x.yaml:13:16: at cases[1].reduce_op: the case's reduce_op is used by no " \
            "call: no step of this program reduces" in text
+
+
+RAISING_ROOT = """
+cases:
+  - name: r
+    op: gather
+    world_size: [2, 3]
+    args: {dst: [0, "world_size - 1"]}
+    shape: [2]
+    input: "i"
+    raises: {match: "x", ranks: [dst, "world_size - 1"], others: [blocked]}
+"""
+
+
+def test_raising_ranks_may_name_the_root_or_an_expression() -> None:
+    """Issue 43.8: raises ranks were numbers only, so an override for 'the root raises' had
+    to be written once per root and world size, and one missing (a middle root, world size
+    4) left a known behaviour unexplained."""
+    got = {i.id: i.expectation.ranks for i in instances(RAISING_ROOT)}
+    assert got == {"gloo-ws2-float32-sync-dst0": (0, 1),
+                   "gloo-ws2-float32-sync-dstworld_size-1": (1, 1),
+                   "gloo-ws3-float32-sync-dst0": (0, 2),
+                   "gloo-ws3-float32-sync-dstworld_size-1": (2, 2)}
+
+
+@pytest.mark.parametrize(("ranks", "message"), [
+    ('[root]', "cases/x.yaml:9:34: at cases[0].raises.ranks[0]: bad expression 'root': "
+               "unknown name 'root'"),
+    ('["world_size // 0"]', "at cases[0].raises.ranks: bad raises rank: division by zero"),
+    ('["world_size / 2"]', "at cases[0].raises.ranks: bad raises rank: 'world_size / 2' is "
+                           "not a rank here (1.0)"),
+])
+def test_a_bad_raising_rank_is_a_located_error(ranks: str, message: str) -> None:
+    text = RAISING_ROOT.replace("[dst, \"world_size - 1\"]", ranks)
+    with pytest.raises((CaseFileError, CaseFileErrors)) as exc:
+        instances(text)
+    assert message in str(exc.value)

@@ -686,3 +686,45 @@ def test_a_path_that_breaks_during_the_run_loses_no_record(tmp_path: Path) -> No
     assert (folder / "conformance.md").exists() and (folder / "conformance.html").exists()
     assert not list(where.rglob(".tmp-*"))
     shutil.rmtree(folder)
+
+
+GROUP_RAISES = """
+cases:
+  - name: bxor_of_floats_in_a_subgroup
+    op: all_reduce
+    world_size: 3
+    dtype: float32
+    reduce_op: bxor
+    args: {group: [0, 2]}
+    shape: [2]
+    input: "i"
+    raises: "Cannot use ReduceOp.BXOR with non-integral dtype"
+  - name: a_member_that_finishes
+    op: all_reduce
+    world_size: 3
+    dtype: float32
+    args: {group: [0, 2]}
+    shape: [2]
+    input: "i"
+    raises: "never"
+"""
+
+
+def test_raises_in_a_subgroup_is_asked_of_its_members(tmp_path: Path) -> None:
+    """Issue 43.8: 'every rank must raise' in a case whose op runs on a subgroup asked rank 1,
+    which never calls the op, to raise too, and rank 1 ran the reference model (which
+    rejects a bitwise reduction of floats) although its buffers need only come back
+    untouched: the case failed although the backend did what it says, and collective-fuzz
+    reported known Gloo behaviour on subgroups as findings."""
+    where = project(tmp_path, GROUP_RAISES)
+    run(where, "-q")
+    recs = {r["case"]: r for r in report(where)["records"]}
+    ok = recs["bxor_of_floats_in_a_subgroup"]
+    assert ok["outcome"] == "passed", ok["message"]
+    assert "every member of the group [0, 2] raised as expected" in ok["message"]
+    bad = recs["a_member_that_finishes"]
+    assert bad["outcome"] == "failed", bad["message"]
+    assert bad["message"].splitlines()[0].endswith(
+        "expected every member of the group [0, 2] to raise an error matching 'never'")
+    assert "rank 1 finished\n" in bad["message"] + "\n"
+    assert "rank 0 finished  <- expected to raise" in bad["message"]

@@ -19,6 +19,7 @@ from ..model import (
     Case,
     Expectation,
     Instance,
+    Step,
     Tolerance,
 )
 from ..ordering.plan import plan_instances
@@ -138,6 +139,17 @@ class _Expander:
                     if "op" in s and ops.get(s["op"]).reduces]
         return any("reduce_op" not in s for s in reducing)
 
+    def raise_ranks(self, given: Any, env: dict[str, Any], steps: tuple[Step, ...]
+                    ) -> tuple[int, ...] | None:
+        """The case's ``raises: {ranks: [...]}`` at this point (expressions evaluated)."""
+        try:
+            return case_overrides.raise_ranks(given, case_overrides.rank_env(
+                env["world_size"], {k: v for k, v in env.items() if k != "world_size"}, steps))
+        except ExprError as exc:
+            raise self.case.error(("raises", "ranks"), f"bad raises rank: {exc}",
+                                  "give ranks, or expressions over world_size, params and "
+                                  "the op's src or dst") from None
+
     def program_async(self, point: dict[str, Any]) -> str | None:
         """A program's async axis, derived from its op steps at this point: ``async`` (every
         op step is async), ``sync`` (none is) or ``mixed``. None for the ``op:`` form, whose
@@ -200,7 +212,7 @@ class _Expander:
             r = raw["raises"]
             expectation = (Expectation("raises", match=r) if isinstance(r, str) else
                            Expectation("raises", match=r["match"],
-                                       ranks=tuple(r.get("ranks", [])) or None,
+                                       ranks=self.raise_ranks(r.get("ranks"), env, steps),
                                        others=tuple(r.get("others", ("finished", "raised")))))
         elif raw.get("hangs"):
             expectation = Expectation("hangs")

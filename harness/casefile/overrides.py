@@ -4,6 +4,11 @@ Built at expansion (:func:`build`: the ``when:`` conditions, the scope's version
 checked), resolved at run time (setup), when the installed torch version (and the NCCL version
 it was built with, for ``when: {nccl: ...}``) is known; expansion keeps every override on the
 instance so that one case documents how backends and versions differ.
+
+A ``when:`` value may be an expression of the world size and params (``dst: world_size -
+1``): it matches an instance whose axis has that value at its world size, whether the case
+wrote the number or the same expression (:func:`override_applies`), so that the plugin, the
+fuzzer's known behaviour and the certificate match alike.
 """
 
 from __future__ import annotations
@@ -15,10 +20,13 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from .. import dtypes
-from ..errors import quote
+from ..errors import ExprError, quote
 from ..expr import parse
-from ..model import Case, Fill, Instance, Override, Tolerance
+from ..model import Case, Fill, Instance, Override, Step, Tolerance
 from .fields import KEYWORDS, as_list
+
+# Keys whose values are names, never expressions.
+SCOPES = ("backend", "device")
 
 
 def build(case: Case) -> tuple[Override, ...]:
@@ -67,6 +75,60 @@ def inherited(o: Override, inst: Instance, inherits: str) -> bool:
         and inherits in scope
 
 
+def _value_at(value: Any, env: dict[str, Any]) -> Any:
+    """A ``when:`` value or an axis value at the instance: an expression of the world size
+    and params (``dst: world_size - 1``) evaluated there, anything else as written (a name
+    such as ``gloo`` or ``stack`` is not an expression over those names)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return parse(value, tuple(env))(env)
+    except (ExprError, ValueError, TypeError, ArithmeticError):
+        return value
+
+
+def _matches(have: Any, allowed: tuple[Any, ...], env: dict[str, Any]) -> bool:
+    """Whether an instance's axis value is one of a ``when:`` key's values, as written or by
+    value at the instance (a case's ``world_size - 1`` and an override's ``2`` at world size
+    3, or the other way round)."""
+    if have in allowed or (isinstance(have, list) and tuple(have) in allowed):
+        return True
+    value = _value_at(have, env)
+    if not _number(value):
+        return False
+    return any(_number(v) and v == value for v in (_value_at(a, env) for a in allowed))
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+ROOT_NAMES = ("src", "dst")  # what a raises: rank expression may name besides params
+
+
+def rank_env(world_size: int, params: dict[str, Any], steps: tuple[Step, ...]
+             ) -> dict[str, Any]:
+    """What a ``raises: {ranks: [...]}`` expression is evaluated over: the world size, the
+    params and, in the ``op:`` form, its root (``src`` or ``dst``, as global ranks)."""
+    roots = {k: v for k, v in (steps[0].args if len(steps) == 1 else ())
+             if k in ROOT_NAMES and type(v) is int}
+    return {"world_size": world_size, **params, **roots}
+
+
+def raise_ranks(given: Any, env: dict[str, Any]) -> tuple[int, ...] | None:
+    """The ranks a ``raises:`` names (None: every rank): numbers as written, expressions
+    (``[dst]``, ``["world_size - 1"]``) evaluated; ExprError where one cannot be."""
+    if not given:
+        return None
+    out: list[int] = []
+    for r in given:
+        value = parse(r, tuple(env))(env) if isinstance(r, str) else r
+        if type(value) is not int:
+            raise ExprError(f"{quote(r, 60)} is not a rank here ({quote(value, 60)})")
+        out.append(value)
+    return tuple(out)
+
+
 def _mismatch(o: Override, inst: Instance, torch_version: str, nccl_version: str,
               inherits: str = "") -> set[str]:
     """What keeps ``o`` from applying: ``axes`` (the instance is not what it is about),
@@ -75,6 +137,8 @@ def _mismatch(o: Override, inst: Instance, torch_version: str, nccl_version: str
     axes = dict(inst.axes)
     axes["backend"] = inst.backend
     axes["device"] = inst.device
+    env = {"world_size": inst.world_size, **{k: v for k, v in inst.params
+                                             if not isinstance(v, tuple)}}
     out: set[str] = set()
     for key, allowed in o.when:
         have = axes.get(key)
@@ -82,8 +146,11 @@ def _mismatch(o: Override, inst: Instance, torch_version: str, nccl_version: str
             continue  # the wrapped backend's scope reaches the wrapper (manifest inherits:)
         if key == "dtype":
             allowed = tuple(dtypes.canonical(a) or a for a in allowed)
-        if have not in allowed and not (isinstance(have, list) and tuple(have) in allowed):
-            out.add("backend" if key == "backend" else "axes")
+        if key in SCOPES or key == "dtype":
+            if have not in allowed:
+                out.add("backend" if key == "backend" else "axes")
+        elif not _matches(have, allowed, env):
+            out.add("axes")
     if o.torch:
         base = Version(torch_version.split("+")[0])
         if base not in SpecifierSet(o.torch, prereleases=True):
@@ -151,7 +218,7 @@ def resolve(inst: Instance, torch_version: str, nccl_version: str = "",
         if "raises" in patch:
             r = patch["raises"]
             exp = replace(exp, kind="raises", match=r if isinstance(r, str) else r["match"],
-                          ranks=None if isinstance(r, str) else tuple(r.get("ranks", [])) or None,
+                          ranks=None if isinstance(r, str) else _ranks_at(inst, r.get("ranks")),
                           others=("finished", "raised") if isinstance(r, str) else
                           tuple(r.get("others", ("finished", "raised"))), reason=reason)
         if patch.get("hangs"):
@@ -169,6 +236,16 @@ def resolve(inst: Instance, torch_version: str, nccl_version: str = "",
     if plan is not None:
         plan = replace(plan, known=tuple(sorted(known.items())))
     return replace(inst, expectation=exp, tolerance=tol, expected=expected, ordering=plan)
+
+
+def _ranks_at(inst: Instance, given: Any) -> tuple[int, ...] | None:
+    """An override's ``raises`` ranks at ``inst``; one that cannot be evaluated there is a
+    rank no world has (-1), so the verdict says the expectation could not be met."""
+    env = rank_env(inst.world_size, dict(inst.params), inst.steps)
+    try:
+        return raise_ranks(given, env)
+    except ExprError:
+        return tuple(r if isinstance(r, int) else -1 for r in given)
 
 
 def _patch_expected(inst: Instance, expected: tuple[tuple[str, Fill], ...], raw: Any

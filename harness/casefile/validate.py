@@ -27,6 +27,7 @@ from . import (
 )
 from .fields import KEYWORDS, RESERVED_NAMES, as_list, check_expr, check_fill, suggest
 from .load import Document, Path
+from .overrides import ROOT_NAMES
 from .schema import schema_problems
 
 # pytest's own marks change what a run reports (xfail turns a failure into exit 0, skipif drops
@@ -227,6 +228,12 @@ def check_safety(case: Case) -> list[CaseFileError]:
                 for i, o in enumerate(raw.get("overrides", [])) if isinstance(o, dict)]
     for path, value in sources:
         if isinstance(value, dict):
+            for k, rank in enumerate(value.get("ranks") or ()):
+                if isinstance(rank, str):  # an expression: names checked now, value later
+                    try:
+                        check_expr(case, (*path, "ranks", k), rank, ROOT_NAMES)
+                    except CaseFileErrors as exc:
+                        errs.extend(exc.errors)
             path, value = (*path, "match"), value.get("match")
         err = _pattern_error(case, path, value)
         if err is not None:

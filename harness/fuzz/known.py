@@ -12,26 +12,24 @@ pattern-checked outcome (``raises``, ``hangs``, ``crashes``), never a wrong valu
 backend-wide ``xfail`` of one case cannot hide a new bug of the whole op.
 
 A library case may name an argument by an expression of the world size (``dst:
-world_size - 1``) where a generated instance has the number: such ``when:`` values are
-evaluated at the instance's world size before matching (:func:`concrete`).
+world_size - 1``) where a generated instance has the number: the shared override matcher
+(:func:`harness.casefile.overrides.override_applies`) evaluates such ``when:`` values at the
+instance's world size.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import expr
 from ..casefile import collect, overrides
-from ..errors import CaseFileError, CaseFileErrors, ExprError
+from ..errors import CaseFileError, CaseFileErrors
 from ..model import Instance, Override, PoolRun
 from ..run.capabilities import Capabilities
 from ..runner.execute import Runner
 
 SCOPE_KEYS = ("backend", "device")
-WORLD_NAMES = ("world_size",)
 CHECKED_PATCHES = ("raises", "hangs", "crashes")
 ABSORBING = ("limitation", "xfail", "passed")
 
@@ -77,22 +75,6 @@ def load_library(paths: list[str]) -> tuple[list[KnownOverride], list[str]]:
     return known, broken
 
 
-def concrete(o: Override, world_size: int) -> Override:
-    """``o`` with each ``when:`` value that is an expression of the world size (a string such
-    as ``world_size - 1``) replaced by its value at ``world_size``; other values kept."""
-    when = []
-    for key, allowed in o.when:
-        values: list[object] = []
-        for v in allowed:
-            if isinstance(v, str) and "world_size" in v and key not in SCOPE_KEYS:
-                # not an expression after all: compared as written
-                with contextlib.suppress(ExprError, ValueError, TypeError, ArithmeticError):
-                    v = expr.parse(v, WORLD_NAMES)({"world_size": world_size})
-            values.append(v)
-        when.append((key, tuple(values)))
-    return replace(o, when=tuple(when))
-
-
 class KnownLibrary:
     """The overrides by op, and how many generated instances each one absorbed."""
 
@@ -114,7 +96,7 @@ class KnownLibrary:
             inst = replace(inst, backend=self.alias)
         out = []
         for k in self.by_op.get(inst.op, []):
-            o = concrete(k.override, inst.world_size)
+            o = k.override
             keys = {key for key, _ in o.when}
             if not keys <= axes:
                 continue  # about an axis this instance does not have
@@ -122,7 +104,7 @@ class KnownLibrary:
             if not (keys - set(SCOPE_KEYS)) and not patch & set(CHECKED_PATCHES):
                 continue
             if overrides.override_applies(o, inst, caps.torch_version, caps.nccl_version):
-                out.append(replace(k, override=o))
+                out.append(k)
         return out
 
     def absorbs(self, inst: Instance, run: PoolRun, deadline: float, runner: Runner) -> str:

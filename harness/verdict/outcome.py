@@ -306,15 +306,19 @@ def _check_raises(inst: Instance, raised: list[RankResult], ranks: list[RankResu
                   run: PoolRun) -> InstanceResult:
     """``raises``: every rank is accounted for.
 
-    The ranks in ``ranks`` (every rank when not given) must raise an error matching the
-    pattern; every other rank must do one of ``others`` (by default finish, or raise a
-    matching error); a rank that dies makes it a crash.
+    The ranks in ``ranks`` (every rank when not given: every member of the op's group in the
+    ``op:`` form with ``args: {group: ...}``) must raise an error matching the pattern; every
+    other rank must do one of ``others`` (by default finish, or raise a matching error), and
+    a rank outside the op's group may always finish (it never calls the op); a rank that
+    dies makes it a crash.
     """
     exp = inst.expectation
     where = inst.where()
     dead = {r for r, _, _ in inst.deaths}  # accounted apart (harness.verdict.deaths)
     did = {r: s for r, s in rank_outcomes(inst, run).items() if r not in dead}
-    must = set(exp.ranks) if exp.ranks is not None else set(did)
+    group = dict(inst.steps[0].args).get("group") if inst.shorthand is not None else None
+    outside = set(did) - set(group) if isinstance(group, tuple) else set()
+    must = set(exp.ranks) if exp.ranks is not None else set(did) - outside
     lines: list[str] = []
     wrong: set[str] = set()  # the states of the ranks that broke the expectation
     for r, state in did.items():
@@ -327,7 +331,7 @@ def _check_raises(inst: Instance, raised: list[RankResult], ranks: list[RankResu
                 problem = f"not allowed: the other ranks may only {_may(exp.others)}"
         elif r in must:
             problem = "expected to raise"
-        elif state not in exp.others:
+        elif state not in exp.others and not (r in outside and state == "finished"):
             problem = f"not allowed: the other ranks may only {_may(exp.others)}"
         if problem:
             wrong.add(state)
@@ -336,8 +340,8 @@ def _check_raises(inst: Instance, raised: list[RankResult], ranks: list[RankResu
         lines.append(f"  rank {r} does not exist in a world of {inst.world_size}  <- expected "
                      "to raise")
         wrong.add("finished")
-    who = ("every rank" if exp.ranks is None else
-           f"rank(s) {', '.join(map(str, exp.ranks))}")
+    who = (f"rank(s) {', '.join(map(str, exp.ranks))}" if exp.ranks is not None else
+           f"every member of the group {sorted(must)}" if outside else "every rank")
     if wrong:
         if not raised:  # say what was verified of a run that finished, and nothing more
             bad = _value_failures(inst, run.results)
