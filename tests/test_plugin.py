@@ -15,7 +15,7 @@ import pytest
 
 from harness.errors import harness_frame
 
-from .helpers import PYTHON, REPO, load_report, run_pytest, subprocess_env
+from .helpers import HANG_S, PYTHON, REPO, load_report, run_pytest, subprocess_env
 
 pytest_plugins = ["pytester"]
 
@@ -110,7 +110,7 @@ def test_collection_does_not_import_torch(tmp_path: Path) -> None:
         print("TORCH_LOADED", "torch" in sys.modules)
     """)
     out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                         timeout=120)
+                         timeout=HANG_S)
     assert "9 tests collected" in out.stdout
     assert "TORCH_LOADED False" in out.stdout
 
@@ -522,7 +522,7 @@ def test_the_missing_baseline_hint_works_when_pasted(tmp_path: Path) -> None:
     first = run_pytest(tmp_path, *run_argv[1:])
     assert first.returncode == 0 and "4 passed" in first.stdout, first.stdout
     made = subprocess.run([sys.executable, "-m", "harness.gate", *gate_argv[1:]], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120,
+                          capture_output=True, text=True, timeout=HANG_S,
                           env=subprocess_env())
     assert made.returncode == 0, made.stderr
     gated = run_pytest(tmp_path, *args, "--baseline", "base.json")
