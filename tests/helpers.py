@@ -21,6 +21,11 @@ from harness.report.records import report_schema
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+# How long a test waits for a child process or an event before calling it hung. A backstop,
+# not a bound on speed: the harness's own deadlines end a real hang long before, and a busy CI
+# runner (load 15-38 on 2 cores) runs tens of times slower than an idle one. Nothing a test
+# checks depends on it; a test that waits this long is broken and fails.
+HANG_S = 1800.0
 
 
 def load_report(path: Path) -> dict[str, Any]:
@@ -99,7 +104,7 @@ def pytest_argv(*args: str) -> list[str]:
     return [PYTHON, "-m", "pytest", "-p", "no:cacheprovider", *args]
 
 
-def run_pytest(where: Path, *args: str, timeout: float = 300,
+def run_pytest(where: Path, *args: str, timeout: float = HANG_S,
                extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run a child pytest in ``where`` to its end; output captured, ``extra_env`` added."""
     return subprocess.run(pytest_argv(*args), cwd=where, capture_output=True, text=True,

@@ -15,6 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .helpers import HANG_S
+
 REPO = Path(__file__).resolve().parent.parent
 CASES = REPO / "tests" / "data" / "gate" / "cases.yaml"
 
@@ -51,5 +53,5 @@ def run_pytest(project: Path, backend: str, *args: str, fault: str = "wrong_valu
     if backend == "faulty":
         cmd += ["--backend-module", "tests.fault_backend"]
     proc = subprocess.run([*cmd, *args], cwd=project, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+                          timeout=HANG_S, check=False)
     return Run(project, proc.returncode, proc.stdout + proc.stderr)

@@ -10,7 +10,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .helpers import finish, load_report, pytest_argv, rank_pids, run_pytest, start, wait_for
+from .helpers import (
+    HANG_S,
+    finish,
+    load_report,
+    pytest_argv,
+    rank_pids,
+    run_pytest,
+    start,
+    wait_for,
+)
 
 CASES = """
 cases:
@@ -110,9 +119,9 @@ def test_a_stopped_session_leaves_no_run_ahead_behind(tmp_path: Path) -> None:
     proc = start(tmp_path, pytest_argv("c.yaml", "-q", "-x", "-p", "no:randomly",
                                        "--report-json", "r.json"),
                  COLLECTIVE_TEST_MARKER=marker)
-    res = finish(proc, 120)
+    res = finish(proc, HANG_S)
     assert res.returncode == 1, res.stdout
-    wait_for(lambda: not rank_pids(marker), 10, "the ranks run ahead to exit")
+    wait_for(lambda: not rank_pids(marker), HANG_S, "the ranks run ahead to exit")
     report = json.loads((tmp_path / "r.json").read_text())
     assert [r["case"] for r in report["records"]] == ["first"]
     assert report["session"]["complete"] is False
@@ -139,10 +148,10 @@ def test_ctrl_c_while_a_run_ahead_waits_kills_every_rank(tmp_path: Path) -> None
     proc = start(tmp_path, pytest_argv("c.yaml", "-q", "-p", "no:randomly", "--no-report"),
                  merge_stderr=True, COLLECTIVE_TEST_MARKER=marker)
     try:
-        wait_for(lambda: len(rank_pids(marker)) == 4, 60, "both pools' ranks to start")
+        wait_for(lambda: len(rank_pids(marker)) == 4, HANG_S, "both pools' ranks to start")
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
-        wait_for(lambda: not rank_pids(marker), 10, "every rank to exit after Ctrl-C")
+        proc.wait(timeout=HANG_S)
+        wait_for(lambda: not rank_pids(marker), HANG_S, "every rank to exit after Ctrl-C")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -16,6 +16,7 @@ from harness.casefile.load import load_text
 from harness.certify import cells
 from harness.errors import CaseFileError
 from harness.manifest.load import error_line, parse
+from tests.helpers import HANG_S
 
 REPO = Path(__file__).resolve().parent.parent
 LIBRARY = REPO / "tests" / "data" / "certify" / "library.yaml"
@@ -54,7 +55,7 @@ def test_a_manifest_claims_what_it_leaves_unsaid() -> None:
 def run(*args: str, fault: str = "none", cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "CERT_FAULT": fault}
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
+                          text=True, timeout=HANG_S, check=False)
 
 
 def session(tmp_path: Path, *args: str, fault: str = "none") -> dict[str, Any]:

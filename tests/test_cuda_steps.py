@@ -26,6 +26,8 @@ from harness.model import Instance, Step
 from harness.program import graphs as graphs_mod
 from harness.run import capabilities, torchfacts
 
+from .helpers import HANG_S
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PROGRAM = """
@@ -268,7 +270,7 @@ def test_the_bundled_cuda_cases_skip_here_and_never_pass(pytester: pytest.Pytest
         str(ROOT / "cases" / "cuda.yaml"), "-k",
         "not future_then_chain and not p2p_non_dense and not wait_tensor",
         "--report-json", str(report), "--report-md", str(pytester.path / "r.md"),
-        "--rootdir", str(ROOT), "-p", "no:cacheprovider", "-rs", timeout=120)
+        "--rootdir", str(ROOT), "-p", "no:cacheprovider", "-rs", timeout=HANG_S)
     outcomes = result.parseoutcomes()
     assert outcomes.get("skipped", 0) >= 10 and set(outcomes) <= {"skipped", "deselected"}, outcomes
     records = json.loads(report.read_text())["records"]

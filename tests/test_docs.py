@@ -35,6 +35,7 @@ import pytest
 import yaml
 
 from harness.docsgen.reference import render_all
+from tests.helpers import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -280,7 +281,7 @@ def test_excerpt_is_from_its_bundled_case(block: Block) -> None:
 def run_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-                          cwd=folder, env=env, capture_output=True, text=True, timeout=600,
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=HANG_S,
                           check=False)
 
 
@@ -374,7 +375,7 @@ def run_command(line: str, folder: Path) -> str:
         env[key] = value
     argv = TOOLS.get(words[0], [words[0]]) + words[1:]
     proc = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+                          timeout=HANG_S, check=False)
     return proc.stdout + proc.stderr
 
 

@@ -21,6 +21,8 @@ import pytest
 from harness.casefile import collect
 from harness.errors import CaseFileErrors
 
+from .helpers import HANG_S
+
 REPO = Path(__file__).resolve().parent.parent
 
 CASES = """\
@@ -110,7 +112,7 @@ def _session(tmp_path: Path, backend: str, fault: str = "none", *keys: str
     if backend == "mutant":
         cmd += ["--backend-module", "harness.mutate.backend"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+                          timeout=HANG_S, check=False)
     out = proc.stdout + proc.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     records = {r["case"]: {**r, "_dir": str(tmp_path)} for r in report["records"]}
@@ -333,7 +335,7 @@ def test_an_unspecified_output_that_ranks_must_agree_on_is_compared_across_ranks
     proc = subprocess.run([sys.executable, "-m", "pytest", "cases", "--rootdir=.", "-p",
                            "no:cacheprovider", "-q", "--backend", "gloo", "--report-json",
                            "r.json"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+                          timeout=HANG_S, check=False)
     records = {r["world_size"]: r for r in json.loads((tmp_path / "r.json").read_text())[
         "records"]}
     assert records[2]["outcome"] == "passed", proc.stdout

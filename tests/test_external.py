@@ -21,6 +21,7 @@ from harness.external import schedule
 from harness.model import Instance
 
 from .helpers import (
+    HANG_S,
     PYTHON,
     finish,
     free_port,
@@ -131,7 +132,7 @@ def _write(tmp_path: Path, text: str) -> Path:
     return write_case_file(tmp_path, text) / "c.yaml"
 
 
-def torchrun(tmp_path: Path, *launcher: str, report: str = "r", timeout: float = 240
+def torchrun(tmp_path: Path, *launcher: str, report: str = "r", timeout: float = HANG_S
              ) -> subprocess.Popen[str]:
     return start(tmp_path, [
         PYTHON, "-m", "torch.distributed.run", *launcher, "-m", "harness.external",
@@ -144,7 +145,7 @@ def pools(tmp_path: Path) -> dict[str, str]:
     res = subprocess.run(
         [PYTHON, "-m", "pytest", "c.yaml", "-q", "-p", "no:cacheprovider", "--report-json",
          "pools.json", "--report-md", "pools.md", "--report-html", "pools.html"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=240, env=subprocess_env())
+        cwd=tmp_path, capture_output=True, text=True, timeout=HANG_S, env=subprocess_env())
     assert (tmp_path / "pools.json").exists(), res.stdout[-3000:]
     return outcomes(load_report(tmp_path / "pools.json"))
 
@@ -194,7 +195,7 @@ def test_schedule_skips_what_cannot_run_and_fingerprints_the_run() -> None:
 
 def test_standalone_run_skips_what_the_launch_cannot_do(tmp_path: Path) -> None:
     _write(tmp_path, BASIC)
-    res = finish(torchrun(tmp_path, "--standalone", "--nproc-per-node", "2"), 240)
+    res = finish(torchrun(tmp_path, "--standalone", "--nproc-per-node", "2"), HANG_S)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     report = load_report(tmp_path / "r.json")
     got = {r["key"]: r for r in report["records"]}
@@ -223,8 +224,8 @@ def test_two_agents_pack_resume_after_hang_and_crash_and_match_the_pools(
     common = ("--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t", "--max-restarts", "4")
     second = torchrun(tmp_path, *common)  # rank 0 writes r.json, whichever agent has it
-    first = finish(torchrun(tmp_path, *common), 300)
-    finish(second, 60)
+    first = finish(torchrun(tmp_path, *common), HANG_S)
+    finish(second, HANG_S)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     report = load_report(tmp_path / "r.json")
     external = outcomes(report)
@@ -265,7 +266,7 @@ def test_slurm_environment_and_resume_by_hand(tmp_path: Path) -> None:
             procs.append(start(tmp_path, [
                 PYTHON, "-m", "harness.external", "c.yaml", "--report-json", "r.json",
                 "--report-md", "r.md", "--deadline", "20", *extra], env=env))
-        return [finish(p, 180) for p in procs]
+        return [finish(p, HANG_S) for p in procs]
 
     first = srun()
     assert any(p.returncode != 0 for p in first)  # the hang ended the job
@@ -315,7 +316,7 @@ def test_external_module_needs_a_launcher(tmp_path: Path) -> None:
     for k in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
         env.pop(k, None)
     res = subprocess.run([PYTHON, "-m", "harness.external", "c.yaml"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60, env=env)
+                         capture_output=True, text=True, timeout=HANG_S, env=env)
     assert res.returncode != 0
     assert "start it with torchrun, srun or mpirun" in res.stderr
     assert "Traceback" not in res.stderr
@@ -436,13 +437,13 @@ def test_the_same_cases_give_the_same_records_under_pytest_and_a_launcher(
                                 "--report-md", "r.md", *opts])
 
     second = agent()
-    first = finish(agent(), 240)
-    finish(second, 60)
+    first = finish(agent(), HANG_S)
+    finish(second, HANG_S)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     res = subprocess.run(
         [PYTHON, "-m", "pytest", "c.yaml", "-q", "-p", "no:cacheprovider", *opts,
          "--report-json", "pools.json", "--report-md", "pools.md", "--report-html",
-         "pools.html"], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+         "pools.html"], cwd=tmp_path, capture_output=True, text=True, timeout=HANG_S,
         env=subprocess_env())
     external = {r["key"]: r for r in load_report(tmp_path / "r.json")["records"]}
     pytest_run = {r["key"]: r for r in load_report(tmp_path / "pools.json")["records"]}

@@ -16,6 +16,8 @@ import pytest
 
 from harness import ops
 
+from .helpers import HANG_S
+
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "cases"
 
@@ -98,7 +100,7 @@ def _run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
         "--world-size", "3", "-k", f"({names}) and ({KEEP}) and not ({DROP}) and ({SYNC_ONLY})",
         "--deadline", "20", "--report-json", str(report),
         "--report-md", str(pytester.path / "report.md"), "-p", "no:cacheprovider",
-        "--rootdir", str(ROOT), "-q", timeout=300)
+        "--rootdir", str(ROOT), "-q", timeout=HANG_S)
     assert report.exists(), result.stdout.str()[-3000:]
     records = json.loads(report.read_text())["records"]
     by_op: dict[str, list[str]] = {}

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from harness.fuzz import space
 from tests.helpers import (
+    HANG_S,
     case_error,
     case_instances,
     finish,
@@ -167,10 +168,10 @@ def test_no_rank_outlives_pytest_killed_during_a_failure(tmp_path: Path) -> None
     proc = start(tmp_path, pytest_argv("c.yaml", "-q", "--no-report"), merge_stderr=True,
                  COLLECTIVE_TEST_MARKER=marker)
     try:
-        wait_for(lambda: len(rank_pids(marker)) == 2, 60, "the rank killed by design to die")
+        wait_for(lambda: len(rank_pids(marker)) == 2, HANG_S, "the rank killed by design to die")
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        wait_for(lambda: not rank_pids(marker), 10, "the survivors to exit after SIGKILL")
+        proc.wait(timeout=HANG_S)
+        wait_for(lambda: not rank_pids(marker), HANG_S, "the survivors to exit after SIGKILL")
     finally:
         if proc.poll() is None:
             finish(proc, 30)

@@ -19,13 +19,13 @@ import pytest
 from harness.fuzz.differential import BadReport, compare, load_digests, write_digests
 from harness.mutate.faults import BACKEND, BACKEND_MODULE, ENV
 
-from .helpers import wait_for
+from .helpers import HANG_S, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 FUZZ = [sys.executable, "-m", "harness.fuzz"]
 
 
-def _fuzz(*args: str, fault: str | None = None, timeout: float = 240,
+def _fuzz(*args: str, fault: str | None = None, timeout: float = HANG_S,
           cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if fault:
@@ -52,7 +52,7 @@ def _fuzz(*args: str, fault: str | None = None, timeout: float = 240,
 ])
 def test_bad_input_is_one_line_naming_the_option(tmp_path: Path, args: list[str],
                                                  names: str) -> None:
-    proc = _fuzz(*args, timeout=60, cwd=tmp_path)
+    proc = _fuzz(*args, timeout=HANG_S, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1
@@ -88,11 +88,11 @@ def test_a_fault_is_found_shrunk_and_written_as_a_failing_case(
             "--no-report", "-o", "collective_baseline="]
     bad = subprocess.run([*base, "--backend-module", BACKEND_MODULE, "--backend", BACKEND],
                          env={**os.environ, ENV: fault}, capture_output=True, text=True,
-                         cwd=tmp_path, timeout=240, check=False)
+                         cwd=tmp_path, timeout=HANG_S, check=False)
     assert bad.returncode == 1 and "1 failed" in bad.stdout, bad.stdout[-2000:]
     assert "[FAILED]" in bad.stdout
     good = subprocess.run([*base, "--backend", "gloo"], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=240, check=False)
+                          cwd=tmp_path, timeout=HANG_S, check=False)
     assert good.returncode == 0 and "1 passed" in good.stdout, good.stdout[-2000:]
 
 
@@ -106,7 +106,7 @@ def test_against_reports_a_bit_level_difference(tmp_path: Path) -> None:
                  "300", "--seed", "1", "--out", str(out), "--stop-at-first", "--shrink-time",
                  "15s", "-q", "--skip-signatures",
                  "all_reduce:raise,all_reduce:async-contract,all_reduce:wrong-values",
-                 fault="last_rank_ulp", timeout=120)
+                 fault="last_rank_ulp", timeout=HANG_S)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FINDING all_reduce:differs" in proc.stdout
     assert "outputs differ bit for bit from backend mutant" in proc.stdout
@@ -123,7 +123,7 @@ def test_confirm_against_sets_apart_what_fails_without_the_fault(tmp_path: Path)
                  "--confirm-against", BACKEND, "--confirm-env", f"{ENV}=none",
                  "--ops", "all_reduce", "--world-size", "2", "--examples", "300", "--seed",
                  "0", "--out", str(out), "--stop-at-first", "--shrink-time", "15s", "-q",
-                 fault="large_all_reduce_wrong", timeout=150)
+                 fault="large_all_reduce_wrong", timeout=HANG_S)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "ALSO FAILS WITHOUT THE FAULT all_reduce:raise" in proc.stdout
     assert "FINDING all_reduce:wrong-values" in proc.stdout
@@ -160,7 +160,7 @@ def test_ctrl_c_prints_the_summary_and_leaves_no_rank(tmp_path: Path, lanes: int
             break
     assert len(seen) >= 2  # the forkserver and the ranks were there
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
+    out, _ = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 130
     assert "collective-fuzz summary (interrupted)" in out and "all_reduce" in out
 
@@ -176,7 +176,7 @@ def test_ctrl_c_prints_the_summary_and_leaves_no_rank(tmp_path: Path, lanes: int
         return out
 
     # The forkserver exits when its parent's pipe closes, the ranks when their owner ends.
-    wait_for(lambda: alive() == set(), 30, "every process the run started to end")
+    wait_for(lambda: alive() == set(), HANG_S, "every process the run started to end")
 
 
 def test_digests_report_round_trip_and_hostile_input(tmp_path: Path) -> None:
@@ -200,7 +200,7 @@ def test_digests_report_round_trip_and_hostile_input(tmp_path: Path) -> None:
             load_digests(str(p))
     p.write_text(text)
     proc = _fuzz("--backend", "gloo", "--against-report", str(p), "--out",
-                 str(tmp_path / "o"), timeout=60)
+                 str(tmp_path / "o"), timeout=HANG_S)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -230,7 +230,7 @@ def test_against_report_reads_only_a_bounded_regular_file(tmp_path: Path, kind: 
             "    raise SystemExit(2)\n")
     proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
                           text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          timeout=60, preexec_fn=_small, check=False)
+                          timeout=HANG_S, preexec_fn=_small, check=False)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stdout.splitlines()) == 1 and proc.stdout.startswith(f"{path}: ")
     assert {"fifo": "not a regular file", "device": "not a regular file",
@@ -244,7 +244,7 @@ def test_a_file_where_the_example_database_goes_is_an_error(tmp_path: Path) -> N
     out = tmp_path / "o"
     out.mkdir()
     (out / ".hypothesis").write_text("not a folder")
-    proc = _fuzz("--backend", "gloo", "--out", str(out), "--examples", "1", timeout=120)
+    proc = _fuzz("--backend", "gloo", "--out", str(out), "--examples", "1", timeout=HANG_S)
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
@@ -374,7 +374,7 @@ def test_the_reproduction_names_the_backend_module_and_a_raise_its_exception(
     assert command is not None and command.group(1) == str(case_file), text
     again = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                             "--no-report", command.group(1), *command.group(2).split()],
-                           capture_output=True, text=True, cwd=ROOT, timeout=240, check=False,
+                           capture_output=True, text=True, cwd=ROOT, timeout=HANG_S, check=False,
                            env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert again.returncode == 1 and raised in again.stdout, again.stdout[-2000:]
 

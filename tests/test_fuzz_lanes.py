@@ -26,7 +26,7 @@ from harness.fuzz.lanes import Coordinator, shares
 from harness.fuzz.options import parser
 from harness.fuzz.summary import Tally
 
-from .helpers import finish, start, wait_for
+from .helpers import HANG_S, finish, start, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 FUZZ = [sys.executable, "-m", "harness.fuzz"]
@@ -209,7 +209,7 @@ def _run(tmp_path: Path, name: str, marker: str, *args: str
                            "all_reduce,broadcast", "--skip-signatures", skip, "--out",
                            str(tmp_path / name), "--report", str(report), *args],
                           capture_output=True, text=True, cwd=tmp_path, env=_env(marker),
-                          timeout=240, check=False)
+                          timeout=HANG_S, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc, set(json.loads(report.read_text())["instances"])
 
@@ -233,7 +233,7 @@ def test_two_lanes_split_the_examples_between_two_processes(tmp_path: Path) -> N
     assert sorted(n for _, _, n in c["lanes"]) == sorted(tried)
     assert json.loads((tmp_path / "two.json").read_text())["meta"]["lanes"] == "2"
     # each lane's forkserver ends when its lane's pipe closes, just after the lane
-    wait_for(lambda: _ours(marker) == set(), 30, "the lanes' processes to end")
+    wait_for(lambda: _ours(marker) == set(), HANG_S, "the lanes' processes to end")
 
 
 def _lanes(tmp_path: Path, marker: str, *args: str) -> subprocess.Popen[str]:
@@ -257,16 +257,16 @@ def test_an_interrupt_ends_every_lane_with_the_summary(tmp_path: Path, how: str)
     proc = _lanes(tmp_path, marker, "--time", "5m")
     try:
         _await_progress(proc)
-        wait_for(lambda: len(_workers(proc.pid)) == 2, 60, "two worker processes")
+        wait_for(lambda: len(_workers(proc.pid)) == 2, HANG_S, "two worker processes")
         if how == "ctrl-c":  # the terminal signals the whole foreground process group
             os.killpg(proc.pid, signal.SIGINT)
         else:
             proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=120)
+        out, _ = proc.communicate(timeout=HANG_S)
         assert proc.returncode == 130, out
         assert "collective-fuzz summary (interrupted)" in out and "all_reduce" in out
         assert "lanes: 2 worker processes" in out and "LANE FAILED" not in out
-        wait_for(lambda: _ours(marker) == set(), 30, "every worker and rank to end")
+        wait_for(lambda: _ours(marker) == set(), HANG_S, "every worker and rank to end")
     finally:
         finish(proc, 10)
 
@@ -280,7 +280,7 @@ def test_sigkill_of_the_coordinator_leaves_no_worker_or_rank(tmp_path: Path) -> 
         assert len(workers) == 2
         proc.kill()  # the coordinator alone, as the OOM killer would
         proc.wait()
-        wait_for(lambda: _ours(marker) == set(), 30, "the lanes to notice and end")
+        wait_for(lambda: _ours(marker) == set(), HANG_S, "the lanes to notice and end")
     finally:
         finish(proc, 10)
 
@@ -292,7 +292,7 @@ def test_a_killed_worker_is_reported_and_the_run_says_incomplete(tmp_path: Path)
         _await_progress(proc)
         victim = _workers(proc.pid)[1]
         os.kill(victim, signal.SIGKILL)
-        result = finish(proc, 120)
+        result = finish(proc, HANG_S)
     finally:
         finish(proc, 10)
     assert result.returncode == 3, result.stdout + result.stderr
@@ -301,4 +301,4 @@ def test_a_killed_worker_is_reported_and_the_run_says_incomplete(tmp_path: Path)
     assert "summary (incomplete: 1 lane(s) failed)" in result.stdout
     assert re.search(rf"LANE FAILED lane \d \(pid {victim}\): ended with signal SIGKILL",
                      result.stdout), result.stdout
-    wait_for(lambda: _ours(marker) == set(), 30, "the killed lane's ranks to end")
+    wait_for(lambda: _ours(marker) == set(), HANG_S, "the killed lane's ranks to end")

@@ -14,6 +14,7 @@ import torch
 
 from harness import ops
 from harness.ops.base import CallContext
+from tests.helpers import HANG_S
 from tests.helpers import case_error as problems
 from tests.helpers import case_instances as instances
 
@@ -171,7 +172,7 @@ cases:
 
 def run_child(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-                          capture_output=True, text=True, cwd=cwd, timeout=300,
+                          capture_output=True, text=True, cwd=cwd, timeout=HANG_S,
                           env=subprocess_env())
 
 

@@ -23,6 +23,8 @@ from harness.guard import check, digest
 from harness.guard.cli import main
 from harness.guard.settings import ENV, SettingsError, from_env
 
+from .helpers import HANG_S
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
@@ -32,7 +34,7 @@ def _guard(tmp: Path, *opts: str, script: str = "tests/guard_train.py",
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([PY, "-m", "harness.guard", "--findings", str(tmp / "findings"),
                            *opts, "--", PY, script, *extra], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, timeout=HANG_S, check=False)
 
 
 def _left_behind(tag: str) -> list[int]:
@@ -112,7 +114,7 @@ def test_hostile_environment_is_one_error(monkeypatch: pytest.MonkeyPatch) -> No
 def test_guarded_run_is_bit_identical_and_leaves_nothing(tmp_path: Path) -> None:
     plain = tmp_path / "plain.bin"
     subprocess.run([PY, "tests/guard_train.py", "--out", str(plain)], cwd=ROOT, check=True,
-                   timeout=300)
+                   timeout=HANG_S)
     guarded = tmp_path / "guarded.bin"
     got = _guard(tmp_path, "--sample", "every", extra=("--out", str(guarded)))
     assert got.returncode == 0, got.stderr
@@ -135,11 +137,11 @@ def test_injected_fault_localised_and_replayed(tmp_path: Path) -> None:
     base = [PY, "-m", "pytest", str(case), "-q", "-p", "no:cacheprovider",
             "--report-json", str(tmp_path / "r.json"), "-o", "collective_baseline="]
     honest = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=300, check=False)
+                            timeout=HANG_S, check=False)
     assert honest.returncode == 0, honest.stdout[-2000:]
     mutant = subprocess.run([*base, "--backend-module", "harness.mutate.backend", "--backend",
                              "mutant"], cwd=ROOT, capture_output=True, text=True,
-                            env=env | {"COLLECTIVE_MUTANT": "recv_unwritten"}, timeout=300,
+                            env=env | {"COLLECTIVE_MUTANT": "recv_unwritten"}, timeout=HANG_S,
                             check=False)
     assert mutant.returncode == 1, mutant.stdout[-2000:]
     assert _left_behind(str(tmp_path / "findings")) == []
@@ -148,7 +150,7 @@ def test_injected_fault_localised_and_replayed(tmp_path: Path) -> None:
 def test_failing_side_channel_disables_with_one_line(tmp_path: Path) -> None:
     plain = tmp_path / "plain.bin"
     subprocess.run([PY, "tests/guard_train.py", "--out", str(plain)], cwd=ROOT, check=True,
-                   timeout=300)
+                   timeout=HANG_S)
     out = tmp_path / "guarded.bin"
     got = _guard(tmp_path, "--sample", "every", extra=("--out", str(out), "--break-channel"))
     assert got.returncode == 0, got.stderr
@@ -200,7 +202,7 @@ def test_without_a_compiler_the_python_kernel_checks_and_says_so(tmp_path: Path)
                TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
     got = subprocess.run([PY, "-m", "harness.guard", "--findings", str(tmp_path / "findings"),
                           "--sample", "every", "--", PY, "tests/guard_train.py"], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=300, check=False)
+                         env=env, capture_output=True, text=True, timeout=HANG_S, check=False)
     assert got.returncode == 0, got.stderr
     # the build is announced before it starts (it takes minutes on a busy machine)
     assert got.stderr.startswith("collective-guard: building the C++ recording kernel (once"), \

@@ -28,6 +28,7 @@ import pytest
 from harness import dtypes
 from harness.report import html
 from harness.report.records import build_report, validate_report
+from tests.helpers import HANG_S
 from tests.runs import Run
 
 # -- a synthetic report covering every outcome ------------------------------------------------
@@ -278,7 +279,7 @@ def chromium(tmp: Path, *args: str) -> str:
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
            "--hide-scrollbars", f"--user-data-dir={tmp / 'profile'}", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
 

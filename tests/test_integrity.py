@@ -21,6 +21,7 @@ from harness.gate import cli as gate
 from harness.report import html, markdown, records
 
 from .helpers import (
+    HANG_S,
     finish,
     load_report,
     pytest_argv,
@@ -268,11 +269,11 @@ def test_signal_mid_run_writes_an_incomplete_report(tmp_path: Path, sig: signal.
     where = project(tmp_path, SLOW, MARKER_CONFTEST)
     proc = start(where, pytest_argv("c.yaml", "-q", "--rootdir", str(where)), merge_stderr=True)
     try:
-        wait_for(lambda: (where / "slow-started").exists() or proc.poll() is not None, 120,
+        wait_for(lambda: (where / "slow-started").exists() or proc.poll() is not None, HANG_S,
                  "the slow instance to start")
         assert proc.poll() is None, proc.communicate()[0]
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -311,7 +312,7 @@ def test_a_killed_run_never_leaves_the_previous_pass(tmp_path: Path) -> None:
     proc = start(where, pytest_argv("c.yaml", "-q", "--rootdir", str(where), "--junitxml",
                                     "junit.xml"), merge_stderr=True)
     try:
-        wait_for(lambda: (where / "slow-started").exists() or proc.poll() is not None, 120,
+        wait_for(lambda: (where / "slow-started").exists() or proc.poll() is not None, HANG_S,
                  "the slow instance to start")
         assert proc.poll() is None, proc.communicate()[0]
         # SIGKILL: no hook runs, nothing is written at the end.

@@ -19,6 +19,8 @@ from harness.casefile import expand, overrides, validate
 from harness.casefile import load as yamlload
 from harness.model import Instance
 
+from .helpers import HANG_S
+
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "cases"
 FILES = sorted(CASES.glob("*.yaml"))
@@ -204,7 +206,7 @@ def test_cuda_and_nccl_instances_skip_cleanly_without_a_gpu(pytester: pytest.Pyt
         str(CASES / "all_reduce.yaml"), str(CASES / "broadcast.yaml"), "--backend", "nccl",
         "-k", "reduce_ops or every_root or devices", "--report-json", str(report),
         "--report-md", str(pytester.path / "r.md"), "--rootdir", str(ROOT),
-        "-p", "no:cacheprovider", "-rs", timeout=120)
+        "-p", "no:cacheprovider", "-rs", timeout=HANG_S)
     outcomes = result.parseoutcomes()
     assert outcomes.get("skipped", 0) > 20 and "passed" not in outcomes, outcomes
     assert "failed" not in outcomes and "error" not in outcomes, outcomes
@@ -212,6 +214,6 @@ def test_cuda_and_nccl_instances_skip_cleanly_without_a_gpu(pytester: pytest.Pyt
     assert "not available in this torch build" in text or "no CUDA device" in text
     result = pytester.runpytest_subprocess(
         str(CASES / "all_reduce.yaml"), "-k", "devices and cuda", "--no-report",
-        "--rootdir", str(ROOT), "-p", "no:cacheprovider", "-rs", timeout=120)
+        "--rootdir", str(ROOT), "-p", "no:cacheprovider", "-rs", timeout=HANG_S)
     assert result.parseoutcomes().get("skipped", 0) == 4
     assert "no CUDA device on this machine" in result.stdout.str()

@@ -21,6 +21,8 @@ from harness.mutate import cli, faults
 from harness.mutate.backend import flip, saturating_sum
 from harness.mutate.runner import Options, Outcome, Session, judge_fault
 
+from .helpers import HANG_S
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -99,7 +101,7 @@ def test_real_run_reports_kills_and_a_survivor(tmp_path: Path) -> None:
         [sys.executable, "-m", "harness.mutate", "cases/p2p.yaml", "-k",
          "tags or irecv_not_completed_before_data", "-j", "3", "--faults",
          "p2p_tags_ignored,early_complete_p2p,bf16_wrong_value", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, check=False, timeout=600)
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=HANG_S)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # a survivor: exit 1
     doc: dict[str, Any] = json.loads(out.read_text())
     assert doc["faithful"]["passed"] == doc["faithful"]["instances"] == 3

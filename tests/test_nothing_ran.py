@@ -22,6 +22,7 @@ from harness.gate import cli as gate
 from harness.report import headline
 
 from .helpers import (
+    HANG_S,
     PYTHON,
     finish,
     load_report,
@@ -128,7 +129,7 @@ def test_a_backend_registered_by_a_module_or_a_torch_plugin_is_accepted(tmp_path
     env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
     by_plugin = subprocess.run([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "c.yaml",
                                 "--backend", "mutant", "-q", "--no-report"], cwd=tmp_path,
-                               capture_output=True, text=True, timeout=300, env=env)
+                               capture_output=True, text=True, timeout=HANG_S, env=env)
     assert by_plugin.returncode == 0, by_plugin.stdout[-2000:] + by_plugin.stderr[-2000:]
     assert "3 passed" in by_plugin.stdout
 
@@ -269,7 +270,7 @@ def test_external_mode_gives_the_same_verdicts(tmp_path: Path) -> None:
     env = subprocess_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     bad = subprocess.run([PYTHON, "-m", "harness.external", "c.yaml", "--backend", "glo",
                           "--report-json", "b.json", "--report-md", "b.md"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120, env=env)
+                         capture_output=True, text=True, timeout=HANG_S, env=env)
     assert bad.returncode != 0
     assert bad.stderr.strip().splitlines()[-1].startswith(
         "python -m harness.external: --backend 'glo' is not a backend torch has built in")

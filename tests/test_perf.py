@@ -29,7 +29,7 @@ from harness.program.perf import wait_order
 from harness.report import html, markdown
 from harness.report.records import validate_report, write_json
 
-from .helpers import PYTHON, load_report, subprocess_env
+from .helpers import HANG_S, PYTHON, load_report, subprocess_env
 
 pytest_plugins = ["pytester"]
 
@@ -178,10 +178,10 @@ def perf_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     args = ["--perf", "--perf-warmup", "1", "--perf-iters", "2", "--perf-min-time", "0",
             "--perf-repeats", "3", "-p", "no:cacheprovider"]
     proc = subprocess.run([PYTHON, "-m", "pytest", "cases/", *args, "-q"], cwd=root,
-                          capture_output=True, text=True, env=subprocess_env(), timeout=600)
+                          capture_output=True, text=True, env=subprocess_env(), timeout=HANG_S)
     quick = subprocess.run([PYTHON, "-m", "pytest", "cases/", "-q", "--no-report",
                             "-p", "no:cacheprovider"], cwd=root, capture_output=True,
-                           text=True, env=subprocess_env(), timeout=600)
+                           text=True, env=subprocess_env(), timeout=HANG_S)
     return {"root": root, "proc": proc, "quick": quick,
             "report": load_report(root / "reports" / "conformance.json")}
 

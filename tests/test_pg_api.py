@@ -18,6 +18,7 @@ import torch
 from harness import ops
 from harness.model import pack_tensor_list, tensor_list, tensor_names
 from harness.ops import RefContext
+from tests.helpers import HANG_S
 from tests.helpers import case_error as problems
 from tests.helpers import case_instances as instances
 
@@ -310,7 +311,7 @@ def test_a_small_case_file_runs_on_gloo(pytester: pytest.Pytester,
     result = pytester.runpytest_subprocess(
         str(path), "--deadline", "30", "--report-json", str(report),
         "--report-md", str(pytester.path / "report.md"), "-p", "no:cacheprovider",
-        "--rootdir", str(ROOT), "-q", timeout=300)
+        "--rootdir", str(ROOT), "-q", timeout=HANG_S)
     assert report.exists(), result.stdout.str()[-3000:]
     records = {r["case"]: r for r in json.loads(report.read_text())["records"]}
     outcomes = {case: r["outcome"] for case, r in records.items()}

@@ -20,7 +20,7 @@ from harness.model import Instance
 from harness.run.forkserver import start_child
 from harness.run.pool import PoolKey, PoolManager
 
-from .helpers import finish, load_report, pytest_argv, rank_pids, start, wait_for
+from .helpers import HANG_S, finish, load_report, pytest_argv, rank_pids, start, wait_for
 
 pytest_plugins = ["pytester"]
 
@@ -49,7 +49,7 @@ def test_pools_are_reused_per_key_and_bounded() -> None:
         assert manager.started == 3  # ws2, then ws3 evicts it, then ws2 again
     finally:
         manager.close()
-    wait_for(lambda: not any(os.path.exists(f"/proc/{p}") and _alive(p) for p in pids), 10,
+    wait_for(lambda: not any(os.path.exists(f"/proc/{p}") and _alive(p) for p in pids), HANG_S,
              "closed pools' ranks to exit")
 
 
@@ -212,10 +212,10 @@ def test_no_rank_outlives_a_killed_pytest(tmp_path: Path, sig: signal.Signals) -
     marker = f"marker-{uuid.uuid4().hex}"
     proc = start_hanging_session(tmp_path, marker)
     try:
-        wait_for(lambda: len(rank_pids(marker)) == 2, 60, "two ranks to start")
+        wait_for(lambda: len(rank_pids(marker)) == 2, HANG_S, "two ranks to start")
         proc.send_signal(sig)
-        proc.wait(timeout=30)
-        wait_for(lambda: not rank_pids(marker), 10, f"ranks to exit after {sig.name}")
+        proc.wait(timeout=HANG_S)
+        wait_for(lambda: not rank_pids(marker), HANG_S, f"ranks to exit after {sig.name}")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -226,15 +226,15 @@ def test_no_rank_outlives_a_killed_xdist_worker(tmp_path: Path) -> None:
     marker = f"marker-{uuid.uuid4().hex}"
     proc = start_hanging_session(tmp_path, marker, "-n", "1")
     try:
-        wait_for(lambda: len(rank_pids(marker)) == 2, 60, "two ranks to start")
+        wait_for(lambda: len(rank_pids(marker)) == 2, HANG_S, "two ranks to start")
         ranks = rank_pids(marker)
         worker = _parent_of_forkserver_parent(ranks[0])
         os.kill(worker, signal.SIGKILL)
-        wait_for(lambda: not any(_alive(p) for p in ranks), 10, "the worker's ranks to exit")
+        wait_for(lambda: not any(_alive(p) for p in ranks), HANG_S, "the worker's ranks to exit")
     finally:
         proc.kill()
         proc.communicate()
-    wait_for(lambda: not rank_pids(marker), 10, "all ranks to exit")
+    wait_for(lambda: not rank_pids(marker), HANG_S, "all ranks to exit")
 
 
 def _parent_of_forkserver_parent(pid: int) -> int:
@@ -259,7 +259,7 @@ def test_two_sessions_at_once_do_not_collide(tmp_path: Path) -> None:
     procs = [start(tmp_path, pytest_argv("c.yaml", "-q", "--report-json", f"r{k}.json",
                                          "--report-md", f"r{k}.md"), merge_stderr=True)
              for k in range(2)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
+    outs = [p.communicate(timeout=HANG_S)[0] for p in procs]
     for p, out in zip(procs, outs, strict=True):
         assert p.returncode == 0, out
         assert "8 passed" in out
@@ -283,7 +283,7 @@ def test_kill_closes_each_pipe_once_whoever_calls_it() -> None:
         calls.append(threading.current_thread().name)
         if len(calls) == 1:
             entered.set()
-            release.wait(30)
+            release.wait(HANG_S)
         real_close()
 
     conn.close = slow_close
@@ -291,7 +291,7 @@ def test_kill_closes_each_pipe_once_whoever_calls_it() -> None:
     second = threading.Thread(target=pool.kill, name="second")
     try:
         first.start()
-        assert entered.wait(30)
+        assert entered.wait(HANG_S)
         second.start()
         second.join(0.5)  # it must wait for the first kill, not close the pipe itself
         assert calls == ["first"]
@@ -304,7 +304,7 @@ def test_kill_closes_each_pipe_once_whoever_calls_it() -> None:
     finally:
         release.set()
         manager.close()
-    wait_for(lambda: not any(_alive(p) for p in pids), 10, "the killed pool's ranks to exit")
+    wait_for(lambda: not any(_alive(p) for p in pids), HANG_S, "the killed pool's ranks to exit")
 
 
 CLOSE_FAILS = """
@@ -331,10 +331,10 @@ def test_a_session_whose_pools_fail_to_close_still_reports_and_leaves_nothing(
     proc = start(tmp_path, pytest_argv("c.yaml", "-q", "-p", "no:randomly",
                                        "--report-json", "r.json"),
                  merge_stderr=True, COLLECTIVE_TEST_MARKER=marker)
-    res = finish(proc, 120)
+    res = finish(proc, HANG_S)
     assert res.returncode not in (0, 1), res.stdout  # pytest's INTERNAL_ERROR
     assert "Traceback" not in res.stdout, res.stdout
-    wait_for(lambda: not rank_pids(marker), 10, "the ranks to be killed anyway")
+    wait_for(lambda: not rank_pids(marker), HANG_S, "the ranks to be killed anyway")
     report = load_report(tmp_path / "r.json")
     assert [r["outcome"] for r in report["records"]] == ["passed"]
     assert report["session"]["complete"] is False

@@ -22,7 +22,7 @@ from harness.record.cli import translate_traces
 from harness.record.programs import build_programs
 from harness.record.trace import TraceError, read_trace
 
-from .helpers import REPO, load_report, run_pytest
+from .helpers import HANG_S, REPO, load_report, run_pytest
 
 PY = sys.executable
 # example -> a fault of harness/mutate/faults.py that touches the ops it issues
@@ -39,7 +39,7 @@ def _record(tmp: Path, *command: str, extra: tuple[str, ...] = ()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([PY, "-m", "harness.record", *extra, "-o", str(tmp / "out.yaml"),
                            "--trace-dir", str(tmp / "traces"), "--", *command],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S)
 
 
 def _cases(path: Path) -> list[dict[str, object]]:
@@ -75,7 +75,7 @@ def test_the_ddp_workload_has_several_buckets_and_the_initial_broadcast() -> Non
 def test_recording_does_not_change_what_ddp_computes(tmp_path: Path) -> None:
     plain = tmp_path / "plain.bin"
     subprocess.run([PY, "examples/ddp_buckets.py", "--out", str(plain)], cwd=REPO, check=True,
-                   timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+                   timeout=HANG_S, env={**os.environ, "PYTHONPATH": str(REPO)})
     res = _record(tmp_path, PY, "examples/ddp_buckets.py", "--out", str(tmp_path / "rec.bin"))
     assert res.returncode == 0, res.stderr
     assert "36 call(s)" in res.stdout  # it did record
@@ -265,13 +265,13 @@ def test_a_rank_killed_while_blocked_in_a_collective_leaves_its_trace(tmp_path: 
     procs = [subprocess.Popen([PY, str(script), str(r), port, str(ready)], env=env)
              for r in (0, 1)]
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.005)
         assert ready.exists()
         time.sleep(0.05)  # inside wait() now; the flusher's timer is 0.5 s
         procs[0].send_signal(signal.SIGTERM)
-        assert procs[0].wait(timeout=30) == -signal.SIGTERM
+        assert procs[0].wait(timeout=HANG_S) == -signal.SIGTERM
     finally:
         for p in procs:
             p.kill()
@@ -363,7 +363,7 @@ def test_a_second_checkout_of_the_same_sources_finds_the_kernel_built(tmp_path: 
     def load(where: Path) -> list[str]:
         got = subprocess.run([PY, "-c", LOAD_KERNEL], cwd=tmp_path, capture_output=True,
                              text=True, env={**os.environ, "PYTHONPATH": str(where)},
-                             timeout=600, check=False)
+                             timeout=HANG_S, check=False)
         assert got.returncode == 0, got.stderr[-2000:]
         return got.stdout.split()
 
@@ -382,7 +382,7 @@ def test_without_a_compiler_the_python_kernel_records_and_says_so(tmp_path: Path
     base = [PY, "-m", "harness.record", "-o", str(tmp_path / "out.yaml"), "--trace-dir",
             str(tmp_path / "traces")]
     res = subprocess.run([*base, "--", PY, "examples/pipeline_p2p.py"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=HANG_S)
     assert res.returncode == 0, res.stderr
     # the build is announced before it starts (it takes minutes on a busy machine)
     assert res.stderr.startswith("collective-record: building the C++ recording kernel (once: "
@@ -393,7 +393,7 @@ def test_without_a_compiler_the_python_kernel_records_and_says_so(tmp_path: Path
              for p in (tmp_path / "traces").glob("trace-*.jsonl")]
     assert heads and all(h["hook"] == "python" for h in heads)
     res = subprocess.run([*base, "--hook", "native", "--", PY, "examples/pipeline_p2p.py"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert res.returncode == 2
     announced, error = res.stderr.splitlines()
     assert announced.startswith("collective-record: building the C++ recording kernel")

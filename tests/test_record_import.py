@@ -23,7 +23,7 @@ from harness.record import fromtrace, importing, plaindata
 from harness.record.fromtrace import recording_from_files
 from harness.record.trace import TraceError
 
-from .helpers import REPO, load_report, run_pytest
+from .helpers import HANG_S, REPO, load_report, run_pytest
 
 PY = sys.executable
 
@@ -63,7 +63,7 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dumps")
     script = out / "produce.py"
     script.write_text(PRODUCE)
-    subprocess.run([PY, str(script), str(out)], check=True, timeout=300, capture_output=True,
+    subprocess.run([PY, str(script), str(out)], check=True, timeout=HANG_S, capture_output=True,
                    env={**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"})
     return out
 
@@ -74,7 +74,7 @@ def _small() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 
 
-def _import(tmp: Path, *paths: Path, extra: tuple[str, ...] = (), timeout: float = 120
+def _import(tmp: Path, *paths: Path, extra: tuple[str, ...] = (), timeout: float = HANG_S
             ) -> subprocess.CompletedProcess[str]:
     """collective-record --from-trace in a child: a file that blocks it or costs without
     bound fails the test (timeout, memory limit) rather than hanging it."""
@@ -264,7 +264,7 @@ def test_only_a_regular_file_is_read(tmp_path: Path, kind: str) -> None:
         path.mkdir()
     else:
         path = Path("/dev/zero")
-    res = _import(tmp_path, path, timeout=60)
+    res = _import(tmp_path, path, timeout=HANG_S)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1, res.stderr
     assert res.stderr.startswith(f"collective-record: error: {path}: "), res.stderr
@@ -325,7 +325,7 @@ def test_a_pickle_costs_at_most_its_size(tmp_path: Path, data: bytes, message: s
     assert len(data) < 3000
     path = tmp_path / "fr_pkl_0"
     path.write_bytes(data)
-    res = _import(tmp_path, path, timeout=60)
+    res = _import(tmp_path, path, timeout=HANG_S)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1, res.stderr
     assert res.stderr.startswith(f"collective-record: error: {path}: "), res.stderr
@@ -348,7 +348,7 @@ def test_a_torch_pickle_that_shares_its_frames_is_read(tmp_path: Path) -> None:
 def test_a_rank_in_a_name_is_bounded(tmp_path: Path) -> None:
     """The digits ending a name are a rank too: bounded before a group of that size is built."""
     path = _dump(tmp_path, ENTRY, name="fr_99999999999999")
-    res = _import(tmp_path, path, timeout=60)
+    res = _import(tmp_path, path, timeout=HANG_S)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1, res.stderr
     assert "the digits ending its name, 99999999999999, are not a rank below 1048576" in \

@@ -16,7 +16,7 @@ from harness.record.cases import Recording, render
 from harness.record.optable import Call
 from harness.record.programs import Event, build_programs, period, split
 
-from .helpers import REPO, load_report, run_pytest
+from .helpers import HANG_S, REPO, load_report, run_pytest
 
 PY = sys.executable
 
@@ -26,7 +26,7 @@ def _record(tmp: Path, example: str) -> Path:
     res = subprocess.run([PY, "-m", "harness.record", "--granularity", "program", "-o",
                           str(out), "--", PY, f"examples/{example}.py"], cwd=REPO,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
-                         text=True, timeout=300)
+                         text=True, timeout=HANG_S)
     assert res.returncode == 0, res.stderr
     return out
 
@@ -119,5 +119,5 @@ def test_a_wait_is_written_where_it_was_recorded() -> None:
 def test_an_unknown_granularity_is_refused(tmp_path: Path, bad: str) -> None:
     res = subprocess.run([PY, "-m", "harness.record", bad, "-o", str(tmp_path / "o.yaml"),
                           "--", PY, "-c", "pass"], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=HANG_S)
     assert res.returncode == 2 and "invalid choice" in res.stderr

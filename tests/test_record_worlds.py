@@ -14,7 +14,7 @@ import yaml
 from harness.record.cases import Recording, render
 from harness.record.optable import Call
 
-from .helpers import REPO, case_instances, load_report, run_pytest
+from .helpers import HANG_S, REPO, case_instances, load_report, run_pytest
 
 PY = sys.executable
 
@@ -94,7 +94,7 @@ def test_a_script_that_raises_leaves_a_partial_file_saying_where(tmp_path: Path)
     script.write_text(CRASH)
     res = subprocess.run([PY, "-m", "harness.record", "-o", str(tmp_path / "out.yaml"), "--",
                           PY, str(script)], cwd=REPO, capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+                         timeout=HANG_S, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert res.returncode == 1, res.stderr
     text = (tmp_path / "out.yaml").read_text()
     assert "# PARTIAL recording" in text

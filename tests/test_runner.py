@@ -26,7 +26,7 @@ from harness.runner.execute import Runner
 from harness.runner.prepare import Prepared, pool_key
 from harness.runner.settings import RunSettings
 
-from .helpers import PYTHON, subprocess_env
+from .helpers import HANG_S, PYTHON, subprocess_env
 
 ENV_CASE = """
 cases:
@@ -169,7 +169,7 @@ def test_the_fuzzer_judges_a_document_as_pytest_judges_its_case_file(tmp_path: P
         [PYTHON, "-m", "pytest", "c.yaml", "-q", "-p", "no:cacheprovider", "--ordering", "all",
          "--backend-module", "tests.ordering_fault_backend", "--backend", "faulty_ordering",
          "--report-json", "r.json", "--report-md", "r.md", "--report-html", "r.html"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=240,
+        cwd=tmp_path, capture_output=True, text=True, timeout=HANG_S,
         env=subprocess_env(COLLECTIVE_FAULT="early_wait"))
     (record,) = json.loads((tmp_path / "r.json").read_text())["records"]
     assert record["outcome"] == probed.outcome == "failed", res.stdout[-2000:]

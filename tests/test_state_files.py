@@ -23,7 +23,15 @@ from harness.external.progress import State, StateError, recovered_run
 from harness.external.resultfile import Pending, ResultFileError, dump_result, load_result
 from harness.model import RankResult, StepEvent, TensorCheck
 
-from .helpers import PYTHON, case_instances, free_port, load_report, subprocess_env, write_case_file
+from .helpers import (
+    HANG_S,
+    PYTHON,
+    case_instances,
+    free_port,
+    load_report,
+    subprocess_env,
+    write_case_file,
+)
 
 ONE_CASE = """
 cases:
@@ -133,7 +141,7 @@ def _external(where: Path, *extra: str, report: str = "r.json"
                          MASTER_PORT=str(free_port()))
     return subprocess.run([PYTHON, "-m", "harness.external", "c.yaml", "--report-json",
                            report, "--report-md", "r.md", "--deadline", "60", *extra],
-                          cwd=where, env=env, capture_output=True, text=True, timeout=240)
+                          cwd=where, env=env, capture_output=True, text=True, timeout=HANG_S)
 
 
 def test_a_resume_from_a_broken_state_stops_and_leaves_no_pass(tmp_path: Path) -> None:

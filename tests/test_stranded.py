@@ -14,7 +14,7 @@ from harness.model import Instance, RankResult
 from harness.run import stranded
 from harness.run.pool import PoolKey, PoolManager
 
-from .helpers import load_report, run_pytest, wait_for
+from .helpers import HANG_S, load_report, run_pytest, wait_for
 
 # Rank 0 (the root) rejects the float16 list against its float32 output before sending
 # anything; rank 1 is already waiting in the scatter and can never receive.
@@ -98,7 +98,7 @@ def test_a_running_rank_is_never_taken_for_a_stranded_one(tmp_path: Path) -> Non
              for name, code in (("busy", BUSY), ("idle", IDLE))}
     try:
         wait_for(lambda: (stranded.process_activity(procs["idle"].pid) or ("R",))[0] == "S",
-                 10, "the idle process to sleep")
+                 HANG_S, "the idle process to sleep")
         for name, settles in (("busy", False), ("idle", True)):
             watch = stranded.StrandWatch(inst)
             pid = {1: procs[name].pid}
@@ -108,7 +108,7 @@ def test_a_running_rank_is_never_taken_for_a_stranded_one(tmp_path: Path) -> Non
             else:
                 # its CPU time grows between the looks (or it is seen running): never settled
                 wait_for(lambda: (stranded.process_activity(procs["busy"].pid)
-                                  or ("", 0))[1] > 0, 10,
+                                  or ("", 0))[1] > 0, HANG_S,
                          "the busy process to use CPU time")
                 assert not any(watch.settled(t, raised, {1: 0}, pid)
                                for t in (1.0, 2.0, 3.0, 4.0)), name

@@ -21,7 +21,7 @@ from harness.model import Instance, InstanceResult, RankResult
 from harness.mutate import faults
 from harness.verdict import steps as stepverdicts
 
-from .helpers import load_report
+from .helpers import HANG_S, load_report
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -227,7 +227,7 @@ def _run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
     result = pytester.runpytest_subprocess(
         "cases", "--deadline", "30", "--report-json", str(report), "--report-md",
         str(pytester.path / "r.md"), "--report-html", str(pytester.path / "r.html"),
-        "-p", "no:cacheprovider", "-q", *args, timeout=300)
+        "-p", "no:cacheprovider", "-q", *args, timeout=HANG_S)
     assert report.exists(), result.stdout.str()[-3000:]
     return {r["case"]: r for r in load_report(report)["records"]}  # schema-valid
 

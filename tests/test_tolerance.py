@@ -10,6 +10,7 @@ import torch
 
 from harness.model import Tolerance
 from harness.program import tensors
+from tests.helpers import HANG_S
 
 pytest_plugins = ["pytester"]
 
@@ -115,7 +116,7 @@ def test_tolerance_auto_still_catches_wrong_sums(pytester: pytest.Pytester,
     _write(pytester, RANDOM.format(tolerance="    tolerance: auto"))
     result = pytester.runpytest_subprocess(
         "cases/", "-q", "-p", "no:cacheprovider", "--no-report", "--backend", "faulty",
-        "--backend-module", "tests.fault_backend", "-k", "sum and ws3", timeout=300)
+        "--backend-module", "tests.fault_backend", "-k", "sum and ws3", timeout=HANG_S)
     result.assert_outcomes(failed=3)
     result.stdout.fnmatch_lines(["*wrong (max abs error *; tolerance auto: 2 rounding(s) over "
                                  "3 ranks in *"])

@@ -19,8 +19,9 @@ from multiprocessing import context, popen_forkserver
 from multiprocessing.process import BaseProcess
 
 # One lock for every child: reads are short (the status is on the pipe when it is readable),
-# and multiprocessing polls all children from whichever thread starts a process.
-_STATUS_LOCK = threading.Lock()
+# and multiprocessing polls all children from whichever thread starts a process. Reentrant: a
+# signal handler that ends pools may run in a thread that holds it.
+_STATUS_LOCK = threading.RLock()
 
 
 class _StatusPopen(popen_forkserver.Popen):
