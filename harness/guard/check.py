@@ -21,6 +21,7 @@ catch it). Integer SUM checksums are exact, compared modulo 2^bits.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,7 +120,7 @@ def _reduce_chunk(spec: dict[str, Any], ins: list[list[Any]], out: list[Any]) ->
 
 
 def _agreement(spec: dict[str, Any], digs: list[dict[str, Any]], idx: int,
-               ranked: dict[int, float]) -> list[Mismatch]:
+               ranking: Callable[[], dict[int, float]]) -> list[Mismatch]:
     """Every rank must hold the same bits after an all_reduce (each element is computed once
     and delivered, in NCCL and Gloo alike); a rank in the minority (or, in a tie, the one whose
     checksum is further from the inputs') is named."""
@@ -132,6 +133,7 @@ def _agreement(spec: dict[str, Any], digs: list[dict[str, Any]], idx: int,
             votes.setdefault(tuple(d["out"][idx][c]), []).append(pos)
         if len(votes) < 2:
             continue
+        ranked = ranking()
         ranked_votes = sorted(votes.items(), key=lambda kv: (-len(kv[1]), min(
             ranked.get(p, 0.0) for p in kv[1])))
         majority = ranked_votes[0]
@@ -165,17 +167,27 @@ def check_reduce(spec: dict[str, Any], digs: list[dict[str, Any]]) -> Verdict:
     v = Verdict()
     group = spec["group"]
     linear = spec.get("linear") != "no"
+    # Ranks that hold the same output checksum get the same answer: each distinct row is
+    # judged once (on an honest call, once per chunk whatever the group's size).
+    judged: dict[tuple[int, Any, Any], str | None] = {}
     for pos, d in enumerate(digs if linear else []):
         for c, row in enumerate(d["out"][0]):
-            why = _reduce_chunk(spec, [e["in"][0][c] for e in digs], row)
+            key = (c, row[0], row[1])
+            if key not in judged:
+                judged[key] = _reduce_chunk(spec, [e["in"][0][c] for e in digs], row)
+            why = judged[key]
             if why == "":
                 v.unchecked += 1
             elif why:
                 v.mismatches.append(Mismatch(group[pos], c, why))
-    ranked = ({p: _residual(spec, digs, p) for p in range(len(digs))}
-              if linear and "bits" not in spec else {})
+
+    def ranking() -> dict[int, float]:  # asked only where the ranks disagree
+        if not linear or "bits" in spec:
+            return {}
+        return {p: _residual(spec, digs, p) for p in range(len(digs))}
+
     seen = {(m.rank, m.chunk) for m in v.mismatches}
-    v.mismatches += [m for m in _agreement(spec, digs, -1, ranked)
+    v.mismatches += [m for m in _agreement(spec, digs, -1, ranking)
                      if (m.rank, m.chunk) not in seen]
     return v
 

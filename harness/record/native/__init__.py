@@ -28,14 +28,19 @@ from typing import Any
 
 from harness.record.capture import GROUP, CallTuple, capture_group_name, classify, site_json
 
-SOURCE = Path(__file__).resolve().parent / "hook.cpp"
-GUARD_SOURCE = SOURCE.with_name("guard.cpp")  # collective-guard's kernel, same module
-SOURCES = (SOURCE, GUARD_SOURCE)
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE / "hook.cpp"
+# collective-guard's kernel and its digests, in the same module
+SOURCES = (SOURCE, HERE / "guard.cpp", HERE / "digest.cpp")
+HEADERS = (HERE / "common.h", HERE / "digest.h", HERE / "digest_loops.h")
+# Without contraction into fused multiply-adds the C++ digests add in digest.py's order.
+CFLAGS = ["-O3", "-ffp-contract=off"]
 # Named by the sources' hash: worktrees or installs with different sources then build into
 # folders of their own instead of rebuilding one folder in turn (torch's builder keys its
 # cache by name only across processes).
 NAME = "collective_record_hook_" + hashlib.sha256(
-    b"".join(p.read_bytes() for p in SOURCES)).hexdigest()[:12]
+    b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS)) + " ".join(CFLAGS).encode()
+).hexdigest()[:12]
 _MODULE: list[Any] = []  # the loaded extension, once
 
 
@@ -56,7 +61,7 @@ def load(verbose: bool = False) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            mod = cpp_extension.load(NAME, [str(p) for p in SOURCES], extra_cflags=["-O2"],
+            mod = cpp_extension.load(NAME, [str(p) for p in SOURCES], extra_cflags=CFLAGS,
                                      verbose=verbose)
     except Exception as exc:  # a compiler, a header or ninja missing: the reason, one line
         text = " ".join(str(exc).split())
