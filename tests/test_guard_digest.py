@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
 
 from harness.guard import channel, digest
 from harness.guard.calls import Entry
@@ -40,15 +41,15 @@ def cpp() -> Any:
 def _values(dtype: torch.dtype, n: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     if dtype.is_floating_point:
-        info = torch.finfo(dtype)
+        big = torch.finfo(dtype).max
         x = torch.randn(n, generator=gen, dtype=torch.float64)
         x = x * 10.0 ** torch.randint(-3, 4, (n,), generator=gen)
-        return x.clamp(-info.max, info.max).to(dtype)
+        return x.clamp(-big, big).to(dtype)
     if dtype == torch.bool:
         return torch.rand(n, generator=gen) > 0.5
-    info = torch.iinfo(dtype)
-    hi = min(info.max, 2**62)
-    lo = max(info.min, -(2**62))
+    ints = torch.iinfo(dtype)
+    hi = int(min(ints.max, 2**62))
+    lo = int(max(ints.min, -(2**62)))
     return torch.randint(lo, hi, (n,), generator=gen, dtype=torch.int64).to(dtype)
 
 
@@ -123,7 +124,7 @@ def _entry(seq: int, me: int) -> Entry:
 
 @pytest.mark.parametrize("store", ["queues", "keys"])
 def test_a_batch_of_calls_is_one_message_per_peer(store: str, tmp_path: Path) -> None:
-    base = dist.HashStore() if store == "queues" else dist.FileStore(str(tmp_path / "s"), 1)
+    base = c10d.HashStore() if store == "queues" else c10d.FileStore(str(tmp_path / "s"), 1)
     inboxes = [channel.Inbox(base, r) for r in (0, 1)]
     assert [i.queues for i in inboxes] == [store == "queues"] * 2
     sides = [channel.Exchange(i) for i in inboxes]
@@ -140,7 +141,7 @@ def test_a_batch_of_calls_is_one_message_per_peer(store: str, tmp_path: Path) ->
 
 
 def test_a_message_that_is_not_the_guards_is_a_channel_error() -> None:
-    store = dist.HashStore()
+    store = c10d.HashStore()
     inbox = channel.Inbox(store, 0)
     inbox.push(0, '{"from": 1, "d": [[["0", "all_reduce", 0], 5]]}')
     with pytest.raises(channel.ChannelError, match="not the guard's"):

@@ -283,7 +283,8 @@ class Guard:
         if not calls:
             return  # a process that made no checked call (a launcher): nothing to say
         rank = dist.get_rank() if dist.is_initialized() else self.rank
-        stats = {"rank": rank, "pid": os.getpid(), "checked": self.checked, "found": self.found,
+        stats: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "checked": self.checked,
+                                 "found": self.found,
                  "off": self.off, "calls": calls, "every": self.s.every}
         if self.exchange is not None:
             stats |= {"pushes": self.exchange.pushes, "pops": self.exchange.pops,

@@ -170,7 +170,8 @@ def _with_inputs(kept: dict[int, list[Any]]) -> Builder:
     def builder(rec: Recording) -> tuple[dict[str, Any], list[str]]:
         doc, notes = build(rec)
         for case in doc["cases"]:
-            case["input"] = {**{r: v for r, v in sorted(kept.items())}, "others": "zeros"}
+            fill: dict[int | str, Any] = {r: v for r, v in sorted(kept.items())}
+            case["input"] = fill | {"others": "zeros"}
             if (case.get("dtype") in FLOATS and case.get("reduce_op") is not None
                     and len(kept) > 2):
                 case["tolerance"] = "auto"
