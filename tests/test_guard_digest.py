@@ -117,7 +117,8 @@ def test_spec_of_a_cpp_record_is_the_python_path_spec(name: str) -> None:
 
 def _entry(seq: int, me: int) -> Entry:
     spec = spec_of("allreduce_", [0, 1], torch.float32, 64, 0)
-    rows_in, rows_out = [[float(seq), 1.0]], [[float(seq), 1.0], [seq, seq, seq]]
+    rows_in = [[[float(seq), 1.0]]]  # digests, of rows (chunks), of numbers
+    rows_out = [[[float(seq), 1.0]], [[seq, -seq, 2**63 - 1]]]
     return Entry("allreduce_", seq, "0", spec, me, rows_in, rows_out, seq, 0,
                  lambda: ({}, "?"), lambda: [])
 
@@ -136,7 +137,9 @@ def test_a_batch_of_calls_is_one_message_per_peer(store: str, tmp_path: Path) ->
         assert sides[r].pushes == sides[r].pops == 1
         assert all(sides[r].ready(e) for e in mine[r])
         digs = sides[r].digests(mine[r][4])
-        assert [d["rank"] for d in digs] == [0, 1] and digs[1 - r]["in"] == [[4.0, 1.0]]
+        assert [d["rank"] for d in digs] == [0, 1]
+        assert digs[1 - r]["in"] == [[[4.0, 1.0]]]
+        assert digs[1 - r]["out"] == [[[4.0, 1.0]], [[4, -4, 2**63 - 1]]]
         assert sides[r].collect() == 0  # a pop removed what it read
 
 
@@ -146,3 +149,13 @@ def test_a_message_that_is_not_the_guards_is_a_channel_error() -> None:
     inbox.push(0, '{"from": 1, "d": [[["0", "all_reduce", 0], 5]]}')
     with pytest.raises(channel.ChannelError, match="not the guard's"):
         channel.Exchange(inbox).collect()
+
+
+def test_packed_digests_keep_every_bit() -> None:
+    for rows in ([[-0.0, 5e-324], [1.7976931348623157e308, -1.5]], [[-(2**63), 2**63 - 1, 0]],
+                 []):
+        back = channel.unpack(channel.pack(rows))
+        assert _bits(back) == _bits(rows)
+    for bad in (["x", 1, ""], ["d", 3, "AAAAAAAAAAA="], ["d", 1, "not base64!"]):
+        with pytest.raises((ValueError, TypeError)):
+            channel.unpack(bad)

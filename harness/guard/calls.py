@@ -70,6 +70,7 @@ class Entry:
     describe: Callable[[], tuple[dict[str, Any], str]]  # (call, site): made on a finding
     kept: Callable[[], list[torch.Tensor]]  # inputs kept by --keep-inputs ([]: none)
     since: float = 0.0  # when the checker took it (for its timeout)
+    _needs: list[int] | None = None
 
     @property
     def rank(self) -> int:
@@ -95,9 +96,13 @@ class Entry:
 
     def needs(self) -> list[int]:
         """The global ranks whose digests decide it (none for a send: its receiver decides)."""
-        if self.family == "p2p":
-            return [] if self.name == "send" else [int(self.spec["group"][self.spec["peer"]])]
-        return [int(r) for r in self.spec["group"] if int(r) != self.rank]
+        if self._needs is None:
+            if self.family == "p2p":
+                self._needs = ([] if self.name == "send"
+                               else [int(self.spec["group"][self.spec["peer"]])])
+            else:
+                self._needs = [int(r) for r in self.spec["group"] if int(r) != self.rank]
+        return self._needs
 
     def sends_to(self) -> list[int]:
         """The global ranks its digests go to."""
@@ -106,12 +111,21 @@ class Entry:
         return self.needs()
 
 
+_SPECS: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
 def from_native(native: Any, rec: tuple[Any, ...]) -> Entry:
     """A record the C++ kernel digested (see guard.cpp's take) as an entry."""
     (name, seq, gname, ranks, me, dtype, chunk, reduce, root, peer, tag, ordinal, step,
      rows_in, rows_out, ref) = rec
-    group = [int(r) for r in ranks]
-    spec = spec_of(name, group, dtype, int(chunk), int(reduce), int(root), int(peer), int(tag))
+    facts = (name, ranks, dtype, chunk, reduce, root, peer, tag)
+    spec = _SPECS.get(facts)
+    if spec is None:  # one spec per distinct call shape, shared by its entries (read only)
+        if len(_SPECS) > 4096:
+            _SPECS.clear()
+        spec = _SPECS[facts] = spec_of(name, [int(r) for r in ranks], dtype, int(chunk),
+                                       int(reduce), int(root), int(peer), int(tag))
+    group = spec["group"]
 
     def describe() -> tuple[dict[str, Any], str]:
         op, args, api, code, line = native.guard_describe(ref)

@@ -20,6 +20,7 @@ catch it). Integer SUM checksums are exact, compared modulo 2^bits.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,15 +77,18 @@ def _gamma(k: int, u: float) -> float:
 
 def sum_bound(spec: dict[str, Any], a_in: float, a_out: float) -> float:
     """How far a float SUM/AVG output checksum may be from the inputs' (see the module doc)."""
-    w = len(spec["group"])
-    u, tiny = float(spec["u"]), float(spec["tiny"])
-    n = int(spec["chunk"])
-    avg = spec.get("reduce") == "avg"
-    contrib = _gamma(max(w - 1, 1), u) * a_in / (w if avg else 1)
-    own = (6 if avg else 4) * u * a_out
-    f64 = _gamma(n + w + 2, U64) * (a_in + a_out)
-    slack = 4 * n * tiny * 16 * w
-    return contrib + own + f64 + slack
+    c_in, c_out, slack = _terms(len(spec["group"]), float(spec["u"]), float(spec["tiny"]),
+                                int(spec["chunk"]), spec.get("reduce") == "avg")
+    return c_in * a_in + c_out * a_out + slack
+
+
+@functools.lru_cache(maxsize=256)
+def _terms(w: int, u: float, tiny: float, n: int, avg: bool) -> tuple[float, float, float]:
+    """The bound's factors of the inputs' and the output's magnitudes, and its constant."""
+    f64 = _gamma(n + w + 2, U64)
+    contrib = _gamma(max(w - 1, 1), u) / (w if avg else 1)
+    own = (6 if avg else 4) * u
+    return contrib + f64, own + f64, 4 * n * tiny * 16 * w
 
 
 def _reduce_chunk(spec: dict[str, Any], ins: list[list[Any]], out: list[Any]) -> str | None:
@@ -99,7 +103,7 @@ def _reduce_chunk(spec: dict[str, Any], ins: list[list[Any]], out: list[Any]) ->
         return None
     vals = [float(i[0]) for i in ins] + [float(out[0])]
     mags = [float(i[1]) for i in ins] + [float(out[1])]
-    if not all(math.isfinite(v) for v in vals + mags):
+    if not math.isfinite(sum(mags)) and not all(math.isfinite(v) for v in vals + mags):
         return ""  # inf/NaN in the data: no linear check (counted as unchecked)
     if op in ("sum", "avg"):
         want = math.fsum(vals[:-1]) / (len(ins) if op == "avg" else 1)

@@ -46,6 +46,11 @@ class GuardMismatch(RuntimeError):
     """Raised in the training thread under ``--on-mismatch raise``."""
 
 
+class GuardFailure(RuntimeError):
+    """The guard's own failure away from the side channel (a digest the kernel could not
+    take, a checker that fell behind): the message says it."""
+
+
 class Guard:
     """One process's guard: counters, the queue, the checker thread, the findings file."""
 
@@ -167,6 +172,8 @@ class Guard:
                     return
                 if self.stopping:
                     time.sleep(poll)
+            except GuardFailure as exc:
+                self.disable(str(exc))
             except Exception as exc:
                 self.disable(f"the side channel failed: {type(exc).__name__}: {exc}")
 
@@ -179,7 +186,7 @@ class Guard:
             recs = self.native.guard_take(wait_s, LINGER_S, BATCH)
             why = self.native.guard_failure()
             if why:
-                raise RuntimeError(why)
+                raise GuardFailure(why)
             out += [from_native(self.native, r) for r in recs]
         elif wait_s > 0:
             self.wake_event.wait(wait_s)
@@ -206,6 +213,7 @@ class Guard:
         for e in outstanding:
             if self.exchange.ready(e):
                 self.decide(e, self.exchange.digests(e))
+                time.sleep(0)  # lets a training thread waiting for the GIL have it now
             elif now - e.since > self.s.timeout_s:
                 raise TimeoutError(f"rank(s) {self.exchange.missing(e)} did not publish their "
                                    f"digests of {e.family} seq {e.seq} within "

@@ -7,28 +7,35 @@
 // is the order digest.py's reference takes.
 
 // Per word j of a chunk (zero-extended to 64 bits): the plain sum, the sum weighted by j + 1,
-// and the sum weighted by the odd 32-bit hash of j; all modulo 2^64.
+// and the sum weighted by the odd 32-bit hash of j, (j * 2654435761 + 0x9E3779B1) | 1 mod 2^32;
+// all modulo 2^64. Lane l takes words j = l (mod 16); its weights step by 16 positions.
 template <typename W>
 void exact_row(const W* w, int64_t k, uint64_t out[3]) {
   constexpr int L = 16;
+  constexpr uint32_t HASH = 2654435761u;
   uint64_t a0[L] = {}, a1[L] = {}, a2[L] = {};
+  uint32_t pos[L], hash[L];
+  for (int l = 0; l < L; ++l) {
+    pos[l] = static_cast<uint32_t>(l) + 1u;
+    hash[l] = static_cast<uint32_t>(l) * HASH + 0x9E3779B1u;
+  }
   int64_t j = 0;
   for (; j + L <= k; j += L) {
     for (int l = 0; l < L; ++l) {
       const uint64_t x = w[j + l];
-      const uint32_t jj = static_cast<uint32_t>(j + l);
       a0[l] += x;
-      a1[l] += x * static_cast<uint64_t>(jj + 1u);
-      a2[l] += x * static_cast<uint64_t>((jj * 2654435761u + 0x9E3779B1u) | 1u);
+      a1[l] += x * static_cast<uint64_t>(pos[l]);
+      a2[l] += x * static_cast<uint64_t>(hash[l] | 1u);
+      pos[l] += L;
+      hash[l] += L * HASH;
     }
   }
   uint64_t s0 = 0, s1 = 0, s2 = 0;
-  for (; j < k; ++j) {
+  for (int l = 0; j < k; ++j, ++l) {
     const uint64_t x = w[j];
-    const uint32_t jj = static_cast<uint32_t>(j);
     s0 += x;
-    s1 += x * static_cast<uint64_t>(jj + 1u);
-    s2 += x * static_cast<uint64_t>((jj * 2654435761u + 0x9E3779B1u) | 1u);
+    s1 += x * static_cast<uint64_t>(pos[l]);
+    s2 += x * static_cast<uint64_t>(hash[l] | 1u);
   }
   for (int l = 0; l < L; ++l) {
     s0 += a0[l];

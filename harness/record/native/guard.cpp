@@ -103,9 +103,15 @@ bool woken = false;       // the checker is asked to look now (qmu)
 bool flushing = false;    // finishing: hand records over without lingering (qmu)
 std::string& failure = *new std::string();  // why a digest failed, for the checker (qmu)
 
+constexpr int64_t MAX_PENDING = 1 << 16;  // digested calls the checker has not taken
+
 void made() {
   std::lock_guard<std::mutex> g(qmu);
-  ++pending;
+  if (++pending > MAX_PENDING && failure.empty()) {  // it cannot keep up: memory would grow
+    off = true;
+    failure = "the checker fell behind (" + std::to_string(MAX_PENDING) +
+              " sampled calls waiting; sample fewer, e.g. --sample 100)";
+  }
 }
 
 void enqueue(RecordPtr r) {
