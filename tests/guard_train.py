@@ -3,7 +3,10 @@
 ``--out FILE`` writes rank 0's final tensor as raw bytes (compared bit for bit with and without
 the guard); ``--break-channel`` makes the guard's side channel fail in every rank after init.
 ``--probe python`` instead prints, per rank, how many Python calls into harness/guard five
-all_reduces made after the first (run with a sampling that leaves them unsampled);
+all_reduces made on the calling thread after the first (unsampled, or sampled and digested by
+the C++ kernel); ``--probe describe`` prints how often a clean run's checked calls had their
+case JSON or call site made (only a finding needs them); ``--probe step`` reports a made-up
+finding for the third all_reduce, issued after two optimizer steps;
 ``--probe overlap`` has rank 0 return from an async all_reduce before rank 1 issues its own
 (a kernel that waited for it would block until rank 1's store wait times out); ``--probe
 raise`` makes every check report rank 0 and prints what rank 0's next all_reduce raised.
@@ -88,12 +91,55 @@ def probe_raise(rank: int) -> None:
         print(f"rank {rank}: raised {type(exc).__name__}: {exc}", flush=True)
 
 
+def probe_describe(rank: int) -> None:
+    from harness.guard import calls
+    made = {"call_json": 0, "site_json": 0}
+    for name in made:
+        orig = getattr(calls, name)
+
+        def counted(*args: Any, _orig: Any = orig, _name: str = name) -> Any:
+            made[_name] += 1
+            return _orig(*args)
+
+        setattr(calls, name, counted)
+    x = torch.ones(1000)
+    for _ in range(10):
+        dist.all_reduce(x)
+    dist.destroy_process_group()  # the guard decides every queued call first
+    from harness.guard import rank as guard_rank
+    g = guard_rank.guard()
+    assert g is not None
+    print(f"rank {rank}: {g.checked} checked, made {made}", flush=True)
+
+
+def probe_step(rank: int) -> None:
+    from harness.guard import check
+    honest = check.decide
+    decided = [0]
+
+    def decide(spec: dict[str, Any], digs: list[Any]) -> check.Verdict:
+        verdict = honest(spec, digs)
+        decided[0] += 1
+        if decided[0] == 3:  # calls are decided in issue order here: the third all_reduce
+            verdict.mismatches.append(check.Mismatch(spec["group"][0], 0, "made up"))
+        return verdict
+
+    check.decide = decide
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(4):
+        dist.all_reduce(torch.full((1000,), float(i + 1)))
+        opt.step()
+
+
 def run(rank: int, port: int, out: str, broken: bool, probe: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     if probe:
-        {"python": probe_python, "overlap": probe_overlap, "raise": probe_raise}[probe](rank)
-        dist.destroy_process_group()
+        {"python": probe_python, "overlap": probe_overlap, "raise": probe_raise,
+         "describe": probe_describe, "step": probe_step}[probe](rank)
+        if dist.is_initialized():
+            dist.destroy_process_group()
         return
     if broken:
         from harness.guard import rank as guard_rank
@@ -119,7 +165,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="")
     p.add_argument("--break-channel", action="store_true")
-    p.add_argument("--probe", choices=["python", "overlap", "raise"], default="")
+    p.add_argument("--probe", choices=["python", "overlap", "raise", "describe", "step"],
+                   default="")
     a = p.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -135,7 +135,8 @@ def _per_call(tmp: Path) -> dict[str, float]:
 
 def _run(script: Path, tmp: Path, steps: int, pairs: int, every: int,
          control: bool) -> list[list[float]]:
-    """Per pair: median, mean step time (rank 0) and CPU per step (both ranks), guarded/plain."""
+    """Per pair: median, mean step time (rank 0) and CPU per step (both ranks), guarded/plain,
+    and rank 0's plain median step in seconds."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SITE), str(ROOT)]))
     env[DIR_ENV] = str(tmp)
     env[ENV] = to_env(Settings(every=every))
@@ -148,7 +149,8 @@ def _run(script: Path, tmp: Path, steps: int, pairs: int, every: int,
         raise SystemExit("bench_guard: the ranks did not load the C++ kernel")
     ratios = []
     for (p0, g0), (p1, g1) in zip(ranks[0]["pairs"], ranks[1]["pairs"], strict=True):
-        ratios.append([g0[0] / p0[0], g0[1] / p0[1], (g0[2] + g1[2]) / (p0[2] + p1[2])])
+        ratios.append([g0[0] / p0[0], g0[1] / p0[1], (g0[2] + g1[2]) / (p0[2] + p1[2]),
+                       p0[0]])
     return ratios
 
 
@@ -178,12 +180,15 @@ def main() -> int:
         for k, label in enumerate(("median step", "mean step", "CPU per step")):
             vals = [r[k] for r in rs]
             row[label] = {"median": statistics.median(vals), "range": [min(vals), max(vals)]}
+        row["plain step ms"] = statistics.median(r[3] for r in rs) * 1e3
         result[name] = row
         ok &= row["mean step"]["median"] <= BUDGET.get(name, 2.0)
         print(f"sample {name}: " + ", ".join(
             f"{label} x{v['median']:.3f} ({v['range'][0]:.3f}-{v['range'][1]:.3f})"
-            for label, v in row.items()) + (f"; budget x{BUDGET[name]}" if name in BUDGET
-                                            else " (both blocks detached: the noise)"))
+            for label, v in row.items() if isinstance(v, dict))
+            + f"; plain step {row['plain step ms']:.2f} ms"
+            + (f"; budget x{BUDGET[name]}" if name in BUDGET
+               else " (both blocks detached: the noise)"))
     print(f"unsampled call on the calling thread: {per_call['plain_s'] * 1e6:.2f} us plain, "
           f"{per_call['guarded_s'] * 1e6:.2f} us guarded (+"
           f"{(per_call['guarded_s'] - per_call['plain_s']) * 1e6:.2f} us)")

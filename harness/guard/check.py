@@ -20,7 +20,9 @@ catch it). Integer SUM checksums are exact, compared modulo 2^bits.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,15 +77,18 @@ def _gamma(k: int, u: float) -> float:
 
 def sum_bound(spec: dict[str, Any], a_in: float, a_out: float) -> float:
     """How far a float SUM/AVG output checksum may be from the inputs' (see the module doc)."""
-    w = len(spec["group"])
-    u, tiny = float(spec["u"]), float(spec["tiny"])
-    n = int(spec["chunk"])
-    avg = spec.get("reduce") == "avg"
-    contrib = _gamma(max(w - 1, 1), u) * a_in / (w if avg else 1)
-    own = (6 if avg else 4) * u * a_out
-    f64 = _gamma(n + w + 2, U64) * (a_in + a_out)
-    slack = 4 * n * tiny * 16 * w
-    return contrib + own + f64 + slack
+    c_in, c_out, slack = _terms(len(spec["group"]), float(spec["u"]), float(spec["tiny"]),
+                                int(spec["chunk"]), spec.get("reduce") == "avg")
+    return c_in * a_in + c_out * a_out + slack
+
+
+@functools.lru_cache(maxsize=256)
+def _terms(w: int, u: float, tiny: float, n: int, avg: bool) -> tuple[float, float, float]:
+    """The bound's factors of the inputs' and the output's magnitudes, and its constant."""
+    f64 = _gamma(n + w + 2, U64)
+    contrib = _gamma(max(w - 1, 1), u) / (w if avg else 1)
+    own = (6 if avg else 4) * u
+    return contrib + f64, own + f64, 4 * n * tiny * 16 * w
 
 
 def _reduce_chunk(spec: dict[str, Any], ins: list[list[Any]], out: list[Any]) -> str | None:
@@ -98,7 +103,7 @@ def _reduce_chunk(spec: dict[str, Any], ins: list[list[Any]], out: list[Any]) ->
         return None
     vals = [float(i[0]) for i in ins] + [float(out[0])]
     mags = [float(i[1]) for i in ins] + [float(out[1])]
-    if not all(math.isfinite(v) for v in vals + mags):
+    if not math.isfinite(sum(mags)) and not all(math.isfinite(v) for v in vals + mags):
         return ""  # inf/NaN in the data: no linear check (counted as unchecked)
     if op in ("sum", "avg"):
         want = math.fsum(vals[:-1]) / (len(ins) if op == "avg" else 1)
@@ -119,7 +124,7 @@ def _reduce_chunk(spec: dict[str, Any], ins: list[list[Any]], out: list[Any]) ->
 
 
 def _agreement(spec: dict[str, Any], digs: list[dict[str, Any]], idx: int,
-               ranked: dict[int, float]) -> list[Mismatch]:
+               ranking: Callable[[], dict[int, float]]) -> list[Mismatch]:
     """Every rank must hold the same bits after an all_reduce (each element is computed once
     and delivered, in NCCL and Gloo alike); a rank in the minority (or, in a tie, the one whose
     checksum is further from the inputs') is named."""
@@ -132,6 +137,7 @@ def _agreement(spec: dict[str, Any], digs: list[dict[str, Any]], idx: int,
             votes.setdefault(tuple(d["out"][idx][c]), []).append(pos)
         if len(votes) < 2:
             continue
+        ranked = ranking()
         ranked_votes = sorted(votes.items(), key=lambda kv: (-len(kv[1]), min(
             ranked.get(p, 0.0) for p in kv[1])))
         majority = ranked_votes[0]
@@ -165,17 +171,27 @@ def check_reduce(spec: dict[str, Any], digs: list[dict[str, Any]]) -> Verdict:
     v = Verdict()
     group = spec["group"]
     linear = spec.get("linear") != "no"
+    # Ranks that hold the same output checksum get the same answer: each distinct row is
+    # judged once (on an honest call, once per chunk whatever the group's size).
+    judged: dict[tuple[int, Any, Any], str | None] = {}
     for pos, d in enumerate(digs if linear else []):
         for c, row in enumerate(d["out"][0]):
-            why = _reduce_chunk(spec, [e["in"][0][c] for e in digs], row)
+            key = (c, row[0], row[1])
+            if key not in judged:
+                judged[key] = _reduce_chunk(spec, [e["in"][0][c] for e in digs], row)
+            why = judged[key]
             if why == "":
                 v.unchecked += 1
             elif why:
                 v.mismatches.append(Mismatch(group[pos], c, why))
-    ranked = ({p: _residual(spec, digs, p) for p in range(len(digs))}
-              if linear and "bits" not in spec else {})
+
+    def ranking() -> dict[int, float]:  # asked only where the ranks disagree
+        if not linear or "bits" in spec:
+            return {}
+        return {p: _residual(spec, digs, p) for p in range(len(digs))}
+
     seen = {(m.rank, m.chunk) for m in v.mismatches}
-    v.mismatches += [m for m in _agreement(spec, digs, -1, ranked)
+    v.mismatches += [m for m in _agreement(spec, digs, -1, ranking)
                      if (m.rank, m.chunk) not in seen]
     return v
 

@@ -1,7 +1,8 @@
 """``collective-guard``: run a training command with a sample of its collectives checked.
 
     collective-guard [--sample N|every] [--on-mismatch warn|raise|abort] [--findings DIR]
-                     [--chunk ELEMENTS] [--timeout S] [--ops a,b] [--inject FAULT] -- CMD ...
+                     [--chunk ELEMENTS] [--timeout S] [--ops a,b] [--keep-inputs ELEMENTS]
+                     [--inject FAULT] -- CMD ...
 
 Exit status: the command's own (the guard never turns a run that succeeded into a failure:
 ``--on-mismatch raise|abort`` are how a finding stops the job); 2 for a bad setting (one line
@@ -24,6 +25,7 @@ from harness.guard.settings import (
     DIR_ENV,
     ENV,
     FAMILIES,
+    MAX_KEEP,
     MODES,
     Settings,
     SettingsError,
@@ -65,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
                         "(default 60)")
     p.add_argument("--ops", default=",".join(FAMILIES),
                    help=f"op families to check (default all: {','.join(FAMILIES)})")
+    p.add_argument("--keep-inputs", type=int, default=0, metavar="ELEMENTS",
+                   help=f"copy each sampled call's input of at most ELEMENTS elements per rank "
+                        f"(up to {MAX_KEEP}) so that a finding's case replays the job's own "
+                        "values; default 0: none kept (the case uses generated inputs)")
     p.add_argument("--inject", default="", metavar="FAULT",
                    help="a drill: run the job's Gloo groups on collective-mutate's backend with "
                         "this fault (see collective-mutate --list-faults)")
@@ -80,7 +86,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     families = tuple(f.strip() for f in str(args.ops).split(",") if f.strip())
     return validate(Settings(every=sample_rate(args.sample), on_mismatch=args.on_mismatch,
                              chunk=args.chunk, timeout_s=args.timeout, families=families,
-                             inject=args.inject))
+                             inject=args.inject, keep_inputs=args.keep_inputs))
 
 
 def _launch(command: list[str], raw: Path, settings: Settings) -> int:
@@ -119,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from(args)
         raw = args.findings / "raw"
         raw.mkdir(parents=True, exist_ok=True)
-        for old in [*raw.glob("findings-*.jsonl"), *raw.glob("stats-*.json")]:
+        for old in [*raw.glob("findings-*.jsonl"), *raw.glob("stats-*.json"),
+                    *raw.glob("inputs-*.jsonl")]:
             old.unlink()
         rc = _launch(command, raw.resolve(), _with_kernel(settings))
     except SettingsError as e:

@@ -1,16 +1,25 @@
-"""Per-chunk digests of a tensor, computed by torch ops on the tensor's own device.
+"""Per-chunk digests of a tensor: the definitions, computed here by torch ops on the tensor's
+own device.
+
+This module is the reference: the guard's C++ kernel (``harness/record/native/digest.cpp``)
+takes the same digests of dense CPU tensors with fused loops, and agrees with these bit for bit
+(tests/test_guard_digest.py, every dtype); these run for the rest (CUDA, non-contiguous or
+complex tensors, the Python kernel).
 
 Two kinds, both a few numbers per chunk of ``chunk`` elements (the tensor taken flat):
 
-* exact: a position-weighted sum of the chunk's bits, as 32-, 16- or 8-bit words widened to
-  int64, each times an odd weight, wrapping mod 2^64. Any change of one word changes the sum
-  (an odd weight times a non-zero difference below 2^32 is never 0 mod 2^64), and a swap of two
-  words with different weights does too; it is a check against corruption, not a hash against
-  an adversary.
+* exact: the chunk's bits as 32-, 16- or 8-bit words, zero-extended to 64 bits, summed three
+  ways modulo 2^64: plainly, weighted by position (1, 2, ...) and weighted by odd 32-bit hashed
+  weights. Any change of one word changes the sum (an odd weight times a non-zero difference
+  below 2^32 is never 0 mod 2^64), and a swap of two words with different weights does too; it
+  is a check against corruption, not a hash against an adversary.
 * linear: ``sum_j w_j x_j`` and ``sum_j w_j |x_j|`` in float64 with small integer weights
-  ``w_j = 1 + j mod 16`` (exact in float64), or for integer dtypes ``sum_j w_j x_j`` in int64,
-  wrapping. A SUM reduction's output checksum is then the sum of the inputs' checksums, up to
-  rounding that :mod:`harness.guard.check` bounds.
+  ``w_j = 1 + j mod 16``, or for integer dtypes ``sum_j w_j x_j`` in int64, wrapping. A SUM
+  reduction's output checksum is then the sum of the inputs' checksums, up to rounding that
+  :mod:`harness.guard.check` bounds. The float64 order is defined, so that the C++ loops can
+  match it: element j goes to lane ``j mod 16``, each lane is summed in element order from 0,
+  and the result is ``sum_l (l + 1) * S_l`` taken in lane order (on CUDA, where ``cumsum`` is a
+  parallel scan, the order differs; only the bound matters there).
 
 Nothing is copied to the host here: the results stay on the device, and :func:`to_host` starts
 their (small) copy without waiting for it (CUDA: a non-blocking copy into pinned memory and an
@@ -27,7 +36,7 @@ import torch
 
 WEIGHT_PERIOD = 16
 MAX_CHUNKS = 1024  # per tensor: past this the chunks grow so the digest message stays small
-_WEIGHTS: dict[tuple[str, int, torch.dtype], torch.Tensor] = {}
+_WEIGHTS: dict[tuple[str, int, torch.dtype, bool], torch.Tensor] = {}
 
 
 def chunk_len(numel: int, chunk: int) -> int:
@@ -37,13 +46,16 @@ def chunk_len(numel: int, chunk: int) -> int:
 
 
 def _weights(n: int, device: torch.device, dtype: torch.dtype, exact: bool) -> torch.Tensor:
-    key = (str(device), n, dtype)
+    key = (str(device), n, dtype, exact)  # both kinds have int64 weights: keyed apart
     got = _WEIGHTS.get(key)
     if got is None:
         j = torch.arange(n, dtype=torch.int64, device=device)
-        # Odd weights for the exact digest (a multiplier coprime to 2^64), small integers for
-        # the linear one (exact in float64: the bound in check.py needs no weight rounding).
-        w = (j * 2654435761 + 0x9E3779B1) | 1 if exact else 1 + j % WEIGHT_PERIOD
+        # Odd 32-bit weights for the exact digest (coprime to 2^64; 32 bits so that a word
+        # times its weight fits 64 bits, which the C++ loop's vector multiply needs), small
+        # integers for the linear one (exact in float64: the bound in check.py needs no
+        # weight rounding).
+        w = (((j * 2654435761 + 0x9E3779B1) | 1) & 0xFFFFFFFF if exact
+             else 1 + j % WEIGHT_PERIOD)
         got = _WEIGHTS[key] = w.to(dtype)
         if len(_WEIGHTS) > 256:
             _WEIGHTS.clear()
@@ -63,16 +75,16 @@ def _rows(flat: torch.Tensor, n: int) -> list[torch.Tensor]:
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as int64-widened words (32-bit where they divide evenly)."""
+    """The tensor's bytes as words zero-extended to int64 (32-bit where they divide evenly)."""
     flat = t.detach().reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
     b = flat.view(torch.uint8)
     size = flat.element_size()
     if size >= 4:
-        return b.view(torch.int32).to(torch.int64)
+        return b.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     if size == 2:
-        return b.view(torch.int16).to(torch.int64)
+        return b.view(torch.int16).to(torch.int64) & 0xFFFF
     return b.to(torch.int64)
 
 
@@ -97,7 +109,8 @@ def exact(t: torch.Tensor, chunk: int) -> torch.Tensor:
 
 def linear(t: torch.Tensor, chunk: int) -> torch.Tensor:
     """Per chunk, ``(sum w x, sum w |x|)`` in float64 (floats), or ``(sum w x, 0)`` in int64
-    wrapping (integers), as a (chunks, 2) tensor on the tensor's device."""
+    wrapping (integers), as a (chunks, 2) tensor on the tensor's device; the float64 order as
+    the module doc defines it."""
     flat = t.detach().reshape(-1)
     n = chunk_len(flat.numel(), chunk)
     integer = not (flat.is_floating_point() or flat.is_complex())
@@ -106,17 +119,21 @@ def linear(t: torch.Tensor, chunk: int) -> torch.Tensor:
         return torch.zeros(0, 2, dtype=wide, device=t.device)
     out = []
     for rows in _rows(flat, n):
-        w = _weights(rows.shape[1], t.device, wide, False)
-        if integer:  # no BLAS for int64: elementwise, wrapping
+        if integer:  # exact in any order: elementwise, wrapping
+            w = _weights(rows.shape[1], t.device, wide, False)
             s = (rows.to(wide) * w).sum(1)
             out.append(torch.stack([s, torch.zeros_like(s)], 1))
             continue
-        # A matrix-vector product over a float64 copy that is then made absolute in place:
-        # one temporary instead of four (about 4x faster on CPU); the summation order of the
-        # float64 sums is BLAS's, which the checker's float64 term bounds in any order.
-        x = rows.to(wide, copy=True)  # never a float64 input itself: abs_ writes to it
-        s = torch.mv(x, w)
-        out.append(torch.stack([s, torch.mv(x.abs_(), w)], 1))
+        c, k = rows.shape
+        # Lane l holds elements j = l (mod 16): zeros pad the last lanes (adding +0.0 to a
+        # sum that started at +0.0 leaves it unchanged), and cumsum adds in element order.
+        x = torch.zeros(c, -(-k // WEIGHT_PERIOD) * WEIGHT_PERIOD, dtype=wide, device=t.device)
+        x[:, :k] = rows
+        x = x.view(c, -1, WEIGHT_PERIOD)
+        a = x.abs()
+        lanes = torch.stack([x.cumsum_(1)[:, -1], a.cumsum_(1)[:, -1]], 1)  # (c, 2, 16)
+        w = torch.arange(1, WEIGHT_PERIOD + 1, dtype=wide, device=t.device)
+        out.append((lanes * w).cumsum_(2)[:, :, -1])
     return torch.cat(out)
 
 

@@ -1,14 +1,16 @@
 """Findings the ranks wrote -> case files ``pytest findings/`` replays (the parent's side).
 
 Each rank appends one JSON line per mismatch it decided (``findings-PID.jsonl``) and a
-``stats-PID.json`` when it stops. Both are read as plain JSON with bounded sizes (never
-unpickled, never trusted for more than their fields); a line that does not parse, a torn last
-line of a crashed rank included, is skipped and counted. Every distinct call found wrong
-(group, op, sequence number) becomes one case file: the call's op, shape, dtype, group and
-reduce op as the recorder would write them (:mod:`harness.record.cases`), with the finding, the
-ranks and chunks, and the digests in its header comment. The inputs are not kept, so the case
-replays the call's shape with the harness's generated inputs: on the same node and backend it
-tries to reproduce the fault; it cannot replay the job's exact bytes.
+``stats-PID.json`` when it stops; under ``--keep-inputs`` every rank of a collective call
+found wrong also appends its input (``inputs-PID.jsonl``). All are read as plain JSON with
+bounded sizes (never unpickled, never trusted for more than their fields); a line that does
+not parse, a torn last line of a crashed rank included, is skipped and counted. Every
+distinct call found wrong (group, op, sequence number) becomes one case file: the call's op,
+shape, dtype, group and reduce op as the recorder would write them
+(:mod:`harness.record.cases`), with the finding, its training step and call number, the ranks
+and chunks, and the digests in its header comment. Its inputs are every rank's own where all
+of them were kept (then it replays the job's exact bytes), else the harness's generated
+inputs: on the same node and backend it tries to reproduce the fault.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.record.cases import Recording, render
+from harness.record.cases import Builder, Recording, build, render
 from harness.record.optable import Call, UnknownOp, translate
 
 MAX_FILE_BYTES = 64 << 20
 MAX_FINDINGS = 1000  # case files written at most; the rest are counted
 DIGEST_CHARS = 2000  # of the digests quoted in a case file's header
+FLOATS = {"float16", "bfloat16", "float32", "float64"}
 
 
 @dataclass
@@ -32,6 +35,7 @@ class Read:
 
     findings: list[dict[str, Any]] = field(default_factory=list)
     stats: list[dict[str, Any]] = field(default_factory=list)
+    inputs: dict[tuple[Any, ...], dict[int, list[Any]]] = field(default_factory=dict)
     skipped: int = 0
 
 
@@ -54,6 +58,16 @@ def read_folder(folder: Path) -> Read:
                 out.skipped += 1
                 continue
             out.findings.append(rec)
+    for path in sorted(folder.glob("inputs-*.jsonl")):
+        for line in _lines(path):
+            try:
+                rec = json.loads(line)["inputs"]
+                key = (str(rec["group_name"]), str(rec["op"]), int(rec["seq"]))
+                if not isinstance(rec["values"], list):
+                    raise TypeError
+                out.inputs.setdefault(key, {})[int(rec["rank"])] = rec["values"]
+            except (ValueError, KeyError, TypeError):
+                out.skipped += 1
     for path in sorted(folder.glob("stats-*.json")):
         try:
             rec = json.loads("\n".join(_lines(path)))
@@ -81,9 +95,11 @@ def _calls(f: dict[str, Any]) -> list[Call]:
     return translate(send, peer) + translate(recv, me)
 
 
-def _header(f: dict[str, Any]) -> list[str]:
+def _header(f: dict[str, Any], inputs: str) -> list[str]:
     lines = [f"Finding of collective-guard: {f['op']} seq {f['seq']} on group {f['group']} "
-             f"at {f.get('site')}, reported by rank {f['rank']}"]
+             f"at {f.get('site')}, reported by rank {f['rank']}",
+             f"  issued at training step {f.get('step', '?')} (optimizer steps taken before "
+             f"it), call {f.get('ordinal', '?')} of the rank's checked-kind calls; {inputs}"]
     for m in f.get("mismatches", [])[:20]:
         first = f", first differing element {m['first']}" if m.get("first") is not None else ""
         sender = f" from rank {m['sender']}" if m.get("sender") is not None else ""
@@ -120,15 +136,21 @@ def write_cases(read: Read, out: Path, source: str) -> tuple[list[Path], list[st
     written: list[Path] = []
     problems: list[str] = []
     for f in merged(read.findings)[:MAX_FINDINGS]:
+        kept = read.inputs.get((str(f.get("group_name")), str(f.get("op")), f.get("seq")), {})
         try:
             calls = _calls(f)
             world = int(f.get("world") or max(int(r) for r in f["group"]) + 1)
-            text = render(Recording(world_size=world, calls=calls, source=source))
+            own = f["op"] != "p2p" and sorted(kept) == sorted(int(r) for r in f["group"])
+            text = render(Recording(world_size=world, calls=calls, source=source),
+                          _with_inputs(kept) if own else build)
         except (UnknownOp, KeyError, ValueError, TypeError, IndexError) as e:
             problems.append(f"finding {f.get('op')} seq {f.get('seq')}: no case ({e})")
             continue
+        note = ("inputs: every rank's own, kept by --keep-inputs" if own else
+                "inputs: generated by the harness (the job's were not kept"
+                + (" by every rank)" if kept else ")"))
         body = text.split("\n", 2)[2] if text.startswith("# Recorded") else text
-        head = "\n".join("# " + _printable(line) for line in _header(f))
+        head = "\n".join("# " + _printable(line) for line in _header(f, note))
         path = out / _name(f)
         path.write_text(f"# Replays a call collective-guard found wrong in: {_printable(source)}"
                         f"\n{head}\n{body}", encoding="utf-8")
@@ -137,6 +159,25 @@ def write_cases(read: Read, out: Path, source: str) -> tuple[list[Path], list[st
         problems.append(f"{len(read.findings) - MAX_FINDINGS} more finding(s) not written "
                         f"as cases (at most {MAX_FINDINGS})")
     return written, problems
+
+
+def _with_inputs(kept: dict[int, list[Any]]) -> Builder:
+    """The recorder's case builder, with each rank's kept input as the case's input. A float
+    reduction over three ranks or more is then compared within the harness's ``auto`` bound
+    (the backend may add in another order than the harness's reference); over two, the one
+    addition rounds the same in any order, and the comparison stays bit for bit."""
+
+    def builder(rec: Recording) -> tuple[dict[str, Any], list[str]]:
+        doc, notes = build(rec)
+        for case in doc["cases"]:
+            fill: dict[int | str, Any] = {r: v for r, v in sorted(kept.items())}
+            case["input"] = fill | {"others": "zeros"}
+            if (case.get("dtype") in FLOATS and case.get("reduce_op") is not None
+                    and len(kept) > 2):
+                case["tolerance"] = "auto"
+        return doc, notes
+
+    return builder
 
 
 def _printable(line: str) -> str:

@@ -43,6 +43,7 @@ class Plan:
     before: Digests
     after: Callable[[], Digests]
     tensors: list[torch.Tensor] = field(default_factory=list)  # what the call moved
+    inputs: list[torch.Tensor] = field(default_factory=list)  # what a case replays as input
 
 
 def group_of(value: Any) -> Any:
@@ -59,24 +60,49 @@ def reduce_name(value: Any) -> str:
     return _REDUCE.get(int(raw), "unknown")
 
 
-def dtype_facts(t: torch.Tensor, reduce: str | None = None) -> dict[str, Any]:
+def dtype_facts(dtype: torch.dtype, reduce: str | None = None) -> dict[str, Any]:
     """The dtype facts the checker's bound needs: floats' unit roundoff and smallest normal,
     integers' width; a reduction the linear check cannot follow is marked ``linear: no``."""
-    facts: dict[str, Any] = {"dtype": str(t.dtype).removeprefix("torch."),
-                             "per": max(t.element_size() // 4, 1)}
-    if t.is_floating_point() or t.is_complex():
-        real = t.real.dtype if t.is_complex() else t.dtype
+    key = (dtype, reduce)
+    got = _FACTS.get(key)
+    if got is not None:
+        return dict(got)
+    facts: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch."),
+                             "per": max(dtype.itemsize // 4, 1)}
+    if dtype.is_floating_point or dtype.is_complex:
+        real = torch.empty(0, dtype=dtype).real.dtype if dtype.is_complex else dtype
         info = torch.finfo(real)
         facts.update(u=info.eps / 2, tiny=info.tiny)
-    elif t.dtype == torch.bool:
+    elif dtype == torch.bool:
         facts["linear"] = "no"
     else:
-        facts["bits"] = torch.iinfo(t.dtype).bits
+        facts["bits"] = torch.iinfo(dtype).bits
     if reduce is not None and reduce not in ("sum", "avg", "min", "max"):
         facts["linear"] = "no"
-    if t.is_complex() and reduce in ("min", "max"):
+    if dtype.is_complex and reduce in ("min", "max"):
         facts["linear"] = "no"
-    return facts
+    _FACTS[key] = facts
+    return dict(facts)
+
+
+_FACTS: dict[tuple[torch.dtype, str | None], dict[str, Any]] = {}
+
+
+def spec_of(name: str, group: list[int], dtype: torch.dtype, chunk: int, reduce: int = -1,
+            root: int = -1, peer: int = -1, tag: int = 0) -> dict[str, Any]:
+    """The spec of a sampled call the C++ kernel digested, from the facts it kept (the same
+    dict :func:`plan_for` makes for the call)."""
+    kind = CHECKED[name][1]
+    red = _REDUCE.get(reduce, "unknown") if kind in ("reduce", "reduce_scatter") else None
+    spec = {"kind": kind, "group": group} | dtype_facts(dtype, red)
+    if red is not None:
+        spec["reduce"] = red
+    if kind == "broadcast":
+        spec["root"] = root
+    spec["chunk"] = chunk
+    if kind == "p2p":
+        spec |= {"peer": peer, "tag": tag}
+    return spec
 
 
 def _lin(t: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -93,17 +119,18 @@ def plan_for(name: str, args: tuple[Any, ...], group: list[int], chunk: int) -> 
             return None
         t = tensors[0]
         n = digest.chunk_len(t.numel(), chunk)
-        spec = base | dtype_facts(t, reduce) | {"reduce": reduce, "chunk": n}
+        spec = base | dtype_facts(t.dtype, reduce) | {"reduce": reduce, "chunk": n}
         linear = spec.get("linear") != "no"
         before = [_lin(t, chunk)] if linear else []
         return Plan(spec, before, lambda: ([_lin(t, chunk)] if linear else [])
-                    + [digest.exact(t, chunk)], [t])
+                    + [digest.exact(t, chunk)], [t], [t])
     if name == "broadcast_":
         tensors = args[0]
-        spec = base | dtype_facts(tensors[0]) | {"root": int(args[2]), "chunk": max(
+        spec = base | dtype_facts(tensors[0].dtype) | {"root": int(args[2]), "chunk": max(
             digest.chunk_len(x.numel(), chunk) for x in tensors)}
         n = spec["chunk"]
-        return Plan(spec, [], lambda: [digest.exact(x, n) for x in tensors], list(tensors))
+        return Plan(spec, [], lambda: [digest.exact(x, n) for x in tensors], list(tensors),
+                    [tensors[0]])
     if name in ("_allgather_base_", "allgather_"):
         if name == "allgather_":
             if len(args[1]) != 1:
@@ -114,9 +141,9 @@ def plan_for(name: str, args: tuple[Any, ...], group: list[int], chunk: int) -> 
         if len(out) != w or any(o.numel() != inp.numel() for o in out):
             return None
         n = digest.chunk_len(inp.numel(), chunk)
-        spec = base | dtype_facts(inp) | {"chunk": n}
+        spec = base | dtype_facts(inp.dtype) | {"chunk": n}
         return Plan(spec, [digest.exact(inp, n)], lambda: [digest.exact(o, n) for o in out],
-                    [inp, *out])
+                    [inp, *out], [inp])
     if name in ("_reduce_scatter_base_", "reduce_scatter_"):
         if name == "reduce_scatter_":
             if len(args[0]) != 1:
@@ -128,18 +155,19 @@ def plan_for(name: str, args: tuple[Any, ...], group: list[int], chunk: int) -> 
         if len(ins) != w or any(i.numel() != out.numel() for i in ins):
             return None
         n = digest.chunk_len(out.numel(), chunk)
-        spec = base | dtype_facts(out, reduce) | {"reduce": reduce, "chunk": n}
+        spec = base | dtype_facts(out.dtype, reduce) | {"reduce": reduce, "chunk": n}
         if spec.get("linear") == "no":
             return None
-        return Plan(spec, [_lin(i, n) for i in ins], lambda: [_lin(out, n)], [*ins, out])
+        return Plan(spec, [_lin(i, n) for i in ins], lambda: [_lin(out, n)], [*ins, out], ins)
     if name in ("send", "recv_"):
         tensors = args[0]
         if len(tensors) != 1 or (name == "recv_" and int(args[2]) < 0):
             return None
         t = tensors[0]
         n = digest.chunk_len(t.numel(), chunk)
-        spec = base | dtype_facts(t) | {"chunk": n, "peer": int(args[2]), "tag": int(args[3])}
+        spec = base | dtype_facts(t.dtype) | {"chunk": n, "peer": int(args[2]),
+                                               "tag": int(args[3])}
         if name == "send":
-            return Plan(spec, [digest.exact(t, n)], lambda: [], [t])
+            return Plan(spec, [digest.exact(t, n)], lambda: [], [t], [t])
         return Plan(spec, [], lambda: [digest.exact(t, n)], [t])
     return None

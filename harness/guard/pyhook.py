@@ -94,6 +94,6 @@ def _wrapper(g: Guard, orig: Any, name: str, convert: Convert) -> Any:
         if seq < 0:
             return orig(self, *args)
         return guard_rank.sampled_call(g, name, op, lambda _below, *_a: orig(self, *args), None,
-                                       dargs, self, gname, seq, caps)
+                                       dargs, self, gname, seq, caps, g.ordinal - 1)
 
     return method

@@ -5,18 +5,21 @@ keys, as the recorder's is (see :mod:`harness.record.hook` for why that key sees
 calls too). It is the C++ kernel of ``harness/record/native/guard.cpp`` (built by the launcher
 into the recorder's extension): an unsampled call costs a counter step and the redispatch and
 never enters Python, because a Python kernel made every call pay the dispatcher's boxing into
-Python (a DDP step x1.55 at 1 in 100). Where it cannot be built a Python kernel does the same,
-slower. A sampled call (the N-th per op family and group, the same call on every rank) enters
-Python: :func:`prepare` takes its input digests, it is issued, and :func:`complete` arranges
-the output digests. A CPU collective is not waited: its output is digested in a callback on its
-Work's future, and the caller gets a Work that completes after that callback, so DDP's overlap
-of communication with the backward pass stays and nobody sees the output before it is
-digested. On CUDA (written, not run) it is waited, which only makes the current stream wait for
-the op's. A received p2p buffer is digested when the user waits its Work (waiting it in the
-kernel could deadlock a program whose peer sends after its own receive): ``Work.wait`` is
-wrapped from the first sampled receive on. The digests are queued in issue order; everything
-else (publishing on the store, reading the peers', deciding, writing findings) is the checker
-thread's, off the training thread.
+Python (a DDP step x1.55 at 1 in 100). A sampled call (the N-th per op family and group, the
+same call on every rank) of dense CPU tensors is digested by that kernel too, in C++: the
+inputs before it is issued, the outputs in a callback on its Work's future (the caller gets a
+Work that completes after that callback, so DDP's overlap of communication with the backward
+pass stays and nobody sees the output before it is digested), a received buffer when its Work
+is waited. It enters Python only to walk the stack for the call site.
+
+Other sampled calls take the Python path: :func:`prepare` takes their input digests with torch
+ops (:mod:`harness.guard.digest`), the call is issued, and :func:`complete` arranges the output
+digests (a CPU collective in a callback on its future, as above; on CUDA, written and not run,
+it is waited, which only makes the current stream wait for the op's; a receive when its Work is
+waited: ``Work.wait`` is wrapped from the first such receive on). Where the C++ kernel cannot
+be built a Python kernel counts and samples, slower. Everything after the digests (publishing
+on the store, reading the peers', deciding, writing findings) is the checker thread's
+(:mod:`harness.guard.checker`), off the training thread.
 
 Any failure of the guard itself (the store unreachable, a peer's digests never arriving, a
 digest that cannot be taken) prints one line and turns the guard off in this rank: the job goes
@@ -31,6 +34,7 @@ import json
 import sys
 import threading
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 import torch
@@ -38,11 +42,20 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from harness.guard import digest
-from harness.guard.checker import Guard, GuardMismatch, Item, one_line
+from harness.guard.calls import Item
+from harness.guard.checker import Guard, GuardMismatch, one_line
 from harness.guard.plan import CHECKED, group_of, plan_for, reduce_name
 from harness.guard.settings import Settings, SettingsError, from_env
 from harness.record import native
-from harness.record.capture import GROUP, REDUCE, call_json, capture_for, where
+from harness.record.capture import (
+    GROUP,
+    REDUCE,
+    call_json,
+    capture_for,
+    capture_group_name,
+    classify,
+    where,
+)
 
 _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 _KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradPrivateUse1")
@@ -68,7 +81,8 @@ def _kernel(g: Guard, name: str, op: Any) -> Any:
         seq = g.sampled(key)
         if seq < 0:
             return redispatch(below, *args)
-        return sampled_call(g, name, op, redispatch, below, args, pg, gname, seq, caps)
+        return sampled_call(g, name, op, redispatch, below, args, pg, gname, seq, caps,
+                            g.ordinal - 1)
 
     return kernel
 
@@ -80,10 +94,10 @@ def _arguments(op: Any) -> tuple[int, list[Any]]:
 
 
 def sampled_call(g: Guard, name: str, op: Any, redispatch: Any, below: Any, args: tuple[Any, ...],
-                 pg: Any, gname: str, seq: int, caps: list[Any]) -> Any:
+                 pg: Any, gname: str, seq: int, caps: list[Any], ordinal: int) -> Any:
     """Issue a sampled call with its digests around it (the Python kernel's and a Python
     ProcessGroup's path; the C++ kernel calls :func:`prepare` and :func:`complete` itself)."""
-    item = prepare(g, name, op, args, pg, gname, seq, caps)
+    item = prepare(g, name, op, args, pg, gname, seq, caps, ordinal, g.step())
     if item is None:
         return redispatch(below, *args)
     g.local.depth = 1
@@ -100,7 +114,7 @@ def _work(out: Any) -> Any:
 
 
 def prepare(g: Guard, name: str, op: Any, args: tuple[Any, ...], pg: Any, gname: str, seq: int,
-            caps: list[Any]) -> Item | None:
+            caps: list[Any], ordinal: int, step: int) -> Item | None:
     """A sampled call's item, its input digests taken (before the op overwrites them); None
     when this form is not checked or the guard cannot digest it (then it turns off)."""
     try:
@@ -112,10 +126,13 @@ def prepare(g: Guard, name: str, op: Any, args: tuple[Any, ...], pg: Any, gname:
                                                                              strict=False))
         site, api = _site(), where()[1]
         call = call_json(str(op._schema.name), captured, api)
+        keep = g.s.keep_inputs
+        kept = ([x.detach().clone() for x in plan.inputs]
+                if keep and sum(x.numel() for x in plan.inputs) <= keep else [])
     except Exception as exc:
         g.disable(f"cannot digest {name}: {type(exc).__name__}: {exc}")
         return None
-    return Item(name, seq, plan, None, call, site, gname, pg.rank())
+    return Item(name, seq, plan, None, call, site, gname, pg.rank(), ordinal, step, kept)
 
 
 def complete(g: Guard, item: Item, work: Any, wrap: bool = False) -> Any:
@@ -164,6 +181,7 @@ def _on_completion(g: Guard, item: Item, pw: Any) -> Any:
             g.disable(f"cannot digest {item.name} seq {item.seq}: {type(exc).__name__}: {exc}")
         finally:
             item.landed.set()
+            g.wake()
         return value
 
     done = pw.get_future().then(landed)
@@ -172,6 +190,13 @@ def _on_completion(g: Guard, item: Item, pw: Any) -> Any:
 
 
 _SKIP = (str(Path(torch.__file__).resolve().parent), str(Path(__file__).resolve().parents[1]))
+
+
+def _classify(code: CodeType) -> tuple[bool, str | None, bool]:
+    """The C++ kernel's question about a code object on the stack (asked once per code
+    object): the recorder's answer, except that nothing of the harness is the user's code."""
+    user, dist_fn, api_file = classify(code)
+    return user and not code.co_filename.startswith(_SKIP), dist_fn, api_file
 
 
 def _site() -> str:
@@ -235,6 +260,7 @@ def install(folder: str) -> None:
     g = Guard(settings, folder)
     _GUARD.append(g)
     wanted = [name for name in CHECKED if name in _wanted(settings)]
+    _count_steps(g)
     if settings.hook == "native":
         try:
             _attach_native(g, wanted)
@@ -262,13 +288,14 @@ def _attach_native(g: Guard, names: list[str]) -> None:
         op = getattr(torch.ops.c10d, name).default
         table[name] = (op, *_arguments(op))
 
-    def before(name: str, seq: int, args: tuple[Any, ...]) -> Item | None:
+    def before(name: str, seq: int, args: tuple[Any, ...], ordinal: int,
+               step: int) -> Item | None:
         try:
             if g.off:
                 return None
             op, pg_at, caps = table[name]
             pg = group_of(args[pg_at])
-            return prepare(g, name, op, args, pg, pg.group_name, seq, caps)
+            return prepare(g, name, op, args, pg, pg.group_name, seq, caps, ordinal, step)
         except Exception as exc:  # never fail the user's call for the guard's sake
             g.disable(f"cannot digest {name}: {type(exc).__name__}: {exc}")
             return None
@@ -285,9 +312,14 @@ def _attach_native(g: Guard, names: list[str]) -> None:
             text, g.raise_next = g.raise_next, ""
             raise GuardMismatch(text)
 
+    def ranks(name: str) -> list[int]:
+        return list(capture_group_name(name)[1])
+
     mod.guard_attach(names, [CHECKED[n][0] for n in names], [table[n][1] for n in names],
-                     list(_KEYS), g.s.every, before, after, raise_next)
+                     list(_KEYS), g.s.every, g.s.chunk, g.s.keep_inputs, before, after,
+                     raise_next, ranks, _classify)
     g.native = mod
+    g.start()  # the checker sleeps in the kernel's queue until a sampled call is digested
 
 
 def detach() -> None:
@@ -311,6 +343,20 @@ def _wanted(s: Settings) -> set[str]:
     return {name for name, (family, _) in CHECKED.items() if family in s.families}
 
 
+def _count_steps(g: Guard) -> None:
+    """Count optimizer steps (all optimizers of the process), so that a finding names the
+    training step its call was issued in."""
+
+    def stepped(*_: Any) -> None:
+        if g.native is not None:
+            g.native.guard_step()
+        else:
+            g.steps += 1
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    register_optimizer_step_post_hook(stepped)
+
+
 def _patch_destroy(g: Guard) -> None:
     mod = dist.distributed_c10d
     orig = mod.destroy_process_group
@@ -320,6 +366,8 @@ def _patch_destroy(g: Guard) -> None:
             g.rank = dist.get_rank() if dist.is_initialized() else -1
             g.finish()
             g.off = True
+        elif g.native is not None:  # torch may give a later group this one's name
+            g.native.guard_forget_groups()
         return orig(*args, **kwargs)
 
     mod.destroy_process_group = destroy_process_group

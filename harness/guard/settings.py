@@ -21,6 +21,7 @@ MODES = ("warn", "raise", "abort")
 HOOKS = ("native", "python")
 MAX_EVERY = 10**9
 MAX_CHUNK = 1 << 24
+MAX_KEEP = 1 << 16  # elements of one rank's input a finding's case may carry
 DEFAULT_EVERY = 100
 DEFAULT_CHUNK = 1 << 16
 FAMILIES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "p2p")
@@ -41,6 +42,7 @@ class Settings:
     families: tuple[str, ...] = field(default=FAMILIES)
     inject: str = ""  # a mutant fault to run the job's Gloo groups under (a drill)
     hook: str = "native"  # native: the C++ kernel counts and samples; python: every call in Python
+    keep_inputs: int = 0  # keep a sampled call's input of at most this many elements; 0: none
 
 
 def _short(value: object) -> str:
@@ -78,6 +80,9 @@ def validate(s: Settings) -> Settings:
     if bad or not s.families:
         raise SettingsError(f"--ops {_short(','.join(map(str, s.families)))}: a comma list of "
                             f"{', '.join(FAMILIES)}")
+    if type(s.keep_inputs) is not int or not 0 <= s.keep_inputs <= MAX_KEEP:
+        raise SettingsError(f"--keep-inputs {_short(s.keep_inputs)}: 0 (keep none) to "
+                            f"{MAX_KEEP} elements")
     if s.hook not in HOOKS:
         raise SettingsError(f"hook {_short(s.hook)}: one of {', '.join(HOOKS)}")
     if s.inject and s.inject not in (*FAULTS, FAITHFUL):

@@ -31,14 +31,19 @@ from typing import Any
 
 from harness.record.capture import GROUP, CallTuple, capture_group_name, classify, site_json
 
-SOURCE = Path(__file__).resolve().parent / "hook.cpp"
-GUARD_SOURCE = SOURCE.with_name("guard.cpp")  # collective-guard's kernel, same module
-SOURCES = (SOURCE, GUARD_SOURCE)
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE / "hook.cpp"
+# collective-guard's kernel and its digests, in the same module
+SOURCES = (SOURCE, HERE / "guard.cpp", HERE / "digest.cpp")
+HEADERS = (HERE / "common.h", HERE / "digest.h", HERE / "digest_loops.h")
+# Without contraction into fused multiply-adds the C++ digests add in digest.py's order.
+CFLAGS = ["-O3", "-ffp-contract=off"]
 # Named by the sources' hash: worktrees or installs with different sources then build into
 # folders of their own instead of rebuilding one folder in turn (torch's builder keys its
 # cache by name only across processes).
 NAME = "collective_record_hook_" + hashlib.sha256(
-    b"".join(p.read_bytes() for p in SOURCES)).hexdigest()[:12]
+    b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS)) + " ".join(CFLAGS).encode()
+).hexdigest()[:12]
 _MODULE: list[Any] = []  # the loaded extension, once
 
 
@@ -59,7 +64,7 @@ def load(verbose: bool = False) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            mod = cpp_extension.load(NAME, _stable_sources(cpp_extension), extra_cflags=["-O2"],
+            mod = cpp_extension.load(NAME, _stable_sources(cpp_extension), extra_cflags=CFLAGS,
                                      verbose=verbose)
     except Exception as exc:  # a compiler, a header or ninja missing: the reason, one line
         text = " ".join(str(exc).split())
@@ -116,7 +121,7 @@ def _stable_sources(cpp_extension: Any) -> list[str]:
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     folder = Path(root) / f"{NAME}-sources"
     paths: list[str] = []
-    for src in SOURCES:
+    for src in (*SOURCES, *HEADERS):  # the headers beside the sources: they #include them
         data = src.read_bytes()
         dest = folder / src.name
         try:
@@ -128,7 +133,8 @@ def _stable_sources(cpp_extension: Any) -> list[str]:
             part = folder / f".{src.name}.{os.getpid()}.part"
             part.write_bytes(data)
             os.replace(part, dest)
-        paths.append(str(dest))
+        if src in SOURCES:
+            paths.append(str(dest))
     return paths
 
 

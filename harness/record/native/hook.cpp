@@ -8,16 +8,10 @@
 // or a group. The flusher thread drains the queue into the same tuples the Python kernel
 // makes, so the trace is the same.
 //
-// One file of about 500 lines: torch's extension builder compiles it as one unit, and the
-// kernel, the capture, the stack walk and the drain share one queue and its caches.
-#include <Python.h>
-#include <frameobject.h>
+// The argument capture and the stack walk are in common.h (shared with collective-guard's
+// kernel, guard.cpp); the kernel, its queue and the drain are here.
+#include "common.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/csrc/Device.h>
-#include <torch/csrc/DynamicTypes.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 #include <torch/library.h>
@@ -35,45 +29,23 @@ namespace py = pybind11;
 
 namespace {
 
-// Argument tags: the same numbers as harness/record/capture.py's.
-enum Tag : int { TENSOR = 0, TENSORS = 1, NESTED = 2, GROUP = 3, REDUCE = 4, INTS = 5,
-                 NONE = 6, BOOL = 7, INT = 8, FLOAT = 9, STR = 10 };
-
-struct Meta {
-  std::vector<int64_t> shape, stride;
-  bool strided = true, contiguous = true;
-  c10::ScalarType dtype = c10::ScalarType::Float;
-  c10::Device device{c10::DeviceType::CPU};
-  c10::Layout layout = c10::Layout::Strided;
-};
-
-struct Arg {
-  int tag = NONE;
-  std::vector<Meta> metas;            // TENSOR (one), TENSORS
-  std::vector<std::vector<Meta>> nested;
-  std::vector<int64_t> ints;          // INTS
-  int64_t i = 0;                      // INT, BOOL, REDUCE
-  double f = 0;                       // FLOAT
-  std::string s;                      // STR, GROUP (its name)
-};
+using collective_native::Arg;
+using collective_native::arg_py;
+using collective_native::capture;
+using collective_native::GROUP;
+using collective_native::STR;
 
 struct Call {
   // the op's (registered for the process' life); null in a record that carries only a Work
   const c10::FunctionSchema* schema = nullptr;
   std::vector<Arg> args;
   std::vector<size_t> names;  // each captured argument's index in the schema
-  PyObject* code = nullptr;  // the site's code object: borrowed, the cache below owns it
+  PyObject* code = nullptr;  // the site's code object: borrowed, the Sites cache owns it
   int line = 0;
   const std::string* api = nullptr;
   const std::string* thread = nullptr;
   int64_t seq = 0;
   c10::IValue work;  // the Work the call returned, for wait() matching; None if none
-};
-
-struct CodeInfo {
-  bool user;
-  const std::string* dist_fn;  // torch.distributed function name, or null
-  bool api_file;
 };
 
 // Everything below lives until the process ends and is never destroyed: a static destructor
@@ -84,11 +56,10 @@ std::vector<Call>& queue = *new std::vector<Call>();
 std::atomic<int64_t> seq_counter{0};
 std::atomic<int64_t> calls{0};
 thread_local int depth = 0;
-auto& codes = *new std::unordered_map<PyObject*, CodeInfo>();  // owns a reference to each code
+auto& sites = *new collective_native::Sites();  // the call sites' classify cache
 auto& strings = *new std::unordered_map<std::string, std::unique_ptr<std::string>>();
 auto& groups_seen = *new std::unordered_map<std::string, bool>();
 // Python callbacks, set by install()
-py::object& classify_cb = *new py::object();
 py::object& thread_cb = *new py::object();
 py::object& group_cb = *new py::object();
 py::object& start_cb = *new py::object();
@@ -102,129 +73,6 @@ const std::string* intern(const std::string& s) {  // mu held
   auto* raw = p.get();
   strings.emplace(s, std::move(p));
   return raw;
-}
-
-Meta meta_of(const at::Tensor& t) {
-  Meta m;
-  m.shape = t.sizes().vec();
-  m.layout = t.layout();
-  m.strided = m.layout == c10::Layout::Strided;
-  if (m.strided) m.stride = t.strides().vec();
-  try {  // some sparse layouts raise on is_contiguous(): never fail the user's call for it
-    m.contiguous = t.is_contiguous();
-  } catch (const std::exception&) {
-    m.contiguous = false;
-  }
-  m.dtype = t.scalar_type();
-  m.device = t.device();
-  return m;
-}
-
-Arg capture(const c10::Argument& a, const c10::IValue& v) {
-  Arg out;
-  if (v.isTensor()) {
-    out.tag = TENSOR;
-    out.metas.push_back(meta_of(v.toTensor()));
-  } else if (v.isTensorList()) {
-    out.tag = TENSORS;
-    for (const at::Tensor& t : v.toTensorList().vec()) out.metas.push_back(meta_of(t));
-  } else if (v.isList()) {
-    auto list = v.toListRef();
-    if (!list.empty() && list[0].isTensorList()) {
-      out.tag = NESTED;
-      for (const auto& inner : list) {
-        std::vector<Meta> ms;
-        for (const at::Tensor& t : inner.toTensorList().vec()) ms.push_back(meta_of(t));
-        out.nested.push_back(std::move(ms));
-      }
-    } else if (!list.empty() && list[0].isTensor()) {
-      out.tag = TENSORS;
-      for (const auto& t : list) out.metas.push_back(meta_of(t.toTensor()));
-    } else {
-      out.tag = INTS;
-      for (const auto& x : list) out.ints.push_back(x.isInt() ? x.toInt() : 0);
-    }
-  } else if (v.isIntList()) {
-    out.tag = INTS;
-    out.ints = v.toIntVector();
-  } else if (v.isNone()) {
-    out.tag = NONE;
-  } else if (v.isBool()) {
-    out.tag = BOOL;
-    out.i = v.toBool();
-  } else if (v.isInt()) {
-    out.tag = INT;
-    out.i = v.toInt();
-  } else if (v.isDouble()) {
-    out.tag = FLOAT;
-    out.f = v.toDouble();
-  } else if (v.isString()) {
-    out.tag = STR;
-    out.s = v.toStringRef();
-  } else if (v.isCustomClass()) {
-    const std::string type = a.type()->str();
-    if (type.find("ProcessGroup") != std::string::npos) {
-      out.tag = GROUP;
-      out.s = v.toCustomClass<c10d::ProcessGroup>()->getGroupName();
-    } else if (type.find("ReduceOp") != std::string::npos) {
-      out.tag = REDUCE;
-      out.i = static_cast<int64_t>(v.toCustomClass<c10d::ReduceOp>()->op_);
-    } else {
-      out.tag = STR;
-      out.s = "<ScriptObject>";
-    }
-  } else {
-    out.tag = STR;
-    out.s = "<" + v.tagKind() + ">";
-  }
-  return out;
-}
-
-// The call site and API function, as harness/record/capture.py's where() finds them. The GIL
-// is held; mu is not (the classify callback may run Python that records).
-void where(Call& c) {
-  PyThreadState* ts = PyThreadState_Get();
-  // Owned handles: a callback that raises must not leak the frames (and the user's locals).
-  auto f = py::reinterpret_steal<py::object>(
-      reinterpret_cast<PyObject*>(PyThreadState_GetFrame(ts)));  // null when no frame
-  const std::string* api = nullptr;
-  const std::string* outer = nullptr;
-  bool have_site = false;
-  while (f) {
-    auto* frame = reinterpret_cast<PyFrameObject*>(f.ptr());
-    auto code_ref = py::reinterpret_steal<py::object>(
-        reinterpret_cast<PyObject*>(PyFrame_GetCode(frame)));
-    auto* code = reinterpret_cast<PyCodeObject*>(code_ref.ptr());
-    CodeInfo info;
-    bool known;
-    {
-      std::lock_guard<std::mutex> g(mu);
-      auto it = codes.find(reinterpret_cast<PyObject*>(code));
-      known = it != codes.end();
-      if (known) info = it->second;
-    }
-    if (!known) {
-      py::tuple got = classify_cb(py::handle(reinterpret_cast<PyObject*>(code)));
-      info.user = got[0].cast<bool>();
-      info.api_file = got[2].cast<bool>();
-      std::lock_guard<std::mutex> g(mu);
-      info.dist_fn = got[1].is_none() ? nullptr : intern(got[1].cast<std::string>());
-      if (codes.emplace(reinterpret_cast<PyObject*>(code), info).second) Py_INCREF(code);
-    }
-    if (info.user) {
-      if (!have_site) {
-        c.code = reinterpret_cast<PyObject*>(code);
-        c.line = PyFrame_GetLineNumber(frame);
-        have_site = true;
-      }
-    } else if (info.dist_fn != nullptr) {
-      outer = info.dist_fn;
-      if (info.api_file) api = info.dist_fn;
-    }
-    f = py::reinterpret_steal<py::object>(
-        reinterpret_cast<PyObject*>(PyFrame_GetBack(frame)));  // null at the outermost
-  }
-  c.api = api != nullptr ? api : outer;
 }
 
 // Asked once per thread (a thread_local, not a map by thread id: ids are reused).
@@ -284,7 +132,10 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
         start_cb();
         started = true;
       }
-      where(c);
+      const auto site = sites.walk();
+      c.code = site.code;
+      c.line = site.line;
+      c.api = site.api;
       c.thread = thread_name();
       for (const Arg& a : c.args) {
         if (a.tag != GROUP) continue;
@@ -350,55 +201,6 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
   }
 }
 
-py::object meta_py(const Meta& m) {
-  py::tuple shape(m.shape.size());
-  for (size_t i = 0; i < m.shape.size(); ++i) shape[i] = m.shape[i];
-  py::object stride = py::none();
-  if (m.strided) {
-    py::tuple st(m.stride.size());
-    for (size_t i = 0; i < m.stride.size(); ++i) st[i] = m.stride[i];
-    stride = st;
-  }
-  // The same objects the Python capture holds (torch.dtype, torch.device, torch.layout), so
-  // that both kernels' records share one cache of JSON texts and are written alike.
-  auto dtype = py::reinterpret_borrow<py::object>(
-      reinterpret_cast<PyObject*>(torch::getTHPDtype(m.dtype)));
-  auto layout = py::reinterpret_borrow<py::object>(
-      reinterpret_cast<PyObject*>(torch::getTHPLayout(m.layout)));
-  auto device = py::reinterpret_steal<py::object>(THPDevice_New(m.device));
-  return py::make_tuple(shape, stride, m.contiguous, dtype, device, layout);
-}
-
-py::object arg_py(const Arg& a) {
-  switch (a.tag) {
-    case TENSOR: return py::make_tuple(a.tag, meta_py(a.metas[0]));
-    case TENSORS: {
-      py::tuple t(a.metas.size());
-      for (size_t i = 0; i < a.metas.size(); ++i) t[i] = meta_py(a.metas[i]);
-      return py::make_tuple(a.tag, t);
-    }
-    case NESTED: {
-      py::tuple t(a.nested.size());
-      for (size_t i = 0; i < a.nested.size(); ++i) {
-        py::tuple in(a.nested[i].size());
-        for (size_t j = 0; j < a.nested[i].size(); ++j) in[j] = meta_py(a.nested[i][j]);
-        t[i] = in;
-      }
-      return py::make_tuple(a.tag, t);
-    }
-    case INTS: {
-      py::tuple t(a.ints.size());
-      for (size_t i = 0; i < a.ints.size(); ++i) t[i] = a.ints[i];
-      return py::make_tuple(a.tag, t);
-    }
-    case NONE: return py::make_tuple(a.tag, py::none());
-    case BOOL: return py::make_tuple(a.tag, py::bool_(a.i != 0));
-    case INT: case REDUCE: return py::make_tuple(a.tag, a.i);
-    case FLOAT: return py::make_tuple(a.tag, a.f);
-    default: return py::make_tuple(a.tag, a.s);  // STR, GROUP (name: resolved in Python)
-  }
-}
-
 }  // namespace
 
 void bind_guard(py::module& m);  // guard.cpp: collective-guard's kernel, in the same module
@@ -450,7 +252,7 @@ py::list take_works() {
 }
 
 void install(py::object classify, py::object thread, py::object group, py::object start) {
-  classify_cb = std::move(classify);
+  sites.set_classify(std::move(classify));
   thread_cb = std::move(thread);
   group_cb = std::move(group);
   start_cb = std::move(start);
