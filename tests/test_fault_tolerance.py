@@ -46,7 +46,7 @@ cases:
      "rank 1 died at step 0 (kill) and cannot run step 1"),
     ("      - {exit: 2, ranks: [1]}\n      - {reform: [0, 1]}\n", "x.yaml:11:18",
      "names rank 1, dead since step 0"),
-    ("      - {op: all_reduce, tensor: t, raises: {match: x, within: 0}}\n", "x.yaml:10:45",
+    ("      - {op: all_reduce, tensor: t, raises: {match: x, within: 0}}\n", "x.yaml:10:64",
      "0 is less than or equal to the minimum of 0"),
     ("      - {op: all_reduce, tensor: t, raises: {match: x, not_before: 2, within: 1}}\n",
      "x.yaml:10:79", "within 1 is not after not_before 2"),
