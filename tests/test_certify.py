@@ -72,11 +72,22 @@ def by_case(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["case"]: r for r in report["records"]}
 
 
+GAP = ("backend: certfake\ninherits: gloo\nsupports: {ops: [all_reduce, broadcast]}\n"
+       "reasons: {gather: not implemented yet}\n")
+
+
+@pytest.fixture(scope="module")
+def faithful(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The library on the faithful certfake under the GAP manifest, run once: the folder
+    (its report is r-none.json) and the report; two tests read it."""
+    where = tmp_path_factory.mktemp("faithful")
+    (where / "m.yaml").write_text(GAP)
+    return where, session(where, f"--manifest={where / 'm.yaml'}")
+
+
 def test_a_declared_gap_must_be_rejected_and_is_neither_pass_nor_failure(
-        tmp_path: Path) -> None:
-    (tmp_path / "m.yaml").write_text(
-        "backend: certfake\ninherits: gloo\nsupports: {ops: [all_reduce, broadcast]}\n"
-        "reasons: {gather: not implemented yet}\n")
+        tmp_path: Path, faithful: tuple[Path, dict[str, Any]]) -> None:
+    (tmp_path / "m.yaml").write_text(GAP)
     rejected = by_case(session(tmp_path, f"--manifest={tmp_path / 'm.yaml'}",
                                fault="no_gather"))
     assert rejected["gather"]["outcome"] == "limitation"
@@ -84,7 +95,7 @@ def test_a_declared_gap_must_be_rejected_and_is_neither_pass_nor_failure(
     assert cells.status(rejected["gather"]) == "unsupported as declared"
     assert "not implemented yet" in rejected["gather"]["reason"]
     # A backend that computes what it declares unsupported did not reject it: a failure.
-    computed = by_case(session(tmp_path, f"--manifest={tmp_path / 'm.yaml'}"))
+    computed = by_case(faithful[1])
     assert computed["gather"]["outcome"] == "failed"
     assert "not rejected" in computed["gather"]["message"]
     assert cells.status(computed["gather"]) == "not rejected"
@@ -208,11 +219,9 @@ def test_certify_bad_input_is_one_line(tmp_path: Path, args: list[str], words: s
     assert words in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_the_gate_requires_the_certificate_level(tmp_path: Path) -> None:
-    (tmp_path / "m.yaml").write_text("backend: certfake\ninherits: gloo\n"
-                                     "supports: {ops: [all_reduce, broadcast, gather]}\n")
-    session(tmp_path, f"--manifest={tmp_path / 'm.yaml'}")
-    report, baseline = tmp_path / "r-none.json", tmp_path / "base.json"
+def test_the_gate_requires_the_certificate_level(
+        tmp_path: Path, faithful: tuple[Path, dict[str, Any]]) -> None:
+    report, baseline = faithful[0] / "r-none.json", tmp_path / "base.json"
     assert run("-m", "harness.gate", str(report), str(baseline), "--update").returncode == 0
     cert = {"level": "none", "backend": "certfake", "why": ["identity: rank 1 answers 0"]}
     (tmp_path / "c.json").write_text(json.dumps(cert))

@@ -46,10 +46,23 @@ def _cases(path: Path) -> list[dict[str, object]]:
     return list(yaml.safe_load(path.read_text())["cases"])
 
 
+@pytest.fixture(scope="module")
+def ddp_recorded(tmp_path_factory: pytest.TempPathFactory
+                 ) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The DDP example recorded once, its parameters written to rec.bin: two tests read it
+    (the recording, and what DDP computed under it)."""
+    where = tmp_path_factory.mktemp("ddp")
+    return where, _record(where, PY, "examples/ddp_buckets.py", "--out", str(where / "rec.bin"))
+
+
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
-def test_a_workload_recorded_replays_on_gloo_and_the_mutant_fails(tmp_path: Path,
-                                                                    name: str) -> None:
-    res = _record(tmp_path, PY, f"examples/{name}.py")
+def test_a_workload_recorded_replays_on_gloo_and_the_mutant_fails(
+        tmp_path: Path, name: str, request: pytest.FixtureRequest) -> None:
+    if name == "ddp_buckets":  # recorded once for this test and the next one
+        recorded, res = request.getfixturevalue("ddp_recorded")
+        tmp_path = recorded
+    else:
+        res = _record(tmp_path, PY, f"examples/{name}.py")
     assert res.returncode == 0, res.stderr
     shipped = REPO / "cases" / "recorded" / f"{name}.yaml"
     # the committed file is what the recorder writes today (only the header comment differs)
@@ -72,14 +85,15 @@ def test_the_ddp_workload_has_several_buckets_and_the_initial_broadcast() -> Non
     assert "_sync_module_states" in str(cases["broadcast_float32"]["description"])
 
 
-def test_recording_does_not_change_what_ddp_computes(tmp_path: Path) -> None:
+def test_recording_does_not_change_what_ddp_computes(
+        tmp_path: Path, ddp_recorded: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     plain = tmp_path / "plain.bin"
     subprocess.run([PY, "examples/ddp_buckets.py", "--out", str(plain)], cwd=REPO, check=True,
                    timeout=HANG_S, env={**os.environ, "PYTHONPATH": str(REPO)})
-    res = _record(tmp_path, PY, "examples/ddp_buckets.py", "--out", str(tmp_path / "rec.bin"))
+    recorded, res = ddp_recorded
     assert res.returncode == 0, res.stderr
     assert "36 call(s)" in res.stdout  # it did record
-    assert plain.read_bytes() == (tmp_path / "rec.bin").read_bytes()
+    assert plain.read_bytes() == (recorded / "rec.bin").read_bytes()
     assert len(plain.read_bytes()) > 1 << 20
 
 
@@ -408,6 +422,8 @@ def test_a_kernel_built_before_is_loaded_without_a_word(tmp_path: Path,
     """The build line is printed only while the kernel is not in torch's cache."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setattr(native, "load", lambda verbose=False: "module")
+    # an earlier test in this process may have loaded the kernel: this one starts from none
+    monkeypatch.setattr(native, "_MODULE", [])
     assert not native.is_built()
     assert native.load_announced("collective-record") == "module"
     assert "building the C++ recording kernel" in capsys.readouterr().err
