@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from harness.bench.overhead import bench_hang
 from harness.bench.overhead import main as bench_main
 from harness.report import costs
 
@@ -79,3 +80,10 @@ def test_costs_of_an_unreadable_report_is_one_line(tmp_path: Path, capsys) -> No
     assert bench_main(["--costs", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(bad) in err and "Traceback" not in err
+
+
+def test_the_hang_bench_times_a_diagnosed_hang() -> None:
+    """``collective-bench``'s hang figure comes from a case the loader accepts (a receive no
+    send matches, declared as a hang) and a hang diagnosed with stacks, not from an error."""
+    extra = bench_hang(0.5)
+    assert extra >= 0.0
