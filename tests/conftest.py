@@ -12,7 +12,6 @@ import multiprocessing.popen_forkserver
 import multiprocessing.resource_sharer
 import multiprocessing.resource_tracker
 import multiprocessing.sharedctypes  # noqa: F401
-import os
 from pathlib import Path
 
 import pytest
@@ -29,13 +28,6 @@ from tests.runs import Run, make_project, run_pytest
 
 # Case files used as test inputs are data, not part of this test run.
 collect_ignore_glob = ["data/*"]
-
-# The pytest sessions the tests start (hundreds, each in a process of its own) run case files,
-# never a Hypothesis test; Hypothesis's pytest plugin imports all of Hypothesis at the end of
-# every session all the same, about 0.4 s of CPU of the 2.5 s a small session costs. Every
-# session started from here, in a child process or in this one, goes without it.
-os.environ["PYTEST_ADDOPTS"] = " ".join(
-    filter(None, [os.environ.get("PYTEST_ADDOPTS", ""), "-p no:hypothesispytest"]))
 
 
 # -- real conformance runs shared by the gate, HTML and JUnit tests ------------------------------

@@ -139,3 +139,28 @@ def test_the_first_process_ends_the_wait_for_the_list() -> None:
         assert not forkserver.preload(["colorsys"])
     """)
     assert "CHILD_HAS False" in out
+
+
+FSEXIT = '''
+import atexit, os, sys
+# Registered before fsexit, like torch's handlers in the forkserver: the forkserver skips them.
+atexit.register(lambda: open(f"teardown-{os.getpid()}", "w").close())
+import harness.run.fsexit
+child = os.fork()
+if child == 0:
+    sys.exit(3)  # a process forked from it: its own status and its own teardown
+_, status = os.waitpid(child, 0)
+print(os.waitstatus_to_exitcode(status), child, end="")  # left in the buffer: flushed on leaving
+'''
+
+
+def test_the_forkserver_skips_its_teardown_and_its_children_keep_theirs(tmp_path: Path) -> None:
+    """The forkserver ends without the interpreter's teardown (which, with torch imported,
+    holds the session's output open for about 0.3 s after pytest ends), its buffered output
+    written; a process forked from it exits with its own status, through its own teardown."""
+    res = subprocess.run([PYTHON, "-c", FSEXIT], cwd=tmp_path, env=subprocess_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    status, child = res.stdout.split()
+    assert status == "3"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"teardown-{child}"]

@@ -30,8 +30,9 @@ from typing import Any
 from . import latepreload
 from .children import ForkserverContext
 
+# fsexit last: its exit handler must run before those of the modules imported before it
 BASE_PRELOAD = ("torch", "torch.distributed", "harness.program.interpreter",
-                "harness.ordering.probes")
+                "harness.ordering.probes", "harness.run.fsexit")
 
 _lock = threading.RLock()
 _ctx: Any = None
