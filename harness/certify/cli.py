@@ -4,12 +4,15 @@
     collective-certify --manifest m.yaml --cases my_cases/ --out reports/certificate
     collective-certify --backend-module mybackend --backend mybackend   # no manifest: probed
     collective-certify --manifest m.yaml --reference reports/reference/gloo-cpu.json
+    collective-certify --rebuild reports/reference/torchft-gloo-certificate   # no sessions
 
 Runs, each as an ordinary pytest session of the harness (so every verdict is the one the
 reports give): the identity probes, then (without a manifest) the probes that propose one,
 then the library with the manifest and ``--after-hang skip``, then the library on the
 reference backend unless a reference report is given; writes ``certificate.json`` and
-``certificate.md`` into ``--out`` with the sessions' reports beside them.
+``certificate.md`` into ``--out`` with the sessions' reports beside them. ``--rebuild DIR``
+runs nothing: it writes the certificate again from the sessions' reports already in DIR (the
+committed certificates are rebuilt so, and a test finds them equal to what their reports make).
 
 Exit status: 0 when the level is at least ``--require`` (default ``declared``), 1 when it is
 not, 2 for unusable input (one line saying why).
@@ -75,6 +78,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--require", choices=cells.LEVELS, default="declared",
                     help="the level below which the exit status is 1 (default declared)")
     ap.add_argument("--full", action="store_true", help="the long matrix too")
+    ap.add_argument("--rebuild", metavar="DIR", help="run nothing: write DIR's certificate "
+                    "again from the identity, library and reference reports in DIR")
     ap.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments")
     return ap
 
@@ -82,6 +87,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the sessions and write the certificate; the exit status as documented above."""
     args = parser().parse_args(argv)
+    if args.rebuild:
+        return _rebuild(args)
     try:
         manifest = read(args.manifest) if args.manifest else None
     except CaseFileError as exc:
@@ -143,12 +150,50 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     cert = cells.certificate(identity, library, reference, args.skip_budget, proposed)
-    write_atomic(os.path.join(args.out, "certificate.json"), json.dumps(cert, indent=1) + "\n")
-    write_atomic(os.path.join(args.out, "certificate.md"), render.markdown(cert))
+    return _write(cert, args.out, args.require)
+
+
+def _write(cert: dict[str, Any], out: str, require: str) -> int:
+    write_atomic(os.path.join(out, "certificate.json"), json.dumps(cert, indent=1) + "\n")
+    write_atomic(os.path.join(out, "certificate.md"), render.markdown(cert))
     print(render.summary_line(cert))
-    print(f"{PROG}: certificate written to {os.path.join(args.out, 'certificate.md')} and "
+    print(f"{PROG}: certificate written to {os.path.join(out, 'certificate.md')} and "
           "certificate.json")
-    return 0 if cells.meets(cert, args.require) else 1
+    return 0 if cells.meets(cert, require) else 1
+
+
+def from_folder(folder: str, budget: float) -> dict[str, Any]:
+    """The certificate that the session reports in ``folder`` (``identity``, ``library`` and,
+    when there, ``reference``; ``.json`` or ``.json.gz``) make under the skip ``budget``;
+    proposed when the folder holds the proposed manifest. :class:`UnreadableFile` when a
+    report is unreadable or the library's is missing."""
+    library = _folder_report(folder, "library")
+    if library is None:
+        raise UnreadableFile(f"{printable(folder, 200)}: no library.json or library.json.gz "
+                             "in it (the folder collective-certify --out wrote)")
+    proposed = os.path.exists(os.path.join(folder, "manifest.proposed.yaml"))
+    return cells.certificate(_folder_report(folder, "identity"), library,
+                             _folder_report(folder, "reference"), budget, proposed)
+
+
+def _folder_report(folder: str, name: str) -> dict[str, Any] | None:
+    for path in (os.path.join(folder, f"{name}.json"), os.path.join(folder, f"{name}.json.gz")):
+        if os.path.exists(path):
+            return load_report(path)
+    return None
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.rebuild):
+        print(f"{PROG}: error: --rebuild {printable(args.rebuild, 200)}: no such folder",
+              file=sys.stderr)
+        return 2
+    try:
+        cert = from_folder(args.rebuild, args.skip_budget)
+    except UnreadableFile as exc:
+        print(f"{PROG}: error: --rebuild: {exc}", file=sys.stderr)
+        return 2
+    return _write(cert, args.rebuild, args.require)
 
 
 def _data(name: str) -> str:

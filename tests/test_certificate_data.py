@@ -1,0 +1,51 @@
+"""The certificate as data, without running a backend: each committed certificate is what its
+committed session reports make of it today, the difference from the reference, which
+capability each case needs, and the manifest proposed from probes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.certify import cli, render
+
+REPO = Path(__file__).resolve().parent.parent
+COMMITTED = sorted((REPO / "reports" / "reference").glob("*-certificate"))
+
+
+def test_there_are_committed_certificates() -> None:
+    assert {p.name for p in COMMITTED} >= {"gloo-cpu-certificate", "torchft-gloo-certificate"}
+
+
+@pytest.mark.parametrize("folder", COMMITTED, ids=lambda p: p.name)
+def test_a_committed_certificate_is_what_its_reports_make_of_it(folder: Path) -> None:
+    """A change to how records become cells, causes or levels shows up here, not later in a
+    certificate nobody rebuilt (``collective-certify --rebuild FOLDER`` writes it again)."""
+    committed = json.loads((folder / "certificate.json").read_text("utf-8"))
+    rebuilt = json.loads(json.dumps(cli.from_folder(str(folder), committed["skip_budget"])))
+    stale = sorted(k for k in committed.keys() | rebuilt.keys()
+                   if committed.get(k) != rebuilt.get(k))
+    assert stale == [], f"{folder.name}/certificate.json is stale in {stale}"
+    assert (folder / "certificate.md").read_text("utf-8") == render.markdown(committed)
+
+
+def test_rebuild_writes_the_certificate_from_the_folders_reports(tmp_path: Path) -> None:
+    src = REPO / "reports" / "reference" / "gloo-cpu-certificate"
+    for name in ("identity.json.gz", "library.json.gz"):
+        (tmp_path / name).write_bytes((src / name).read_bytes())
+    assert cli.main(["--rebuild", str(tmp_path)]) == 0  # level declared, the default --require
+    assert json.loads((tmp_path / "certificate.json").read_text("utf-8")) == json.loads(
+        (src / "certificate.json").read_text("utf-8"))
+    assert cli.main(["--rebuild", str(tmp_path), "--require", "conforming"]) == 1
+
+
+def test_rebuild_of_a_folder_without_a_library_report_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--rebuild", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no library.json or library.json.gz" in err
+    assert cli.main(["--rebuild", str(tmp_path / "nope\x1b")]) == 2
+    err = capsys.readouterr().err
+    assert "no such folder" in err and "\x1b" not in err
