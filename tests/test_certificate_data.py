@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from harness.certify import cli, render
+from harness.certify import cells, cli, render
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = sorted((REPO / "reports" / "reference").glob("*-certificate"))
@@ -49,3 +50,46 @@ def test_rebuild_of_a_folder_without_a_library_report_is_one_line(
     assert cli.main(["--rebuild", str(tmp_path / "nope\x1b")]) == 2
     err = capsys.readouterr().err
     assert "no such folder" in err and "\x1b" not in err
+
+
+def gloo_override(line: int, **extra: Any) -> dict[str, Any]:
+    return {"line": line, "reason": "what Gloo does", "patched": ["raises"], **extra}
+
+
+def report(backend: str, records: list[dict[str, Any]], inherits: str = "") -> dict[str, Any]:
+    return {"records": records, "session": {"complete": True},
+            "metadata": {"options": {"backend": backend,
+                                     "manifest": {"backend": backend, "inherits": inherits}}}}
+
+
+def limitation(key: str, override: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"key": key, "case": "c", "id": "x", "op": "all_gather", "dtype": "float32",
+            "outcome": "limitation", "message": "", "overrides_applied": [override], **extra}
+
+
+IDENTITY = {"records": [{"key": "i", "case": "i", "id": "i", "outcome": "passed"}],
+            "session": {"complete": True}}
+
+
+def test_what_the_candidate_inherits_from_the_reference_is_no_difference() -> None:
+    """torchft wraps Gloo: the Gloo behaviour its records inherit is the reference's own
+    divergence for the same behaviour, not a difference from it (62 such rows were)."""
+    ref = report("gloo", [limitation("a", gloo_override(38)),
+                          limitation("b", gloo_override(40), dtype="int32"),
+                          limitation("c", gloo_override(41), dtype="int64")])
+    cand = report("wrapper", [limitation("a", gloo_override(38, inherited=True)),
+                              {**limitation("b", gloo_override(40)), "dtype": "int32",
+                               "outcome": "passed"},
+                              limitation("c", gloo_override(41, inherited=True), dtype="int64")],
+                  inherits="gloo")
+    cert = cells.certificate(IDENTITY, cand, ref)
+    assert cert["statuses"]["inherited divergence"] == 2
+    # Only the cell where the wrapper behaves otherwise than Gloo is a difference.
+    assert cert["reference"]["differs"] == [
+        {"op": "all_gather", "dtype": "int32", "capability": "-",
+         "backend": "conforming", "reference": "own divergence"}]
+    assert "inherits gloo: a cell where it shows an inherited divergence" in render.markdown(cert)
+    # Inherited from a backend other than the reference's, they are a difference.
+    other = cells.certificate(IDENTITY, {**cand, "metadata": {"options": {
+        "backend": "wrapper", "manifest": {"inherits": "nccl"}}}}, ref)
+    assert {d["dtype"] for d in other["reference"]["differs"]} == {"float32", "int32", "int64"}

@@ -130,14 +130,23 @@ def identity_problems(report: dict[str, Any] | None) -> list[str]:
 
 
 def reference_diff(cells: dict[tuple[str, str, str], Cell],
-                   reference: dict[tuple[str, str, str], Cell] | None) -> list[dict[str, str]]:
-    """Cells whose status differs from the reference backend's same cell."""
+                   reference: dict[tuple[str, str, str], Cell] | None,
+                   inherited_from_reference: bool = False) -> list[dict[str, str]]:
+    """Cells whose status differs from the reference backend's same cell. When the backend
+    wraps the reference's backend (``inherited_from_reference``), its inherited divergences
+    are the reference's own divergences seen from the wrapper (the same overrides), so those
+    two statuses are the same status here."""
     if reference is None:
         return []
+
+    def same(mine: str, theirs: str) -> bool:
+        return mine == theirs or (inherited_from_reference and mine == "inherited divergence"
+                                  and theirs == "own divergence")
+
     out = []
     for key, cell in sorted(cells.items()):
         ref = reference.get(key)
-        if ref is not None and ref.status != cell.status:
+        if ref is not None and not same(cell.status, ref.status):
             out.append({"op": key[0], "dtype": key[1], "capability": key[2],
                         "backend": cell.status, "reference": ref.status})
     return out
@@ -189,11 +198,13 @@ def certificate(identity: dict[str, Any] | None, library: dict[str, Any],
     if proposed:  # a manifest written from what passed would certify anything that runs
         lvl, why = "none", [*why, "the manifest was proposed by probes, not declared"]
     meta = library.get("metadata", {})
+    manifest = meta.get("options", {}).get("manifest")
+    ref_backend = (reference or {}).get("metadata", {}).get("options", {}).get("backend")
     statuses = Counter(status(r) for r in records)
     return {
         "certificate_version": 1,
         "backend": meta.get("options", {}).get("backend", "?"),
-        "manifest": meta.get("options", {}).get("manifest"),
+        "manifest": manifest,
         "manifest_proposed": proposed,
         "torch": meta.get("torch", ""),
         "level": lvl,
@@ -207,8 +218,9 @@ def certificate(identity: dict[str, Any] | None, library: dict[str, Any],
                    "status": c.status, "counts": dict(c.counts), "example": c.example}
                   for _, c in sorted(cells.items())],
         "causes": causes(records),
-        "reference": {"backend": (reference or {}).get("metadata", {}).get("options", {})
-                      .get("backend"), "differs": reference_diff(cells, ref_cells)}
+        "reference": {"backend": ref_backend,
+                      "differs": reference_diff(cells, ref_cells, bool(ref_backend) and (
+                          (manifest or {}).get("inherits") == ref_backend))}
         if reference else None,
         "headline": library.get("summary", {}).get("headline", ""),
     }

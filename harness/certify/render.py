@@ -41,6 +41,10 @@ def markdown(cert: dict[str, Any]) -> str:
     ref = cert.get("reference")
     if ref is not None:
         out += [f"## Difference from the reference ({md(str(ref['backend']))})", ""]
+        if ref["backend"] and (cert.get("manifest") or {}).get("inherits") == ref["backend"]:
+            out += [f"This backend inherits {md(str(ref['backend']))}: a cell where it shows an "
+                    "inherited divergence and the reference its own divergence is the same "
+                    "behaviour, not a difference.", ""]
         if ref["differs"]:
             out += ["| op | dtype | capability | this backend | reference |",
                     "|---|---|---|---|---|"]
