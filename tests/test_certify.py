@@ -135,7 +135,8 @@ def test_the_breaker_skips_what_hung_and_names_the_instance(tmp_path: Path) -> N
                    " args: {dst: 1}}\n"
                    "  - {name: c, op: all_reduce, world_size: 2, input: 'rank', shape: [2]}\n")
     report = tmp_path / "r.json"
-    run("-m", "pytest", str(lib), "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+    proc = run("-m", "pytest", str(lib), "-q", "-p", "no:cacheprovider", "--rootdir",
+               str(tmp_path),
         f"--report-json={report}", f"--report-md={tmp_path / 'r.md'}",
         f"--report-html={tmp_path / 'r.html'}", "--backend-module", "tests.certify_backend",
         f"--manifest={tmp_path / 'm.yaml'}", "--after-hang=skip", "--deadline=3",
@@ -148,6 +149,16 @@ def test_the_breaker_skips_what_hung_and_names_the_instance(tmp_path: Path) -> N
     assert recs["a"]["key"] in recs["d"]["reason"] and recs["b"]["key"] in recs["d"]["reason"]
     assert recs["c"]["outcome"] == "passed"  # what did not hang still runs
     assert cells.status(recs["d"]) == "blocked"
+    # The session says once, in one line, that it stops sending gather to the backend.
+    said = [ln for ln in proc.stdout.splitlines() if "--after-hang skip:" in ln]
+    assert len(said) == 1, proc.stdout
+    assert said[0].startswith("collective-harness: --after-hang skip: the ranks hung in 2 cases")
+    assert "op gather is sent to this backend no more" in said[0]
+    assert recs["a"]["key"] in said[0] and recs["b"]["key"] in said[0]
+    # collective-certify repeats it before the verdict it shows of each session.
+    from harness.certify.cli import worth_repeating
+    shown = worth_repeating(proc.stdout)
+    assert shown[0] == said[0] and shown[1].startswith("collective-harness: FAIL: ")
 
 
 def test_identity_finds_a_rank_that_lies(tmp_path: Path) -> None:
@@ -311,3 +322,37 @@ cases:
     assert not breaker.blocked(plain[1])  # one case is not enough
     breaker.observe(plain[1], hung())
     assert breaker.blocked(plain[0]).startswith("blocked: op all_reduce hung in ")
+
+
+def test_the_breaker_stops_subgroups_whose_groups_never_form() -> None:
+    """Ranks blocked while an instance's groups are made (before its first step, or in a
+    new_group step) hung on subgroups, not on the op: subgroup instances of any op are
+    blocked then, the same ops on the world group still run."""
+    from harness.model import InstanceResult, RankState
+    from harness.runner.breaker import Breaker
+    from tests.helpers import case_instances
+
+    a, b, c, world = case_instances("""
+cases:
+  - {name: a, op: all_reduce, world_size: 3, input: "rank", shape: [2], args: {group: [0, 1]}}
+  - name: b
+    world_size: 2
+    tensors: {t: {shape: [2], init: "rank"}}
+    steps: [{new_group: mine, subgroups: 2}, {op: broadcast, tensor: t, src: 0, group: mine}]
+    expected: {t: "0"}
+  - {name: c, op: all_gather, world_size: 3, input: "rank", shape: [2], args: {group: [1, 2]}}
+  - {name: world, op: all_reduce, world_size: 2, input: "rank", shape: [2]}
+""")
+    breaker = Breaker()
+    breaker.observe(a, InstanceResult("hang", "", states=[RankState(0, "blocked", step=-1)]))
+    assert not breaker.blocked(c) and breaker.news() == []
+    breaker.observe(b, InstanceResult("hang", "", states=[RankState(1, "blocked", step=0)]))
+    assert breaker.blocked(c).startswith("blocked: capability subgroups hung in ")
+    assert a.key in breaker.blocked(c) and b.key in breaker.blocked(c)
+    assert not breaker.blocked(world)  # all_reduce itself never hung
+    news = breaker.news()
+    assert len(news) == 1 and "hung while their groups were made" in news[0]
+    assert "capability subgroups is sent to this backend no more" in news[0]
+    # Said once: more hangs on the same need add nothing to say.
+    breaker.observe(c, InstanceResult("hang", "", states=[RankState(1, "blocked", step=-1)]))
+    assert breaker.news() == []

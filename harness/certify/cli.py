@@ -39,6 +39,7 @@ from ..report.records import load_report, write_atomic
 from . import cells, propose, render
 
 PROG = "collective-certify"
+TRIPPED = "collective-harness: --after-hang skip:"  # harness.runner.breaker's one line
 
 
 def _budget(text: str) -> float:
@@ -213,11 +214,19 @@ def _session(name: str, paths: list[str], extra: list[str],
     print(f"{PROG}: {name}: {' '.join(cmd[1:])}", flush=True)
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           errors="replace", check=False)
-    tail = [ln for ln in done.stdout.splitlines() if ln.startswith("collective-harness:")
-            and ": waiting " not in ln]  # the verdict lines, not the progress notes
-    for line in tail[:2]:
+    for line in worth_repeating(done.stdout):
         print(f"  {line}")
     return _read(report)
+
+
+def worth_repeating(output: str) -> list[str]:
+    """Of a session's output, the lines this command repeats: each line saying the hang
+    breaker stopped sending something, then the verdict's first two lines (not the progress
+    notes)."""
+    said = [ln for ln in output.splitlines() if ln.startswith("collective-harness:")
+            and ": waiting " not in ln]
+    tripped = [ln for ln in said if ln.startswith(TRIPPED)]
+    return tripped + [ln for ln in said if not ln.startswith(TRIPPED)][:2]
 
 
 def _read(path: str) -> dict[str, Any] | None:

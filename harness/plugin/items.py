@@ -98,6 +98,8 @@ class CaseItem(pytest.Item):
             first = hs.ahead.take(self.nodeid, inst, self._tell_waiting) if hs.ahead else None
             result = hs.runner.execute(self.prepared, on_wait=self._tell_waiting,
                                        first=first).result
+            for line in hs.runner.breaker.news() if hs.runner.breaker else []:
+                self._say(f"collective-harness: {line}", red=True)
         # The item's own time: a run made ahead of its turn includes the wait for it.
         result.duration = time.monotonic() - t0
         self.result = result
@@ -110,8 +112,13 @@ class CaseItem(pytest.Item):
             pytest.skip(result.message)
 
     def _tell_waiting(self, note: str) -> None:
-        """A long wait is not silence: a line in pytest's terminal (not on xdist workers,
-        whose output nobody sees; the record is unchanged)."""
+        """A long wait is not silence: a line in pytest's terminal (the record is
+        unchanged)."""
+        self._say(f"collective-harness: {self.nodeid}: {note}", yellow=True)
+
+    def _say(self, line: str, **markup: bool) -> None:
+        """A line in pytest's terminal while the test runs (not on xdist workers, whose
+        output nobody sees)."""
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None or hasattr(self.config, "workerinput"):
             return
@@ -120,7 +127,11 @@ class CaseItem(pytest.Item):
         with (capture.global_and_fixture_disabled() if capture is not None
               else contextlib.nullcontext()):
             reporter.ensure_newline()
-            reporter.write_line(f"collective-harness: {self.nodeid}: {note}", yellow=True)
+            # Under -q the progress letters leave the line open without telling
+            # ensure_newline; a note must start a line of its own (tools read them by prefix).
+            if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):
+                reporter.write("\n")
+            reporter.write_line(line, **markup)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style: Any = None) -> str:

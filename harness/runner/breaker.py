@@ -7,7 +7,8 @@ hung on (the op of the step the ranks were blocked in, or ``capability subgroups
 were blocked before the first step, where the instance's groups are made); when instances of
 two different cases have hung on the same need, it trips, and every later instance that needs
 it is skipped with a reason that names the instance that hung, said once per instance (the
-certificate files them under the broken cell as blocked, apart from skips). Two cases, not
+certificate files them under the broken cell as blocked, apart from skips); the session says
+so in one line when it trips (:meth:`Breaker.news`). Two cases, not
 one: a single hang can be the case's own doing (a deliberate mismatch under a debug setting
 hung one instance of all_reduce in the torchft trial while every other all_reduce ran). A hang
 of an instance with an environment of its own (``env:``) or a planned death counts for
@@ -32,6 +33,7 @@ class Breaker:
         self.strikes = strikes
         self.hung: dict[needs.Need, dict[str, str]] = {}  # need -> case id -> instance key
         self.tripped: dict[needs.Need, str] = {}
+        self._unsaid: list[str] = []
 
     def blocked(self, inst: Instance) -> str:
         """The skip reason of ``inst`` if it needs something that hung before ("" if not)."""
@@ -52,8 +54,19 @@ class Breaker:
         need = self._hung_on(inst, result)
         cases = self.hung.setdefault(need, {})
         cases.setdefault(inst.case_id, inst.key)
-        if len(cases) >= self.strikes:
-            self.tripped.setdefault(need, " and ".join(cases.values()))
+        if len(cases) >= self.strikes and need not in self.tripped:
+            self.tripped[need] = " and ".join(cases.values())
+            where = (" while their groups were made" if need == ("capability", "subgroups")
+                     else "")
+            self._unsaid.append(
+                f"--after-hang skip: the ranks hung{where} in {len(cases)} cases ("
+                f"{self.tripped[need]}), so {need[0]} {need[1]} is sent to this backend no "
+                "more: later instances that need it are skipped as blocked")
+
+    def news(self) -> list[str]:
+        """The lines not said yet, one per need that tripped: each is said once."""
+        out, self._unsaid = self._unsaid, []
+        return out
 
     @staticmethod
     def _hung_on(inst: Instance, result: InstanceResult) -> needs.Need:
