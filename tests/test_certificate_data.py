@@ -4,6 +4,7 @@ capability each case needs, and the manifest proposed from probes."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 import pytest
 
 from harness.certify import cells, cli, render
+from harness.manifest import needs
+from tests.helpers import case_instances
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = sorted((REPO / "reports" / "reference").glob("*-certificate"))
@@ -93,3 +96,64 @@ def test_what_the_candidate_inherits_from_the_reference_is_no_difference() -> No
     other = cells.certificate(IDENTITY, {**cand, "metadata": {"options": {
         "backend": "wrapper", "manifest": {"inherits": "nccl"}}}}, ref)
     assert {d["dtype"] for d in other["reference"]["differs"]} == {"float32", "int32", "int64"}
+
+
+@functools.cache
+def library(name: str) -> list[Any]:
+    return case_instances((REPO / "cases" / name).read_text("utf-8"))
+
+
+def needs_of(name: str, case: str, key_has: str = "") -> tuple[needs.Need, ...]:
+    """The needs of the first instance of a bundled case (whose key contains ``key_has``)."""
+    return needs.of(next(i for i in library(name) if i.case == case and key_has in i.key))
+
+
+def capabilities(found: tuple[needs.Need, ...]) -> set[str]:
+    return {item for kind, item in found if kind == "capability"}
+
+
+def test_a_plain_collective_needs_its_op_dtype_reduce_op_and_device_only() -> None:
+    found = needs_of("all_reduce.yaml", "reduce_ops", "float32-sum-sync")
+    assert found[0] == ("op", "all_reduce") and found[-1] == ("device", "cpu")
+    assert ("dtype", "float32") in found and ("reduce_op", "sum") in found
+    assert capabilities(found) == set() and len(set(found)) == len(found)  # each once
+
+
+@pytest.mark.parametrize("name, case, key_has, caps", [
+    ("all_reduce.yaml", "async_x_op", "float32-sum-async", {"async"}),
+    ("backend_contract.yaml", "all_reduce_coalesced_returns", "", {"coalescing"}),
+    ("backend_contract.yaml", "gather_single_unsupported", "", {"gather_single"}),
+    ("backend_contract.yaml", "complex_all_reduce", "", {"complex"}),
+    ("dtypes.yaml", "all_reduce", "float8_e4m3fn-sum", {"float8"}),
+    ("dtypes.yaml", "all_reduce", "bool-band", {"bitwise_reductions"}),
+    ("sparse.yaml", "sum_uncoalesced", "", {"sparse"}),
+    ("timeouts.yaml", "set_timeout_then_barrier_times_out", "", {"timeouts"}),
+    ("timeouts.yaml", "destroy_then_collective_raises", "", {"lifecycle"}),
+    ("backend_contract.yaml", "work_duration_unsupported", "", {"async", "timing"}),
+    ("backend_contract.yaml", "sequence_numbers", "", {"sequence_numbers", "subgroups"}),
+    ("backend_contract.yaml", "cuda_graph_collectives", "", {"cuda_graphs"}),
+    ("groups.yaml", "new_subgroups", "", {"subgroups"}),
+    ("groups.yaml", "split_group", "", {"split", "subgroups"}),
+    ("group_local.yaml", "broadcast_group_src", "", {"subgroups"}),
+])
+def test_each_capability_is_needed_by_the_case_that_uses_it(
+        name: str, case: str, key_has: str, caps: set[str]) -> None:
+    assert capabilities(needs_of(name, case, key_has)) == caps
+
+
+def test_what_a_program_issues_is_what_it_needs() -> None:
+    cuda = needs_of("backend_contract.yaml", "cuda_graph_collectives")
+    assert ("device", "cuda") in cuda and ("device", "cpu") not in cuda
+    assert [i for k, i in cuda if k == "op"] == [
+        "all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single",
+        "all_to_all_single"]
+    # A program that only makes a group issues no op: it needs no "steps" op.
+    bare = needs_of("groups.yaml", "new_subgroups_group_size_exceeds_world_size")
+    assert [k for k, _ in bare].count("op") == 0 and capabilities(bare) == {"subgroups"}
+    # Objects have no dtype to claim.
+    objects = needs_of("objects.yaml", "broadcast_object_list")
+    assert objects == (("op", "broadcast_object_list"), ("device", "cpu"))
+    # A program's several tensors each need their dtype.
+    assert {i for k, i in needs_of("groups.yaml", "new_subgroups") if k == "dtype"} == {
+        "float32", "int64"}
+
