@@ -294,6 +294,46 @@ def test_the_fuzzer_takes_the_manifest(tmp_path: Path) -> None:
     assert "did you mean 'gather'" in bad.stderr and "Traceback" not in bad.stderr
 
 
+SUBGROUP_UINT16 = """cases:
+  - name: fuzz
+    op: all_reduce
+    world_size: 3
+    dtype: uint16
+    shape: [3]
+    input: "rank"
+    expected: auto
+    args: {group: [1, 2]}
+"""
+
+
+@pytest.mark.parametrize("inherits", [True, False])
+def test_the_fuzzer_reads_a_gloo_limitation_on_a_subgroup_as_inherited(
+        tmp_path: Path, inherits: bool) -> None:
+    """Issue 39.7d: a Gloo limitation met on a subgroup (rank 0 outside it, so not every
+    rank raises) is known behaviour of a backend whose manifest inherits Gloo: absorbed by
+    the bundled Gloo override, never a finding; without ``inherits`` it is the backend's own."""
+    from harness.fuzz import options
+    from harness.fuzz.session import Session
+
+    (tmp_path / "m.yaml").write_text("backend: certfake\nmodule: tests.certify_backend\n"
+                                     + ("inherits: gloo\n" if inherits else ""))
+    args = options.parser().parse_args(["--backend", "certfake", "--manifest",
+                                        str(tmp_path / "m.yaml"), "--ops", "all_reduce",
+                                        "--out", str(tmp_path / "f")])
+    session = Session(args, options.check(args))
+    try:
+        ran = session.executor.run_text(SUBGROUP_UINT16)
+    finally:
+        session.close()
+    assert args.overrides_for == ("gloo" if inherits else None)
+    assert ran.outcome == "error" and "ranks 1-2: RuntimeError" in ran.message, ran.message
+    if inherits:
+        assert "all_reduce.yaml:" in ran.absorbed_by and not ran.bad
+        assert "Gloo's collectives handle only" in session.known.reasons[ran.absorbed_by]
+    else:
+        assert ran.absorbed_by == "" and ran.bad
+
+
 def test_the_breaker_trips_on_two_cases_and_never_on_a_case_of_its_own_setting() -> None:
     from harness.model import InstanceResult, RankState
     from harness.runner.breaker import Breaker
