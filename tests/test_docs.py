@@ -10,6 +10,8 @@ before it, and is checked accordingly:
 - ``<!-- excerpt: FILE::CASE -->``: a piece of a bundled case, which must be contained in it
   (the bundled library is run by tests/test_library.py and test_cookbook.py);
 - ``<!-- fragment -->``: part of a case that is not one (kept rare).
+- ``<!-- manifest -->``: a capability manifest (``--manifest``), which the manifest loader
+  must accept as it stands.
 
 ``file=NAME`` after a case marker also writes the snippet as NAME for the page's commands.
 Every ```console fence (commands shown with their output) is marked ``<!-- run -->`` (run in
@@ -39,7 +41,8 @@ from tests.helpers import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-MARKER = re.compile(r"^<!-- (case: (passes|fails|error)|excerpt:|fragment|run|needs:)(.*?)-->$")
+MARKER = re.compile(
+    r"^<!-- (case: (passes|fails|error)|excerpt:|fragment|manifest|run|needs:)(.*?)-->$")
 
 
 @dataclass
@@ -278,6 +281,19 @@ def test_excerpt_is_from_its_bundled_case(block: Block) -> None:
     assert contained(part, cases[name]), f"{block.where}: not a piece of {ref}"
 
 
+@pytest.mark.parametrize("block", [b for b in ALL if kind(b) == "manifest"],
+                         ids=lambda b: b.where)
+def test_a_manifest_example_is_one_the_loader_accepts(block: Block) -> None:
+    from harness.casefile.load import load_text
+    from harness.errors import CaseFileError
+    from harness.manifest.load import error_line, parse
+
+    try:  # blank lines before it, so that an error names the page's own line
+        parse(load_text("\n" * block.line + block.text, str(block.page.relative_to(ROOT))))
+    except CaseFileError as exc:
+        pytest.fail(f"the manifest example is refused: {error_line(exc)}")
+
+
 def run_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
@@ -323,6 +339,7 @@ def block_position(b: Block) -> str:
 
 TOOLS = {"pytest": [sys.executable, "-m", "pytest"],
          "collective-gate": [sys.executable, "-m", "harness.gate"],
+         "collective-certify": [sys.executable, "-m", "harness.certify"],
          "python": [sys.executable]}
 DURATION = re.compile(r"\d+(\.\d+)?s\b")
 
