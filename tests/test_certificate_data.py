@@ -157,3 +157,49 @@ def test_what_a_program_issues_is_what_it_needs() -> None:
     assert {i for k, i in needs_of("groups.yaml", "new_subgroups") if k == "dtype"} == {
         "float32", "int64"}
 
+
+
+def probe(case: str, outcome: str, message: str = "") -> dict[str, Any]:
+    return {"key": f"probes.yaml::{case}[x]", "case": case, "id": "x", "outcome": outcome,
+            "message": message}
+
+
+def test_a_proposal_names_what_it_did_not_probe_and_claims_it() -> None:
+    """Without a manifest, the probes propose one: a probe that passed claims the ops it
+    issued, one that failed declares them unsupported with why, and an op no probe ran is
+    claimed and named as not probed (never left unclaimed silently: a backend that has it
+    would be failed for not rejecting it)."""
+    from harness import ops
+    from harness.casefile.load import load_text
+    from harness.certify import propose
+    from harness.manifest.load import parse
+
+    issued = {"all_reduce": ("all_reduce",), "gather": ("gather",),
+              "send": ("send", "recv"), "gather_single": ("gather_single",)}
+    probes = {"records": [
+        probe("all_reduce", "passed"), probe("send", "passed"),
+        probe("gather", "error", "gather [x]\n  ranks 0-1: RuntimeError: no gather here"),
+        probe("gather_single", "skipped", "torch has no gather_single"),
+        probe("subgroups", "hang", "subgroups [x]\n  no result after the 20 s deadline")]}
+    text = propose.manifest_text("mine", ["my.module"], probes, issued)
+    m = parse(load_text(text, "manifest.proposed.yaml"))
+    assert m.backend == "mine" and m.module == "my.module"
+    assert m.ops is not None and "gather" not in m.ops and "all_reduce" in m.ops
+    assert {"send", "recv"} <= m.ops
+    assert "no gather here" in m.reason("gather") and "probe x: error" in m.reason("gather")
+    assert m.unsupported == {"subgroups"} and "hang" in m.reason("subgroups")
+    # Every other op, gather_single (skipped: not probed) included, is claimed and named.
+    unprobed = sorted(set(ops.ALL_OPS) - {"all_reduce", "gather", "send", "recv"})
+    assert m.ops == frozenset(ops.ALL_OPS) - {"gather"}
+    said = " ".join(ln[2:] for ln in text.splitlines() if ln.startswith("# "))
+    assert "Not probed, claimed unverified (the library will tell): " + ", ".join(
+        unprobed) in said
+
+
+def test_every_op_of_the_table_has_a_probe() -> None:
+    from harness import ops
+    from harness.certify import propose
+
+    issued = propose.probe_ops(str(REPO / "harness" / "certify" / "data" / "probes.yaml"))
+    assert set(ops.ALL_OPS) <= {op for found in issued.values() for op in found}
+    assert set(propose.CAPABILITY_PROBES) <= set(issued)

@@ -218,6 +218,36 @@ def test_certify_end_to_end_leads_with_identity(tmp_path: Path) -> None:
     assert "The backend's identity is wrong" in page
 
 
+def test_without_a_manifest_the_proposal_is_right_for_a_backend_lacking_gather(
+        tmp_path: Path) -> None:
+    """One probe per op of the table: the three ops that reach the backend's gather are
+    declared unsupported with its own error, every other op is claimed, and what was not
+    probed here (a probe this torch skips) is named as such in the proposal."""
+    from harness import ops
+    from harness.manifest.load import read
+
+    out = tmp_path / "cert"
+    proc = run("-m", "harness.certify", "--backend", "certfake", "--backend-module",
+               "tests.certify_backend", "--cases", str(LIBRARY), "--out", str(out),
+               "--no-reference", fault="no_gather")
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # a proposal certifies nothing
+    m = read(str(out / "manifest.proposed.yaml"))
+    lacking = {"gather", "gather_object", "pg.gather"}
+    assert m.ops == frozenset(ops.ALL_OPS) - lacking
+    for op in lacking:
+        assert "RuntimeError: certfake does not implement gather" in m.reason(op), op
+    skipped = sorted(r["case"] for r in json.loads((out / "probes.json").read_text())["records"]
+                     if r["outcome"] == "skipped")
+    text = (out / "manifest.proposed.yaml").read_text()
+    said = " ".join(ln[2:] for ln in text.splitlines() if ln.startswith("# "))
+    assert ("Not probed, claimed unverified (the library will tell): " + ", ".join(skipped)
+            if skipped else "Every op of the op table was probed.") in said
+    cert = json.loads((out / "certificate.json").read_text())
+    assert cert["manifest_proposed"] and cert["level"] == "none"
+    gather = [c for c in cert["cells"] if c["op"] == "gather"]
+    assert [c["status"] for c in gather] == ["unsupported as declared"]
+
+
 @pytest.mark.parametrize("args, words", [
     (["--manifest", "nope.yaml"], "--manifest: nope.yaml:1:1: cannot read the file"),
     (["--backend", "gloo", "--cases", "no/such"], "--cases no/such: no such file"),

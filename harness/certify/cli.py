@@ -120,7 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     manifest_path = args.manifest
     if manifest is None:
         probes = _session("probes", [_data("probes.yaml")], base, args)
-        text = propose.manifest_text(backend, modules, probes)
+        text = propose.manifest_text(backend, modules, probes,
+                                     propose.probe_ops(_data("probes.yaml")))
         manifest_path = os.path.join(args.out, "manifest.proposed.yaml")
         write_atomic(manifest_path, text)
         manifest = parse(load_text(text, manifest_path))
