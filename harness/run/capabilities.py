@@ -174,6 +174,8 @@ class Capabilities:
             lacking = [n for n in needs if n not in self.facts.private_api]
             if lacking:
                 return f"torch {self.torch_version} has no {lacking[0]} (the {step.kind} step)"
+            if step.kind == "shrink" and "shrink_group" not in self.facts.params:
+                return f"torch {self.torch_version} has no shrink_group (the shrink step)"
             if step.kind == "set_timeout" and not self.facts.pg_set_timeout:
                 return (f"torch {self.torch_version}'s ProcessGroup has no set_timeout "
                         "(the set_timeout step)")
