@@ -12,12 +12,17 @@ Keys and steps (docs/reference/environment.md):
 - ``blocks_until_all: true`` on a barrier step: no rank sees the barrier complete before the
   last rank entered it (judged across ranks, see :mod:`harness.verdict.steps`);
 - ``{set_timeout: S}`` (with ``group:`` for a subgroup): ``ProcessGroup.set_timeout``;
-- ``{destroy: true}`` (with ``group:`` for a subgroup): ``destroy_process_group``.
+- ``{destroy: true}`` (with ``group:`` for a subgroup): ``destroy_process_group``;
+- ``{abort_group: true}`` (with ``group:`` for a subgroup): torch's
+  ``distributed_c10d._abort_process_group`` (the world: every group, as
+  ``destroy_process_group()`` does), a recovery step after a death (``docs/reference/
+  programs.md#through-a-failure``).
 
-A program with a step-level ``raises``, a ``set_timeout`` or a ``destroy`` runs on a private
-rank pool that is closed after it: an expected error may leave a communicator broken (Gloo
-closes the pairs of a timed-out group), a timeout set on a pooled group would leak into later
-instances, and a destroyed group must never be handed to another instance.
+A program with a step-level ``raises``, a ``set_timeout``, a ``destroy`` or an
+``abort_group`` runs on a private rank pool that is closed after it: an expected error may
+leave a communicator broken (Gloo closes the pairs of a timed-out group), a timeout set on a
+pooled group would leak into later instances, and a destroyed or aborted group must never be
+handed to another instance.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from ..errors import CaseFileError, quote
 from ..model import Case
 from . import patterns
 
-LIFECYCLE_ACTIONS = ("set_timeout", "destroy")
+LIFECYCLE_ACTIONS = ("set_timeout", "destroy", "abort_group")
 # Ops whose contract is "no rank leaves before every rank arrived".
 BARRIER_OPS = ("barrier", "monitored_barrier")
 # An exception class name as Python spells it (``RuntimeError``, ``DistBackendError``).

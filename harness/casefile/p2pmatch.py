@@ -27,7 +27,8 @@ P2P_OPS = {"send": ("send", "dst", "tensor"), "isend": ("send", "dst", "tensor")
            "send_object_list": ("send", "dst", "objects"),
            "recv_object_list": ("recv", "src", "objects")}
 BATCH = "batch_isend_irecv"
-FAULTS = ("abort", "exit", "segfault", "kill", "stall", "raise", "reform", "shrink")
+FAULTS = ("abort", "exit", "segfault", "kill", "stall", "raise", "reform", "shrink",
+          "abort_group")
 # (direction, this rank, the peer, tag, what it carries)
 Message = tuple[str, int, int, int, str]
 

@@ -32,9 +32,11 @@ ONLY_WITH: dict[str, tuple[str, ...]] = {
 }
 ONLY_WITH["tensor"] = ("op", "future")
 # Timeouts, expected step errors and group lifecycle (harness.casefile.lifecycle).
-ONLY_WITH["group"] = ("op", "set_timeout", "destroy", "seq_number", "enable_timing")
-ONLY_WITH.update({"group_timeout": ("op", "set_timeout", "destroy"),
-                  "raises": ("op", "wait", "set_timeout", "destroy", "reform", "shrink"),
+ONLY_WITH["group"] = ("op", "set_timeout", "destroy", "abort_group", "seq_number",
+                      "enable_timing")
+ONLY_WITH.update({"group_timeout": ("op", "set_timeout", "destroy", "abort_group"),
+                  "raises": ("op", "wait", "set_timeout", "destroy", "abort_group", "reform",
+                             "shrink"),
                   "blocks_until_all": ("op",)})
 ONLY_WITH["register_work"] = ("op", "wait")
 ONLY_WITH.update({"steps": ("capture",), "times": ("replay",), "then": ("future",)})

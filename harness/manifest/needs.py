@@ -16,6 +16,7 @@ BITWISE = ("band", "bor", "bxor")
 # Step kinds that use a capability of their own (the op steps are read apart).
 STEP_NEEDS: dict[str, str] = {"capture": "cuda_graphs", "replay": "cuda_graphs",
                               "set_timeout": "timeouts", "destroy": "lifecycle",
+                              "abort_group": "lifecycle",
                               "seq_number": "sequence_numbers", "enable_timing": "timing"}
 # work_state keys that read a capability of the Work.
 STATE_NEEDS: dict[str, str] = {"sequence_number": "sequence_numbers", "duration": "timing"}

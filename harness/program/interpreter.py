@@ -378,7 +378,7 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
                     _cuda_step(inst, step, renv, env, bufs, written, graphs, state, handles,
                                late)
                     ev.t_return = time.perf_counter() - t0
-                elif step.kind in ("set_timeout", "destroy"):
+                elif step.kind in ("set_timeout", "destroy", "abort_group"):
                     _lifecycle_step(step, renv)
                     ev.t_return = time.perf_counter() - t0
                 elif step.kind in ("reform", "shrink"):
@@ -565,7 +565,8 @@ def _repeated(inst: Instance, step: Step, renv: RankEnv, env: dict[str, Any],
 
 
 def _lifecycle_step(step: Step, renv: RankEnv) -> None:
-    """``set_timeout`` / ``destroy`` on the step's group, or on the instance's world."""
+    """``set_timeout`` / ``destroy`` / ``abort_group`` on the step's group, or on the
+    instance's world."""
     args = dict(step.args)
     if args.get("group") is not None:
         # expand gives a name (str) or a tuple of ranks, as _group takes them
@@ -575,6 +576,10 @@ def _lifecycle_step(step: Step, renv: RankEnv) -> None:
     if step.kind == "set_timeout":
         lifecycle.set_timeout(group if group is not None else dist.group.WORLD,
                               float(step.value))
+    elif step.kind == "abort_group":
+        lifecycle.abort(group)
+        if group is None:
+            renv.groups.clear()  # every group of the world went with it
     else:
         lifecycle.destroy(group)
 

@@ -9,7 +9,8 @@
   host's identity. CLOCK_MONOTONIC is one clock for every process of a Linux host (unlike
   ``time.perf_counter``'s documented per-process reference point), so entries and returns of
   ranks on one host can be compared; across hosts they cannot, and the parent says so.
-- :func:`set_timeout` and :func:`destroy`: the ``set_timeout`` and ``destroy`` steps.
+- :func:`set_timeout`, :func:`destroy` and :func:`abort`: the ``set_timeout``, ``destroy``
+  and ``abort_group`` steps.
 
 Runs inside rank processes (imports torch).
 """
@@ -94,6 +95,13 @@ class Clock:
 def set_timeout(group: Any, seconds: float) -> None:
     """``ProcessGroup.set_timeout`` (capabilities skip instances where it is missing)."""
     group.set_timeout(datetime.timedelta(seconds=seconds))
+
+
+def abort(group: Any) -> None:
+    """Abort a subgroup, or every group of the world when ``group`` is None (torch then
+    forgets them, as ``destroy_process_group()`` does; ``reform`` initialises a new world).
+    Capabilities skip instances where torch has no ``_abort_process_group``."""
+    dist.distributed_c10d._abort_process_group(group)
 
 
 def destroy(group: Any) -> None:

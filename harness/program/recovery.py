@@ -22,7 +22,8 @@ def run(step: Step, idx: int, renv: Any, backend: str) -> None:
     """Re-form or shrink the world on this rank (its errors are the step's)."""
     listed = tuple(int(r) for r in step.value)
     if step.kind == "reform":
-        dist.destroy_process_group()
+        if dist.is_initialized():  # an abort_group step may have ended the world already
+            dist.destroy_process_group()
         renv.groups.clear()  # subgroups of the old world died with it
         base = dist.FileStore(renv.store_path, renv.pool_world_size)  # type: ignore[attr-defined]
         store = dist.PrefixStore(f"reform/{renv.seq}/{idx}", base)  # type: ignore[attr-defined]

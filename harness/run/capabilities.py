@@ -31,7 +31,8 @@ API_OF_STEP = {"seq_number": "ProcessGroup._get_sequence_number_for_group",
                "enable_timing": "ProcessGroup._enable_collectives_timing",
                "work_registry": "_get_work_registry_size",
                "sequence_number": "Work._get_sequence_number",
-               "duration": "Work._get_duration", "future_result": "Work.get_future_result"}
+               "duration": "Work._get_duration", "future_result": "Work.get_future_result",
+               "abort_group": "distributed_c10d._abort_process_group"}
 # Backends whose collectives a CUDA graph cannot record: Gloo runs them on host threads
 # (copying CUDA tensors through the host), which a stream capture cannot contain.
 NO_GRAPH_CAPTURE = ("gloo",)
@@ -164,9 +165,10 @@ class Capabilities:
             return ("'env:' and 'pg_timeout:' are set before the process group starts; "
                     "external-ranks mode runs every instance on the launcher's one group")
         for step in flat_steps(inst.steps):
-            if (step.kind == "destroy" and local_rank is not None
+            if (step.kind in ("destroy", "abort_group") and local_rank is not None
                     and dict(step.args).get("group") is None):
-                return ("destroys the default process group, which external-ranks mode runs "
+                verb = "destroys" if step.kind == "destroy" else "aborts"
+                return (f"{verb} the default process group, which external-ranks mode runs "
                         "the instance on and needs afterwards; run it on the harness's own "
                         "pools")
             needs = [API_OF_STEP[k] for k in (step.kind, *(a for a, _ in step.args))
@@ -174,6 +176,8 @@ class Capabilities:
             lacking = [n for n in needs if n not in self.facts.private_api]
             if lacking:
                 return f"torch {self.torch_version} has no {lacking[0]} (the {step.kind} step)"
+            if step.kind == "shrink" and "shrink_group" not in self.facts.params:
+                return f"torch {self.torch_version} has no shrink_group (the shrink step)"
             if step.kind == "set_timeout" and not self.facts.pg_set_timeout:
                 return (f"torch {self.torch_version}'s ProcessGroup has no set_timeout "
                         "(the set_timeout step)")

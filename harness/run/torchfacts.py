@@ -25,11 +25,15 @@ from .. import dtypes, ops
 BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 GROUP_CONSTRUCTORS = ("new_group", "new_subgroups", "new_subgroups_by_enumeration",
                       "split_group")
-# Private torch APIs that steps call (harness.program.contract); "Class.method" of
-# torch.distributed, or a function of torch._C._distributed_c10d.
+# What the recovery steps call (harness.program.recovery): absent where torch lacks it.
+RECOVERY_CALLS = ("shrink_group",)
+# Private torch APIs that steps call (harness.program.contract, harness.program.lifecycle);
+# "Class.method" (or "module.function") of torch.distributed, or a function of
+# torch._C._distributed_c10d.
 PRIVATE_API = ("ProcessGroup._get_sequence_number_for_group",
                "ProcessGroup._enable_collectives_timing", "Work._get_sequence_number",
-               "Work._get_duration", "Work.get_future_result", "_get_work_registry_size")
+               "Work._get_duration", "Work.get_future_result", "_get_work_registry_size",
+               "distributed_c10d._abort_process_group")
 # How long the probe process may take: importing a user's backend module can be slow, but a
 # module that never returns must not hang the session.
 PROBE_TIMEOUT_S = 300.0
@@ -91,7 +95,7 @@ def of(dist: Any, torch: Any, funcol: Any = None, **known: Any) -> TorchFacts:
     not come from those objects (torch_version, cuda_devices, ...)."""
     backend = getattr(dist, "Backend", None)
     names = {op.torch_name or op.name for op in ops.ALL_OPS.values()}
-    names |= {"P2POp", *GROUP_CONSTRUCTORS}
+    names |= {"P2POp", *GROUP_CONSTRUCTORS, *RECOVERY_CALLS}
     params = {n: _params(getattr(dist, n)) for n in sorted(names) if hasattr(dist, n)}
     wanted = {*dtypes.DTYPES, *dtypes.ALIASES, *dtypes.ALIASES.values()}
     is_available = getattr(dist, "is_backend_available", lambda b: False)

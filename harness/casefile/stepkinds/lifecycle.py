@@ -1,5 +1,6 @@
 """The process-group lifecycle steps: ``{set_timeout: S}`` (``ProcessGroup.set_timeout``) and
-``{destroy: true}`` (``destroy_process_group``), each on the world group or on ``group:``
+``{destroy: true}`` (``destroy_process_group``) and ``{abort_group: true}`` (torch's
+``_abort_process_group``), each on the world group or on ``group:``
 (``group_timeout:`` beside it makes that subgroup with a timeout).
 
 Their keys (``set_timeout``'s seconds, ``group_timeout``, ``raises``) are checked with every
@@ -18,7 +19,7 @@ from .base import BuildContext, RawStep, StepKind
 
 
 class LifecycleStep(StepKind):
-    """``set_timeout`` and ``destroy``."""
+    """``set_timeout``, ``destroy`` and ``abort_group``."""
 
     actions = lifecycle.LIFECYCLE_ACTIONS
 
