@@ -53,12 +53,31 @@ cases:
     ("      - {reform: everyone}\n", "x.yaml:10:18", "is not a list of ranks"),
     ("      - {shrink: [5]}\n", "x.yaml:10:18", "shrink names rank 5, outside world_size 3"),
     ("      - {reform: [0, 0]}\n", "x.yaml:10:18", "reform names a rank twice"),
+    # A bound must be a positive, finite number of seconds: YAML spells NaN and the
+    # infinities .nan and .inf, which no range check in the schema catches alone.
+    ("      - {op: all_reduce, tensor: t, raises: {match: x, within: .nan}}\n",
+     "x.yaml:10:64", "within must be a positive, finite number of seconds, got nan"),
+    ("      - {op: all_reduce, tensor: t, raises: {match: x, within: .inf}}\n",
+     "x.yaml:10:64", "inf is greater than the maximum of 3600"),
+    ("      - {op: all_reduce, tensor: t, raises: {match: x, within: -1}}\n", "x.yaml:10:64",
+     "-1 is less than or equal to the minimum of 0"),
+    ("      - {op: all_reduce, tensor: t, raises: {match: x, within: -.inf}}\n",
+     "x.yaml:10:64", "-inf is less than or equal to the minimum of 0"),
+    ("      - {op: all_reduce, tensor: t, raises: {match: x, not_before: .nan}}\n",
+     "x.yaml:10:68", "not_before must be a positive, finite number of seconds, got nan"),
+    ("      - {op: all_reduce, tensor: t, raises: {match: x, not_before: -2}}\n",
+     "x.yaml:10:68", "-2 is less than or equal to the minimum of 0"),
+    ("      - {set_timeout: .nan}\n", "x.yaml:10:23",
+     "set_timeout must be a positive, finite number of seconds, got nan"),
+    ("      - {set_timeout: .inf}\n", "x.yaml:10:23", "inf is greater than the maximum of 3600"),
+    ("      - {set_timeout: -3}\n", "x.yaml:10:23", "-3 is less than or equal to the minimum"),
 ])
 def test_what_cannot_run_through_a_failure_is_an_error_at_its_line(
         steps: str, where: str, words: str) -> None:
     text = HEAD + "    steps:\n" + steps + "    expected: {}\n"
     err = case_error(text)
     assert f"cases/{where}" in err and words in err, err
+    assert err.count(f"cases/{where}") == 1, err  # one mistake, said once
 
 
 def test_a_planned_death_plans_the_survivors() -> None:
