@@ -3,9 +3,11 @@ recovery by re-forming the world, every rank accounted, and what cannot be writt
 
 from __future__ import annotations
 
+import os
 import signal
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -36,6 +38,25 @@ cases:
       t: {shape: [4], init: "rank + 1"}
       u: {shape: [4], init: "rank + 1"}
 """
+
+
+# An ordinary instance on the same world size, after the one through a failure.
+NEXT = """
+  - name: d
+    op: all_reduce
+    world_size: 3
+    shape: [4]
+    input: "rank + i"
+    expected: auto
+"""
+
+
+def ran_next(rec: dict[str, Any]) -> None:
+    """The ordinary instance after a failure passed, and ran: every rank computed and the
+    sum was checked (not lost with the pool the failure left behind)."""
+    assert rec["case"] == "d" and rec["outcome"] == "passed", rec["message"]
+    assert [r["status"] for r in rec["ranks"]] == ["ok"] * 3
+    assert rec["evidence"]["checks"], rec["evidence"]
 
 
 @pytest.mark.parametrize("steps, where, words", [
@@ -103,10 +124,11 @@ def test_survivors_detect_recover_and_every_rank_is_accounted(tmp_path: Path) ->
       - {op: all_reduce, tensor: u}
     unchecked: {t: a failed all_reduce}
     expected: {u: 4}
-""")
-    proc = run_pytest(tmp_path, "c.yaml", "-q")
-    rec = load_report(tmp_path / "reports" / "conformance.json")["records"][0]
+""" + NEXT)
+    proc = run_pytest(tmp_path, "c.yaml", "-q", "-p", "no:randomly")
+    rec, after = load_report(tmp_path / "reports" / "conformance.json")["records"]
     assert rec["outcome"] == "passed", proc.stdout
+    ran_next(after)
     assert rec["deaths"] == [{"rank": 1, "step": 0, "how": "exit 3", "by_design": True,
                               "observed": "exit code 3"}]
     assert [s["rank"] for s in rec["survivors"]] == [0, 2]
@@ -151,6 +173,83 @@ def test_a_planned_death_that_does_not_happen_is_said(tmp_path: Path) -> None:
     death = rec["deaths"][0]
     assert death["rank"] == 1 and death["observed"] == "raised"
     assert "rank 1 was to die at step 1 (exit 3) but raised" in rec["message"]
+
+
+def test_a_death_nobody_planned_is_a_crash_and_the_next_instance_runs(tmp_path: Path) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    write_case_file(tmp_path, HEAD.replace("deadline: 40", "deadline: 300") + """    steps:
+      - {exit: 3, ranks: [1]}
+      - {op: all_reduce, tensor: t, raises: {match: "[Rr]eset|[Cc]losed|[Pp]eer", within: 250}}
+      - {sleep: 60, ranks: [2]}
+    unchecked: {t: a failed all_reduce}
+    expected: {}
+""" + NEXT + "    isolate: true\n")
+    # Instances run grouped by pool, the shared pool's first: in turn (--ahead 0), an isolated
+    # 'd' is the one that comes after, and while 'c' runs its ranks are the only ones.
+    proc = start(tmp_path, pytest_argv("c.yaml", "-q", "-p", "no:randomly", "--ahead", "0"),
+                 merge_stderr=True, COLLECTIVE_TEST_MARKER=marker)
+    try:
+        # Ranks are started in order: rank 2 there and rank 1 gone is rank 1's planned exit.
+        wait_for(lambda: rank_pids(marker, 2) and not rank_pids(marker, 1), HANG_S,
+                 "rank 1's planned exit")
+        os.kill(rank_pids(marker, 2)[0], signal.SIGKILL)  # a death no step plans
+        out = finish(proc, HANG_S).stdout
+    finally:
+        if proc.poll() is None:
+            finish(proc, 30)
+    rec, after = load_report(tmp_path / "reports" / "conformance.json")["records"]
+    assert rec["outcome"] == "crash", out
+    assert "rank(s) 2 died undeclared" in rec["message"]
+    assert "rank(s) 1 died as planned" in rec["message"]
+    planned, undeclared = rec["deaths"]
+    assert planned == {"rank": 1, "step": 0, "how": "exit 3", "by_design": True,
+                       "observed": "exit code 3"}
+    assert undeclared["rank"] == 2 and undeclared["by_design"] is False
+    assert undeclared["how"] == "undeclared" and undeclared["step"] in (1, 2)
+    assert undeclared["observed"].startswith("killed by SIGKILL in step ")
+    assert [s["rank"] for s in rec["survivors"]] == [0]  # the dead are no survivors
+    ran_next(after)
+
+
+def test_a_rank_killed_while_building_its_buffers_leaves_nothing_running(
+        tmp_path: Path) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    # Three 64 MiB buffers per rank, each element from an expression: seconds of building.
+    big = {"shape": [16 << 20], "init": "rank * 3 + i % 7"}
+    text = HEAD.replace("deadline: 40", "deadline: 300").replace(
+        "      u: ", "".join(f"      b{k}: {big}\n" for k in range(3)) + "      u: ")
+    write_case_file(tmp_path, text + """    steps:
+      - {exit: 3, ranks: [1]}
+      - {op: all_reduce, tensor: t, raises: {match: "[Rr]eset|[Cc]losed|[Pp]eer", within: 250}}
+      - {sleep: 60, ranks: [2]}
+    unchecked: {t: a failed all_reduce, b0: never, b1: never, b2: never, u: never}
+    expected: {}
+""")
+    proc = start(tmp_path, pytest_argv("c.yaml", "-q", "--ahead", "0"), merge_stderr=True,
+                 COLLECTIVE_TEST_MARKER=marker)
+    try:
+        # The harness's own progress note says where rank 2 is (printed after 5 s): kill it
+        # there, building its buffers, or (a machine faster than this one) in its sleep.
+        assert proc.stdout is not None
+        note = next((ln for ln in proc.stdout if "rank 2 building buffers" in ln
+                     or "rank 2 in step" in ln), "")
+        assert note, "the session ended without a progress note"
+        os.kill(rank_pids(marker, 2)[0], signal.SIGKILL)
+        out = note + proc.stdout.read()
+        proc.wait(timeout=HANG_S)
+        # pytest is gone: no rank of it may outlive it (none is killed on its behalf here).
+        wait_for(lambda: not rank_pids(marker), HANG_S, "every rank to exit with pytest")
+    finally:
+        finish(proc, 30)
+    rec = load_report(tmp_path / "reports" / "conformance.json")["records"][0]
+    assert rec["outcome"] == "crash", out
+    assert "rank(s) 2 died undeclared" in rec["message"]
+    undeclared = [d for d in rec["deaths"] if not d["by_design"]]
+    assert [d["rank"] for d in undeclared] == [2]
+    where = ("while building buffers" if "rank 2 building buffers" in note else "in step")
+    assert undeclared[0]["observed"].startswith(f"killed by SIGKILL {where}"), undeclared
+    assert (tmp_path / "reports" / "conformance.md").exists()
+    assert 2 not in [s["rank"] for s in rec["survivors"]]
 
 
 def test_a_crash_case_keeps_its_meaning() -> None:

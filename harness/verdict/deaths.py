@@ -1,17 +1,31 @@
 """Every rank accounted in a program through a failure (:mod:`harness.casefile.deaths`).
 
 Each planned death must have happened as planned: a rank that was to die and answered, or is
-blocked instead, fails the instance, which names the step. A death nobody planned is a crash
-(the pool says so before this runs). The record lists each death (rank, step, how, what was
-observed), the survivors, and for each survivor the errors its steps expected, with how soon
-each came: "detected after 0.012 s, bound 2 s".
+blocked instead, fails the instance, which names the step. A death nobody planned (a rank
+killed from outside, a backend that crashed it, a planned death that came at another step) is
+a crash: it is listed too, with ``by_design: false`` and the step the rank was in, and the rank
+is no survivor. The record lists each death (rank, step, how, what was observed), the
+survivors, and for each survivor the errors its steps expected, with how soon each came:
+"detected after 0.012 s, bound 2 s".
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..model import Instance, PoolRun
+from ..model import Instance, PoolRun, RankState
+
+UNDECLARED = "undeclared"  # the ``how`` of a death no step planned
+
+
+def _where(st: RankState) -> str:
+    if st.step >= 0:
+        return f" in step {st.step} ({st.step_desc})"
+    return f" while {st.step_desc}" if st.step_desc else ""
+
+
+def _killed(st: RankState) -> str:
+    return f"killed by {st.signal}" if st.signal else f"exit code {st.exitcode}"
 
 
 def account(inst: Instance, run: PoolRun) -> tuple[list[str], dict[str, Any]]:
@@ -32,16 +46,27 @@ def account(inst: Instance, run: PoolRun) -> tuple[list[str], dict[str, Any]]:
             if entry["observed"] != "stalled":
                 problems.append(f"  rank {rank} was to stall at step {step} but "
                                 f"{entry['observed']}")
+        elif st is not None and st.state == "died" and st.step != step:
+            # Dead before its fault step: not this death but one nobody planned, listed with
+            # the undeclared ones below.
+            problems.append(f"  rank {rank} was to die at step {step} ({how}) but died "
+                            f"first{_where(st)} ({_killed(st)})")
+            continue
         elif st is not None and st.state == "died":
-            entry["observed"] = (f"killed by {st.signal}" if st.signal
-                                 else f"exit code {st.exitcode}")
+            entry["observed"] = _killed(st)
+        elif run.kind == "crash":  # cut short by a death nobody planned: not reached
+            entry["observed"] = f"not reached{_where(st) if st is not None else ''}"
         else:
-            where = f" in step {st.step} ({st.step_desc})" if st is not None else ""
+            where = _where(st) if st is not None else ""
             entry["observed"] = f"blocked{where}"
             problems.append(f"  rank {rank} was to die at step {step} ({how}) but is "
                             f"blocked{where}")
         deaths.append(entry)
-    dead = {r for r, _, _ in inst.deaths}
+    listed = {d["rank"] for d in deaths}
+    deaths += [{"rank": st.rank, "step": st.step, "how": UNDECLARED, "by_design": False,
+                "observed": f"{_killed(st)}{_where(st)}"}
+               for st in run.states if st.state == "died" and st.rank not in listed]
+    dead = {r for r, _, _ in inst.deaths} | {d["rank"] for d in deaths}
     survivors = []
     for rank in range(inst.world_size):
         if rank in dead:
