@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.fuzz import space
+from harness.verdict import deaths
 from tests.helpers import (
     HANG_S,
     case_error,
@@ -129,6 +130,13 @@ def test_survivors_detect_recover_and_every_rank_is_accounted(tmp_path: Path) ->
     rec, after = load_report(tmp_path / "reports" / "conformance.json")["records"]
     assert rec["outcome"] == "passed", proc.stdout
     ran_next(after)
+    # The session's detection figures, from the record's own times (two survivors).
+    times = sorted(s["errors"][0]["after_s"] for s in rec["survivors"])
+    line = (f"peer deaths detected after median {(times[0] + times[1]) / 2:.3g} s, max "
+            f"{times[1]:.3g} s (2 detections in 1 instance through a failure)")
+    assert f"collective-harness: {line}\n" in proc.stdout
+    assert f"\n{line[0].upper()}{line[1:]}.\n" in (
+        tmp_path / "reports" / "conformance.md").read_text()
     assert rec["deaths"] == [{"rank": 1, "step": 0, "how": "exit 3", "by_design": True,
                               "observed": "exit code 3"}]
     assert [s["rank"] for s in rec["survivors"]] == [0, 2]
@@ -139,6 +147,23 @@ def test_survivors_detect_recover_and_every_rank_is_accounted(tmp_path: Path) ->
     assert rec["evidence"]["deaths"] == ["rank 1 exit code 3 at step 0 (exit 3), as planned"]
     assert {"what": "u", "how": "explicit", "ranks": [0, 2], "elements": 8} in \
         rec["evidence"]["checks"]
+
+
+def test_detection_figures_come_from_the_records_alone() -> None:
+    def rec(*after: Any) -> dict[str, Any]:
+        return {"survivors": [{"rank": 0, "answered": True, "errors": [
+            {"step": 1, "after_s": a, "raised": "RuntimeError: reset"} for a in after]}]}
+    unraised = {"survivors": [{"errors": [{"step": 1, "after_s": 50.0, "raised": ""}]}]}
+    hostile = [{"survivors": "x"}, {"survivors": [{"errors": [{"after_s": "1", "raised": "y"},
+                                                             {"after_s": float("nan"),
+                                                              "raised": "y"}, 7]}, None]}]
+    assert deaths.detection_line([rec(0.5, 0.01), rec(2.0), unraised, {"outcome": "passed"},
+                                  *hostile]) == (
+        "peer deaths detected after median 0.5 s, max 2 s (3 detections in 2 instances "
+        "through a failure)")
+    assert deaths.detection_line([rec(0.25)]).endswith("(1 detection in 1 instance through "
+                                                       "a failure)")
+    assert deaths.detection_line([unraised, {"key": "no deaths"}]) == ""
 
 
 def test_a_survivor_past_its_bound_is_a_hang_naming_the_step(tmp_path: Path) -> None:

@@ -6,11 +6,15 @@ killed from outside, a backend that crashed it, a planned death that came at ano
 a crash: it is listed too, with ``by_design: false`` and the step the rank was in, and the rank
 is no survivor. The record lists each death (rank, step, how, what was observed), the
 survivors, and for each survivor the errors its steps expected, with how soon each came:
-"detected after 0.012 s, bound 2 s".
+"detected after 0.012 s, bound 2 s". Over a session, :func:`detection_line` gives the median
+and the maximum of those times, from the records alone (the reports' summary line).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+from collections.abc import Iterable
 from typing import Any
 
 from ..model import Instance, PoolRun, RankState
@@ -82,6 +86,33 @@ def account(inst: Instance, run: PoolRun) -> tuple[list[str], dict[str, Any]]:
 
 
 def detection_times(entry: dict[str, Any]) -> list[float]:
-    """Seconds each survivor took to see an expected error (for the library's figures)."""
-    return [float(e["after_s"]) for s in entry.get("survivors", []) for e in s["errors"]
-            if e["raised"]]
+    """Seconds each survivor took to see an expected error, from a record (or the entry
+    :func:`account` returns); anything not shaped as this module writes it is left out (a
+    report read back from a file)."""
+    survivors = entry.get("survivors")
+    out: list[float] = []
+    for s in survivors if isinstance(survivors, list) else []:
+        errors = s.get("errors") if isinstance(s, dict) else None
+        for e in errors if isinstance(errors, list) else []:
+            after = e.get("after_s") if isinstance(e, dict) else None
+            if (e.get("raised") if isinstance(e, dict) else None) and isinstance(
+                    after, int | float) and not isinstance(after, bool) and math.isfinite(after):
+                out.append(float(after))
+    return out
+
+
+def detection_line(records: Iterable[Any]) -> str:
+    """``peer deaths detected after median 0.021 s, max 0.335 s (26 detections in 16
+    instances)`` over the records of programs through a failure; "" when none detected any."""
+    times: list[float] = []
+    instances = 0
+    for rec in records:
+        if isinstance(rec, dict) and "survivors" in rec:
+            seen = detection_times(rec)
+            instances += bool(seen)
+            times += seen
+    if not times:
+        return ""
+    return (f"peer deaths detected after median {statistics.median(times):.3g} s, max "
+            f"{max(times):.3g} s ({len(times)} detection{'s' if len(times) != 1 else ''} in "
+            f"{instances} instance{'s' if instances != 1 else ''} through a failure)")
