@@ -213,15 +213,15 @@ def test_a_death_nobody_planned_is_a_crash_and_the_next_instance_runs(tmp_path: 
     # 'd' is the one that comes after, and while 'c' runs its ranks are the only ones.
     proc = start(tmp_path, pytest_argv("c.yaml", "-q", "-p", "no:randomly", "--ahead", "0"),
                  merge_stderr=True, COLLECTIVE_TEST_MARKER=marker)
+    note = ""
     try:
-        # Ranks are started in order: rank 2 there and rank 1 gone is rank 1's planned exit.
-        wait_for(lambda: rank_pids(marker, 2) and not rank_pids(marker, 1), HANG_S,
-                 "rank 1's planned exit")
+        # The harness's progress note (after 5 s) says rank 2 is in its sleep.
+        assert proc.stdout is not None
+        note = next((ln for ln in proc.stdout if "rank 2 in step 2" in ln), "")
+        assert note, "the session ended without a progress note"
         os.kill(rank_pids(marker, 2)[0], signal.SIGKILL)  # a death no step plans
-        out = finish(proc, HANG_S).stdout
     finally:
-        if proc.poll() is None:
-            finish(proc, 30)
+        out = note + finish(proc, HANG_S).stdout
     rec, after = load_report(tmp_path / "reports" / "conformance.json")["records"]
     assert rec["outcome"] == "crash", out
     assert "rank(s) 2 died undeclared" in rec["message"]
@@ -230,10 +230,41 @@ def test_a_death_nobody_planned_is_a_crash_and_the_next_instance_runs(tmp_path: 
     assert planned == {"rank": 1, "step": 0, "how": "exit 3", "by_design": True,
                        "observed": "exit code 3"}
     assert undeclared["rank"] == 2 and undeclared["by_design"] is False
-    assert undeclared["how"] == "undeclared" and undeclared["step"] in (1, 2)
-    assert undeclared["observed"].startswith("killed by SIGKILL in step ")
+    assert undeclared["how"] == "undeclared" and undeclared["step"] == 2
+    assert undeclared["observed"] == "killed by SIGKILL in step 2 (sleep(60))"
     assert [s["rank"] for s in rec["survivors"]] == [0]  # the dead are no survivors
     ran_next(after)
+
+
+def test_a_planned_death_that_comes_early_is_a_crash_not_the_plan(tmp_path: Path) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    write_case_file(tmp_path, HEAD.replace("deadline: 40", "deadline: 300") + """    steps:
+      - {sleep: 60, ranks: [1]}
+      - {exit: 3, ranks: [1]}
+      - {op: all_reduce, tensor: t, raises: {match: "[Rr]eset|[Cc]losed|[Pp]eer", within: 250}}
+    unchecked: {t: a failed all_reduce}
+    expected: {}
+""")
+    proc = start(tmp_path, pytest_argv("c.yaml", "-q", "--ahead", "0"), merge_stderr=True,
+                 COLLECTIVE_TEST_MARKER=marker)
+    note = ""
+    try:
+        # The harness's progress note (after 5 s) shows the instance running, rank 1 in its
+        # sleep: killed there, it dies before its planned exit.
+        assert proc.stdout is not None
+        note = next((ln for ln in proc.stdout if "rank 1 in step 0" in ln), "")
+        assert note, "the session ended without a progress note"
+        os.kill(rank_pids(marker, 1)[0], signal.SIGKILL)
+    finally:
+        out = note + finish(proc, HANG_S).stdout
+    rec = load_report(tmp_path / "reports" / "conformance.json")["records"][0]
+    assert rec["outcome"] == "crash", out
+    assert "rank 1 was to die at step 1 (exit 3) but died first in step 0" in rec["message"]
+    (death,) = rec["deaths"]  # not listed as the planned exit: it never came
+    assert {k: death[k] for k in ("rank", "step", "how", "by_design")} == {
+        "rank": 1, "step": 0, "how": "undeclared", "by_design": False}
+    assert death["observed"] == "killed by SIGKILL in step 0 (sleep(60))"
+    assert [s["rank"] for s in rec["survivors"]] == [0, 2]
 
 
 def test_a_rank_killed_while_building_its_buffers_leaves_nothing_running(
@@ -252,6 +283,7 @@ def test_a_rank_killed_while_building_its_buffers_leaves_nothing_running(
 """)
     proc = start(tmp_path, pytest_argv("c.yaml", "-q", "--ahead", "0"), merge_stderr=True,
                  COLLECTIVE_TEST_MARKER=marker)
+    note = ""
     try:
         # The harness's own progress note says where rank 2 is (printed after 5 s): kill it
         # there, building its buffers, or (a machine faster than this one) in its sleep.
