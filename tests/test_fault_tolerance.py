@@ -292,8 +292,7 @@ def test_a_rank_killed_while_building_its_buffers_leaves_nothing_running(
                      or "rank 2 in step" in ln), "")
         assert note, "the session ended without a progress note"
         os.kill(rank_pids(marker, 2)[0], signal.SIGKILL)
-        out = note + proc.stdout.read()
-        proc.wait(timeout=HANG_S)
+        out = note + proc.communicate(timeout=HANG_S)[0]
         # pytest is gone: no rank of it may outlive it (none is killed on its behalf here).
         wait_for(lambda: not rank_pids(marker), HANG_S, "every rank to exit with pytest")
     finally:
