@@ -43,8 +43,9 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def rank_pids(marker: str) -> list[int]:
-    """Pids of live processes whose environment carries ``marker`` and that are ranks."""
+def rank_pids(marker: str, rank: int | None = None) -> list[int]:
+    """Pids of live processes whose environment carries ``marker`` and that are ranks (of
+    rank number ``rank`` only, when given: the process is named after it)."""
     pids: list[int] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -59,7 +60,8 @@ def rank_pids(marker: str) -> list[int]:
                 state = fh.read().split(") ", 1)[1][0]
         except OSError:
             continue
-        if comm.startswith("coll-rank") and state != "Z":
+        wanted = comm == f"coll-rank{rank}" if rank is not None else comm.startswith("coll-rank")
+        if wanted and state != "Z":
             pids.append(int(entry))
     return pids
 

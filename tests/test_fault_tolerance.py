@@ -3,9 +3,11 @@ recovery by re-forming the world, every rank accounted, and what cannot be writt
 
 from __future__ import annotations
 
+import os
 import signal
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -13,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.fuzz import space
+from harness.verdict import deaths
 from tests.helpers import (
     HANG_S,
     case_error,
@@ -38,6 +41,25 @@ cases:
 """
 
 
+# An ordinary instance on the same world size, after the one through a failure.
+NEXT = """
+  - name: d
+    op: all_reduce
+    world_size: 3
+    shape: [4]
+    input: "rank + i"
+    expected: auto
+"""
+
+
+def ran_next(rec: dict[str, Any]) -> None:
+    """The ordinary instance after a failure passed, and ran: every rank computed and the
+    sum was checked (not lost with the pool the failure left behind)."""
+    assert rec["case"] == "d" and rec["outcome"] == "passed", rec["message"]
+    assert [r["status"] for r in rec["ranks"]] == ["ok"] * 3
+    assert rec["evidence"]["checks"], rec["evidence"]
+
+
 @pytest.mark.parametrize("steps, where, words", [
     ("      - {exit: 1}\n      - {op: all_reduce, tensor: t, raises: x}\n", "x.yaml:10:9",
      "every rank of the world of 3 dies"),
@@ -53,12 +75,31 @@ cases:
     ("      - {reform: everyone}\n", "x.yaml:10:18", "is not a list of ranks"),
     ("      - {shrink: [5]}\n", "x.yaml:10:18", "shrink names rank 5, outside world_size 3"),
     ("      - {reform: [0, 0]}\n", "x.yaml:10:18", "reform names a rank twice"),
+    # A bound must be a positive, finite number of seconds: YAML spells NaN and the
+    # infinities .nan and .inf, which no range check in the schema catches alone.
+    ("      - {op: all_reduce, tensor: t, raises: {match: x, within: .nan}}\n",
+     "x.yaml:10:64", "within must be a positive, finite number of seconds, got nan"),
+    ("      - {op: all_reduce, tensor: t, raises: {match: x, within: .inf}}\n",
+     "x.yaml:10:64", "inf is greater than the maximum of 3600"),
+    ("      - {op: all_reduce, tensor: t, raises: {match: x, within: -1}}\n", "x.yaml:10:64",
+     "-1 is less than or equal to the minimum of 0"),
+    ("      - {op: all_reduce, tensor: t, raises: {match: x, within: -.inf}}\n",
+     "x.yaml:10:64", "-inf is less than or equal to the minimum of 0"),
+    ("      - {op: all_reduce, tensor: t, raises: {match: x, not_before: .nan}}\n",
+     "x.yaml:10:68", "not_before must be a positive, finite number of seconds, got nan"),
+    ("      - {op: all_reduce, tensor: t, raises: {match: x, not_before: -2}}\n",
+     "x.yaml:10:68", "-2 is less than or equal to the minimum of 0"),
+    ("      - {set_timeout: .nan}\n", "x.yaml:10:23",
+     "set_timeout must be a positive, finite number of seconds, got nan"),
+    ("      - {set_timeout: .inf}\n", "x.yaml:10:23", "inf is greater than the maximum of 3600"),
+    ("      - {set_timeout: -3}\n", "x.yaml:10:23", "-3 is less than or equal to the minimum"),
 ])
 def test_what_cannot_run_through_a_failure_is_an_error_at_its_line(
         steps: str, where: str, words: str) -> None:
     text = HEAD + "    steps:\n" + steps + "    expected: {}\n"
     err = case_error(text)
     assert f"cases/{where}" in err and words in err, err
+    assert err.count(f"cases/{where}") == 1, err  # one mistake, said once
 
 
 def test_a_planned_death_plans_the_survivors() -> None:
@@ -84,10 +125,18 @@ def test_survivors_detect_recover_and_every_rank_is_accounted(tmp_path: Path) ->
       - {op: all_reduce, tensor: u}
     unchecked: {t: a failed all_reduce}
     expected: {u: 4}
-""")
-    proc = run_pytest(tmp_path, "c.yaml", "-q")
-    rec = load_report(tmp_path / "reports" / "conformance.json")["records"][0]
+""" + NEXT)
+    proc = run_pytest(tmp_path, "c.yaml", "-q", "-p", "no:randomly")
+    rec, after = load_report(tmp_path / "reports" / "conformance.json")["records"]
     assert rec["outcome"] == "passed", proc.stdout
+    ran_next(after)
+    # The session's detection figures, from the record's own times (two survivors).
+    times = sorted(s["errors"][0]["after_s"] for s in rec["survivors"])
+    line = (f"peer deaths detected after median {(times[0] + times[1]) / 2:.3g} s, max "
+            f"{times[1]:.3g} s (2 detections in 1 instance through a failure)")
+    assert f"collective-harness: {line}\n" in proc.stdout
+    assert f"\n{line[0].upper()}{line[1:]}.\n" in (
+        tmp_path / "reports" / "conformance.md").read_text()
     assert rec["deaths"] == [{"rank": 1, "step": 0, "how": "exit 3", "by_design": True,
                               "observed": "exit code 3"}]
     assert [s["rank"] for s in rec["survivors"]] == [0, 2]
@@ -98,6 +147,23 @@ def test_survivors_detect_recover_and_every_rank_is_accounted(tmp_path: Path) ->
     assert rec["evidence"]["deaths"] == ["rank 1 exit code 3 at step 0 (exit 3), as planned"]
     assert {"what": "u", "how": "explicit", "ranks": [0, 2], "elements": 8} in \
         rec["evidence"]["checks"]
+
+
+def test_detection_figures_come_from_the_records_alone() -> None:
+    def rec(*after: Any) -> dict[str, Any]:
+        return {"survivors": [{"rank": 0, "answered": True, "errors": [
+            {"step": 1, "after_s": a, "raised": "RuntimeError: reset"} for a in after]}]}
+    unraised = {"survivors": [{"errors": [{"step": 1, "after_s": 50.0, "raised": ""}]}]}
+    hostile = [{"survivors": "x"}, {"survivors": [{"errors": [{"after_s": "1", "raised": "y"},
+                                                             {"after_s": float("nan"),
+                                                              "raised": "y"}, 7]}, None]}]
+    assert deaths.detection_line([rec(0.5, 0.01), rec(2.0), unraised, {"outcome": "passed"},
+                                  *hostile]) == (
+        "peer deaths detected after median 0.5 s, max 2 s (3 detections in 2 instances "
+        "through a failure)")
+    assert deaths.detection_line([rec(0.25)]).endswith("(1 detection in 1 instance through "
+                                                       "a failure)")
+    assert deaths.detection_line([unraised, {"key": "no deaths"}]) == ""
 
 
 def test_a_survivor_past_its_bound_is_a_hang_naming_the_step(tmp_path: Path) -> None:
@@ -132,6 +198,114 @@ def test_a_planned_death_that_does_not_happen_is_said(tmp_path: Path) -> None:
     death = rec["deaths"][0]
     assert death["rank"] == 1 and death["observed"] == "raised"
     assert "rank 1 was to die at step 1 (exit 3) but raised" in rec["message"]
+
+
+def test_a_death_nobody_planned_is_a_crash_and_the_next_instance_runs(tmp_path: Path) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    write_case_file(tmp_path, HEAD.replace("deadline: 40", "deadline: 300") + """    steps:
+      - {exit: 3, ranks: [1]}
+      - {op: all_reduce, tensor: t, raises: {match: "[Rr]eset|[Cc]losed|[Pp]eer", within: 250}}
+      - {sleep: 60, ranks: [2]}
+    unchecked: {t: a failed all_reduce}
+    expected: {}
+""" + NEXT + "    isolate: true\n")
+    # Instances run grouped by pool, the shared pool's first: in turn (--ahead 0), an isolated
+    # 'd' is the one that comes after, and while 'c' runs its ranks are the only ones.
+    proc = start(tmp_path, pytest_argv("c.yaml", "-q", "-p", "no:randomly", "--ahead", "0"),
+                 merge_stderr=True, COLLECTIVE_TEST_MARKER=marker)
+    note = ""
+    try:
+        # The harness's progress note (after 5 s) says rank 2 is in its sleep.
+        assert proc.stdout is not None
+        note = next((ln for ln in proc.stdout if "rank 2 in step 2" in ln), "")
+        assert note, "the session ended without a progress note"
+        os.kill(rank_pids(marker, 2)[0], signal.SIGKILL)  # a death no step plans
+    finally:
+        out = note + finish(proc, HANG_S).stdout
+    rec, after = load_report(tmp_path / "reports" / "conformance.json")["records"]
+    assert rec["outcome"] == "crash", out
+    assert "rank(s) 2 died undeclared" in rec["message"]
+    assert "rank(s) 1 died as planned" in rec["message"]
+    planned, undeclared = rec["deaths"]
+    assert planned == {"rank": 1, "step": 0, "how": "exit 3", "by_design": True,
+                       "observed": "exit code 3"}
+    assert undeclared["rank"] == 2 and undeclared["by_design"] is False
+    assert undeclared["how"] == "undeclared" and undeclared["step"] == 2
+    assert undeclared["observed"] == "killed by SIGKILL in step 2 (sleep(60))"
+    assert [s["rank"] for s in rec["survivors"]] == [0]  # the dead are no survivors
+    ran_next(after)
+
+
+def test_a_planned_death_that_comes_early_is_a_crash_not_the_plan(tmp_path: Path) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    write_case_file(tmp_path, HEAD.replace("deadline: 40", "deadline: 300") + """    steps:
+      - {sleep: 60, ranks: [1]}
+      - {exit: 3, ranks: [1]}
+      - {op: all_reduce, tensor: t, raises: {match: "[Rr]eset|[Cc]losed|[Pp]eer", within: 250}}
+    unchecked: {t: a failed all_reduce}
+    expected: {}
+""")
+    proc = start(tmp_path, pytest_argv("c.yaml", "-q", "--ahead", "0"), merge_stderr=True,
+                 COLLECTIVE_TEST_MARKER=marker)
+    note = ""
+    try:
+        # The harness's progress note (after 5 s) shows the instance running, rank 1 in its
+        # sleep: killed there, it dies before its planned exit.
+        assert proc.stdout is not None
+        note = next((ln for ln in proc.stdout if "rank 1 in step 0" in ln), "")
+        assert note, "the session ended without a progress note"
+        os.kill(rank_pids(marker, 1)[0], signal.SIGKILL)
+    finally:
+        out = note + finish(proc, HANG_S).stdout
+    rec = load_report(tmp_path / "reports" / "conformance.json")["records"][0]
+    assert rec["outcome"] == "crash", out
+    assert "rank 1 was to die at step 1 (exit 3) but died first in step 0" in rec["message"]
+    (death,) = rec["deaths"]  # not listed as the planned exit: it never came
+    assert {k: death[k] for k in ("rank", "step", "how", "by_design")} == {
+        "rank": 1, "step": 0, "how": "undeclared", "by_design": False}
+    assert death["observed"] == "killed by SIGKILL in step 0 (sleep(60))"
+    assert [s["rank"] for s in rec["survivors"]] == [0, 2]
+
+
+def test_a_rank_killed_while_building_its_buffers_leaves_nothing_running(
+        tmp_path: Path) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    # Three 64 MiB buffers per rank, each element from an expression: seconds of building.
+    big = {"shape": [16 << 20], "init": "rank * 3 + i % 7"}
+    text = HEAD.replace("deadline: 40", "deadline: 300").replace(
+        "      u: ", "".join(f"      b{k}: {big}\n" for k in range(3)) + "      u: ")
+    write_case_file(tmp_path, text + """    steps:
+      - {exit: 3, ranks: [1]}
+      - {op: all_reduce, tensor: t, raises: {match: "[Rr]eset|[Cc]losed|[Pp]eer", within: 250}}
+      - {sleep: 60, ranks: [2]}
+    unchecked: {t: a failed all_reduce, b0: never, b1: never, b2: never, u: never}
+    expected: {}
+""")
+    proc = start(tmp_path, pytest_argv("c.yaml", "-q", "--ahead", "0"), merge_stderr=True,
+                 COLLECTIVE_TEST_MARKER=marker)
+    note = ""
+    try:
+        # The harness's own progress note says where rank 2 is (printed after 5 s): kill it
+        # there, building its buffers, or (a machine faster than this one) in its sleep.
+        assert proc.stdout is not None
+        note = next((ln for ln in proc.stdout if "rank 2 building buffers" in ln
+                     or "rank 2 in step" in ln), "")
+        assert note, "the session ended without a progress note"
+        os.kill(rank_pids(marker, 2)[0], signal.SIGKILL)
+        out = note + proc.communicate(timeout=HANG_S)[0]
+        # pytest is gone: no rank of it may outlive it (none is killed on its behalf here).
+        wait_for(lambda: not rank_pids(marker), HANG_S, "every rank to exit with pytest")
+    finally:
+        finish(proc, 30)
+    rec = load_report(tmp_path / "reports" / "conformance.json")["records"][0]
+    assert rec["outcome"] == "crash", out
+    assert "rank(s) 2 died undeclared" in rec["message"]
+    undeclared = [d for d in rec["deaths"] if not d["by_design"]]
+    assert [d["rank"] for d in undeclared] == [2]
+    where = ("while building buffers" if "rank 2 building buffers" in note else "in step")
+    assert undeclared[0]["observed"].startswith(f"killed by SIGKILL {where}"), undeclared
+    assert (tmp_path / "reports" / "conformance.md").exists()
+    assert 2 not in [s["rank"] for s in rec["survivors"]]
 
 
 def test_a_crash_case_keeps_its_meaning() -> None:

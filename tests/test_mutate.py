@@ -3,7 +3,8 @@
 The end-to-end test runs the real command on a three-instance slice of the bundled library
 with three faults (about a minute alone): two the slice must kill and one it cannot see
 (bfloat16 values, while the slice moves float32 and int64 only), so survivors are shown to be
-reported, not only kills.
+reported, not only kills. Another runs the two through-a-failure faults against the two
+instances of cases/fault_tolerance.yaml that kill them (about 25 s).
 """
 
 from __future__ import annotations
@@ -119,6 +120,34 @@ def test_real_run_reports_kills_and_a_survivor(tmp_path: Path) -> None:
                                  "does": faults.describe("bf16_wrong_value")}]
     assert "mutation score: 2/3 faults killed (66.7%)" in proc.stdout
     assert "blind spots (survivors):\n  - bf16_wrong_value:" in proc.stdout
+
+
+def test_the_bundled_failure_cases_kill_the_through_a_failure_faults(tmp_path: Path) -> None:
+    """docs/howto/mutation-score.md: two instances of cases/fault_tolerance.yaml kill both."""
+    out = tmp_path / "mutate.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.mutate", "cases/fault_tolerance.yaml", "-k",
+         "dies_before_all_reduce and ws3 or dies_before_all_gather", "-j", "2", "--faults",
+         "survivor_wait_hangs,stale_rank_after_reform", "--deadline", "30", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=HANG_S)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # every fault killed
+    doc: dict[str, Any] = json.loads(out.read_text())
+    assert doc["faithful"]["passed"] == doc["faithful"]["instances"] == 2
+    status = {f["name"]: f for f in doc["faults"]}
+    hangs = status["survivor_wait_hangs"]
+    assert hangs["status"] == "killed", hangs
+    # The survivors' bounded step ends the wait, not the deadline: the bound is named.
+    assert hangs["killed_by"][0]["nodeid"].startswith(
+        "cases/fault_tolerance.yaml::dies_before_all_reduce[mutant-ws3")
+    assert hangs["killed_by"][0]["outcome"] == "hang"
+    assert "past its bound of 10 s" in hangs["killed_by"][0]["message"]
+    stale = status["stale_rank_after_reform"]
+    assert stale["status"] == "killed", stale
+    assert stale["killed_by"][0]["nodeid"].startswith(
+        "cases/fault_tolerance.yaml::dies_before_all_gather[mutant-ws3")
+    assert stale["killed_by"][0]["outcome"] == "failed"
+    assert "buffer 'out2'" in stale["killed_by"][0]["message"]
+    assert doc["score"] == {"killed": 2, "total": 2, "ratio": 1.0}
 
 
 def test_docs_document_every_fault() -> None:

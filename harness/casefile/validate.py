@@ -268,7 +268,8 @@ def check_safety(case: Case) -> list[CaseFileError]:
         errs.append(case.error(("args", "timeout"), f"timeout must be a finite number of "
                                f"seconds, got {timeout!r}"))
     for idx, step in enumerate(raw.get("steps", [])):
-        for key in ("sleep", "delay", "delay_stream", "timeout", "group_timeout", "set_timeout"):
+        # group_timeout and set_timeout: harness.casefile.lifecycle says it (once).
+        for key in ("sleep", "delay", "delay_stream", "timeout"):
             value = step.get(key) if isinstance(step, dict) else None
             if isinstance(value, float) and not math.isfinite(value):
                 errs.append(case.error(("steps", idx, key), f"{key} must be a finite number of "

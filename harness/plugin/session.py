@@ -31,6 +31,7 @@ from ..report.junitfile import add_session_error
 from ..report.records import build_report, json_text, write_all
 from ..run.capabilities import probe
 from ..run.torchfacts import BUILTIN_BACKENDS, ProbeError
+from ..verdict import deaths
 from . import warmup
 from .state import (
     BASELINE_KEY,
@@ -364,8 +365,10 @@ def write_reports(config: pytest.Config, hs: HarnessSession,
     paths = write_report_set(config, report)
     shown = [os.path.relpath(p) for p in paths]
     # Printed in the terminal summary, on lines of their own (after -q's progress dots too).
+    detected = deaths.detection_line(report["records"])
     config.stash[WRITTEN_KEY] = (f"collective-harness: {report['summary']['headline']}\n"
-                              f"collective-harness: report written to "
+                              + (f"collective-harness: {detected}\n" if detected else "")
+                              + "collective-harness: report written to "
                               f"{', '.join(shown[:-1])} and {shown[-1]}")
 
 

@@ -6,6 +6,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from ..model import UNEXPECTED_OUTCOMES
+from ..verdict import deaths
 from . import errors_table, headline, ordering_table, perf_md
 from .mdtext import code, escape
 
@@ -180,6 +181,9 @@ def render(report: dict[str, Any]) -> str:
         out.append("")
         out.append(verdict_line(summary, session if isinstance(session, dict) else None))
         out.append("")
+        detected = deaths.detection_line(recs)
+        if detected:  # programs through a failure: how soon the survivors saw a death
+            out += [escape(detected[0].upper() + detected[1:]) + ".", ""]
         if backend == (meta["backends"] or ["(none)"])[0]:
             out.extend(not_applied_notice(report))
         out.append(f"World sizes: {', '.join(map(str, sorted({r['world_size'] for r in recs})))}"

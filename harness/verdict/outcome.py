@@ -153,6 +153,8 @@ def judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
                    completed=run.kind == "done" and not _raised(run.results))
     if inst.deaths:  # a program through a failure: every rank accounted
         problems, res.deaths = deaths.account(inst, run)
+        if any(not d["by_design"] for d in res.deaths["deaths"]):
+            res.outcome = "crash"  # a death nobody planned, whatever the survivors did
         if problems:  # said whatever else went wrong; a pass it turns into a failure
             if res.outcome == "passed":
                 res.outcome = "failed"
@@ -235,6 +237,17 @@ def _judge(inst: Instance, run: PoolRun, deadline_s: float) -> InstanceResult:
             # blocked): each is recorded, none is required.
             return InstanceResult("passed", f"{where}: rank(s) {[s.rank for s in died]} crashed "
                                   f"as expected\n{_every_rank(inst, run)}", ranks, run.states)
+        planned = {r for r, _, _ in inst.deaths}
+        if planned:  # through a failure: say which death nobody planned
+            undeclared = [s for s in died if s.rank not in planned]
+            first = next((s for s in undeclared if s.step >= 0), None)
+            where = inst.where(_step_line(inst, first.step)) if first is not None else where
+            also = [s.rank for s in died if s.rank in planned]
+            return InstanceResult(
+                "crash", f"{where}: rank(s) {rank_ranges([s.rank for s in undeclared])} died "
+                "undeclared (no fault step of the program plans it: a crash)"
+                + (f"; rank(s) {rank_ranges(also)} died as planned" if also else "")
+                + f"\n{states_text}", ranks, run.states)
         return InstanceResult("crash", f"{where}: rank(s) {', '.join(str(s.rank) for s in died)}"
                               f" died\n{states_text}", ranks, run.states)
     if run.kind == "hang":
