@@ -12,6 +12,8 @@ import multiprocessing.popen_forkserver
 import multiprocessing.resource_sharer
 import multiprocessing.resource_tracker
 import multiprocessing.sharedctypes  # noqa: F401
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,32 @@ from tests.runs import Run, make_project, run_pytest
 
 # Case files used as test inputs are data, not part of this test run.
 collect_ignore_glob = ["data/*"]
+
+
+# -- the process's signal state, as each test found it ------------------------------------------
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _signal_state_kept() -> Iterator[None]:
+    """A test leaves this process's SIGINT and SIGTERM handling (dispositions, and the signals
+    its thread blocks) as it found it. Children inherit an ignored or blocked signal through
+    exec: a later test's child pytest would then sit through the Ctrl-C or SIGTERM that test
+    sends it, and fail for what an earlier test on the same worker did. A test that changes
+    the state fails, naming what it changed, and the state is put back."""
+    handlers = {s: signal.getsignal(s) for s in SIGNALS}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    changed = [f"{s.name} handler {handlers[s]!r} -> {signal.getsignal(s)!r}"
+               for s in SIGNALS if signal.getsignal(s) != handlers[s]]
+    now = signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    changed += [f"blocked signals {sorted(blocked)} -> {sorted(now)}"] if now != blocked else []
+    for s in SIGNALS:
+        if signal.getsignal(s) != handlers[s] and handlers[s] is not None:
+            signal.signal(s, handlers[s])
+    if changed:
+        pytest.fail("the test left this process's signal state changed: " + "; ".join(changed))
 
 
 # -- real conformance runs shared by the gate, HTML and JUnit tests ------------------------------

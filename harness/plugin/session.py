@@ -71,13 +71,20 @@ def pytest_configure(config: pytest.Config) -> None:
     if (signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
             and not hasattr(config, "workerinput")):
         # Turn SIGTERM into a normal exit so pools are torn down (ranks would also notice the
-        # parent's death on their own, within a fraction of a second).
+        # parent's death on their own, within a fraction of a second). Put back at unconfigure:
+        # a session run inside another program (pytest.main) leaves its handlers as found.
         signal.signal(signal.SIGTERM, _sigterm)
+        config.add_cleanup(_default_sigterm)
     warmup.start(config, harness_session(config), named=True)
 
 
 def _sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt("SIGTERM")
+
+
+def _default_sigterm() -> None:
+    if signal.getsignal(signal.SIGTERM) is _sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def check_backend(config: pytest.Config, hs: HarnessSession) -> None:
