@@ -55,6 +55,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def _ignored_here() -> set[signal.Signals]:
+    """The signals of :data:`SIGNALS` this process ignores, as the kernel says."""
+    with open("/proc/self/status") as fh:
+        line = next(ln for ln in fh if ln.startswith("SigIgn:"))
+    mask = int(line.split()[1], 16)
+    return {s for s in SIGNALS if mask >> (s - 1) & 1}
+
+
 @pytest.fixture(autouse=True)
 def _signal_state_kept() -> Iterator[None]:
     """A test leaves this process's SIGINT and SIGTERM handling (dispositions, and the signals
@@ -64,13 +72,18 @@ def _signal_state_kept() -> Iterator[None]:
     the state fails, naming what it changed, and the state is put back."""
     handlers = {s: signal.getsignal(s) for s in SIGNALS}
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    ignored = _ignored_here()
     yield
     changed = [f"{s.name} handler {handlers[s]!r} -> {signal.getsignal(s)!r}"
                for s in SIGNALS if signal.getsignal(s) != handlers[s]]
+    # What Python's getsignal cannot see: a disposition set from C (a loaded extension).
+    now_ignored = _ignored_here()
+    changed += [f"{s.name} ignored by the process (set from C)" for s in now_ignored - ignored]
     now = signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     changed += [f"blocked signals {sorted(blocked)} -> {sorted(now)}"] if now != blocked else []
     for s in SIGNALS:
-        if signal.getsignal(s) != handlers[s] and handlers[s] is not None:
+        if (signal.getsignal(s) != handlers[s] or s in now_ignored - ignored) and (
+                handlers[s] is not None):
             signal.signal(s, handlers[s])
     if changed:
         pytest.fail("the test left this process's signal state changed: " + "; ".join(changed))

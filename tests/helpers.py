@@ -166,3 +166,14 @@ def has_module(name: str, conn: Any) -> None:
     (what the forkserver preloaded, since the child imports nothing before it runs this)."""
     conn.send(name in sys.modules)
     conn.close()
+
+
+def signal_state(pid: int) -> str:
+    """A process's signal masks as the kernel reports them (blocked, ignored, caught), for the
+    message of a test whose signal a child seems not to have received."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return " ".join(ln.strip() for ln in fh
+                            if ln.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except OSError as exc:
+        return f"status unreadable: {exc}"

@@ -19,7 +19,7 @@ import pytest
 from harness.fuzz.differential import BadReport, compare, load_digests, write_digests
 from harness.mutate.faults import BACKEND, BACKEND_MODULE, ENV
 
-from .helpers import HANG_S, wait_for
+from .helpers import HANG_S, signal_state, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 FUZZ = [sys.executable, "-m", "harness.fuzz"]
@@ -159,9 +159,10 @@ def test_ctrl_c_prints_the_summary_and_leaves_no_rank(tmp_path: Path, lanes: int
         if "instances (" in line and len(seen) >= 2:
             break
     assert len(seen) >= 2  # the forkserver and the ranks were there
+    state = signal_state(proc.pid)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=HANG_S)
-    assert proc.returncode == 130
+    assert proc.returncode == 130, state
     assert "collective-fuzz summary (interrupted)" in out and "all_reduce" in out
 
     def alive() -> set[int]:

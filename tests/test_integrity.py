@@ -26,6 +26,7 @@ from .helpers import (
     load_report,
     pytest_argv,
     run_pytest,
+    signal_state,
     start,
     wait_for,
     write_case_file,
@@ -272,13 +273,14 @@ def test_signal_mid_run_writes_an_incomplete_report(tmp_path: Path, sig: signal.
         wait_for(lambda: (where / "slow-started").exists() or proc.poll() is not None, HANG_S,
                  "the slow instance to start")
         assert proc.poll() is None, proc.communicate()[0]
+        state = signal_state(proc.pid)
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 2, out
+    assert proc.returncode == 2, f"{state}\n{out}"
     rep = report(where)
     session = rep["session"]
     assert session["complete"] is False and ended in session["ended_by"]
