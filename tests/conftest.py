@@ -32,24 +32,6 @@ from tests.runs import Run, make_project, run_pytest
 collect_ignore_glob = ["data/*"]
 
 
-# -- longest files first ---------------------------------------------------------------------------
-
-# ci/test.sh gives each xdist worker whole files in the order collected: a long file that
-# starts last is the run's tail. These start first, longest first (wall times of a run with
-# four workers on the 2-core machine); every other file follows in its usual order, and the
-# order inside a file is kept. The order decides nothing else.
-LONGEST_FIRST = ("test_gpu_check.py", "test_record.py", "test_external.py", "test_fuzz.py",
-                 "test_guard.py", "test_certify.py", "test_plugin.py", "test_fault_detection.py",
-                 "test_numerics.py", "test_integrity.py", "test_docs.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the files of :data:`LONGEST_FIRST` first (a stable sort: same order everywhere,
-    as xdist requires of its workers' collections)."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))
-
-
 # -- the process's signal state, as each test found it ------------------------------------------
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
