@@ -36,6 +36,13 @@ collect_ignore_glob = ["data/*"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
+# A background job of a non-interactive shell (`bash -c 'ci/test.sh &'`, nohup) starts with
+# SIGINT and SIGQUIT ignored, and every child inherits that through exec: the children of the
+# tests that send Ctrl-C would then sit through it (seen as the child's SigIgn 0x...1006). The
+# tests start their children with Ctrl-C working, as a user's terminal does.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def _ignored_here() -> set[signal.Signals]:
     """The signals of :data:`SIGNALS` this process ignores, as the kernel says."""
