@@ -9,8 +9,7 @@ bash ci/setup.sh test,dev,docs
 # mkdocs counts strict-mode warnings only at the log level it prints, so -q would let them pass.
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -d build/site 2>&1 | { grep -v '^INFO' || true; }
 # One process. Tried with four xdist workers (whole files each): 11 to 12.5 minutes idle on the
-# 2-core machine instead of about 19, but in two runs of four the Ctrl-C tests' child sessions
-# sat through the SIGINT they were sent, and so did one serial run with test_record.py and
-# test_external.py moved first (the cause is not found; those tests' messages now print the
-# child's signal masks): CI stays serial, files in their usual order, until it is.
+# 2-core machine instead of about 19; the Ctrl-C tests that failed in some of those runs failed
+# because the runs were background jobs (SIGINT ignored, see tests/conftest.py), not because of
+# the workers. Four workers are the next step once a run of them is checked end to end.
 .venv/bin/python -m pytest tests/ -q "$@"
