@@ -200,8 +200,33 @@ def test_a_planned_death_that_does_not_happen_is_said(tmp_path: Path) -> None:
     assert "rank 1 was to die at step 1 (exit 3) but raised" in rec["message"]
 
 
-def test_a_death_nobody_planned_is_a_crash_and_the_next_instance_runs(tmp_path: Path) -> None:
+def kill_at_note(tmp_path: Path, argv: list[str], rank: int, *notes: str,
+                 wait_ranks: bool = False) -> tuple[str, str, list[dict[str, Any]]]:
+    """Run pytest on ``argv``, SIGKILL ``rank`` once the harness's progress note (printed after
+    5 s) shows one of ``notes``, and return the note, pytest's output and the report's records.
+
+    With ``wait_ranks`` pytest must end on its own and no rank may outlive it (none is killed
+    on its behalf); otherwise the session is finished within the hang bound."""
     marker = f"marker-{uuid.uuid4().hex}"
+    proc = start(tmp_path, argv, merge_stderr=True, COLLECTIVE_TEST_MARKER=marker)
+    note = out = ""
+    try:
+        assert proc.stdout is not None
+        note = next((ln for ln in proc.stdout if any(n in ln for n in notes)), "")
+        assert note, "the session ended without a progress note"
+        os.kill(rank_pids(marker, rank)[0], signal.SIGKILL)
+        if wait_ranks:
+            out = note + proc.communicate(timeout=HANG_S)[0]
+            wait_for(lambda: not rank_pids(marker), HANG_S, "every rank to exit with pytest")
+    finally:
+        if wait_ranks:
+            finish(proc, 30)
+        else:
+            out = note + finish(proc, HANG_S).stdout
+    return note, out, load_report(tmp_path / "reports" / "conformance.json")["records"]
+
+
+def test_a_death_nobody_planned_is_a_crash_and_the_next_instance_runs(tmp_path: Path) -> None:
     write_case_file(tmp_path, HEAD.replace("deadline: 40", "deadline: 300") + """    steps:
       - {exit: 3, ranks: [1]}
       - {op: all_reduce, tensor: t, raises: {match: "[Rr]eset|[Cc]losed|[Pp]eer", within: 250}}
@@ -210,19 +235,11 @@ def test_a_death_nobody_planned_is_a_crash_and_the_next_instance_runs(tmp_path: 
     expected: {}
 """ + NEXT + "    isolate: true\n")
     # Instances run grouped by pool, the shared pool's first: in turn (--ahead 0), an isolated
-    # 'd' is the one that comes after, and while 'c' runs its ranks are the only ones.
-    proc = start(tmp_path, pytest_argv("c.yaml", "-q", "-p", "no:randomly", "--ahead", "0"),
-                 merge_stderr=True, COLLECTIVE_TEST_MARKER=marker)
-    note = ""
-    try:
-        # The harness's progress note (after 5 s) says rank 2 is in its sleep.
-        assert proc.stdout is not None
-        note = next((ln for ln in proc.stdout if "rank 2 in step 2" in ln), "")
-        assert note, "the session ended without a progress note"
-        os.kill(rank_pids(marker, 2)[0], signal.SIGKILL)  # a death no step plans
-    finally:
-        out = note + finish(proc, HANG_S).stdout
-    rec, after = load_report(tmp_path / "reports" / "conformance.json")["records"]
+    # 'd' is the one that comes after, and while 'c' runs its ranks are the only ones. Rank 2,
+    # in its sleep, dies where no step plans it.
+    _, out, (rec, after) = kill_at_note(
+        tmp_path, pytest_argv("c.yaml", "-q", "-p", "no:randomly", "--ahead", "0"), 2,
+        "rank 2 in step 2")
     assert rec["outcome"] == "crash", out
     assert "rank(s) 2 died undeclared" in rec["message"]
     assert "rank(s) 1 died as planned" in rec["message"]
@@ -237,7 +254,6 @@ def test_a_death_nobody_planned_is_a_crash_and_the_next_instance_runs(tmp_path: 
 
 
 def test_a_planned_death_that_comes_early_is_a_crash_not_the_plan(tmp_path: Path) -> None:
-    marker = f"marker-{uuid.uuid4().hex}"
     write_case_file(tmp_path, HEAD.replace("deadline: 40", "deadline: 300") + """    steps:
       - {sleep: 60, ranks: [1]}
       - {exit: 3, ranks: [1]}
@@ -245,19 +261,9 @@ def test_a_planned_death_that_comes_early_is_a_crash_not_the_plan(tmp_path: Path
     unchecked: {t: a failed all_reduce}
     expected: {}
 """)
-    proc = start(tmp_path, pytest_argv("c.yaml", "-q", "--ahead", "0"), merge_stderr=True,
-                 COLLECTIVE_TEST_MARKER=marker)
-    note = ""
-    try:
-        # The harness's progress note (after 5 s) shows the instance running, rank 1 in its
-        # sleep: killed there, it dies before its planned exit.
-        assert proc.stdout is not None
-        note = next((ln for ln in proc.stdout if "rank 1 in step 0" in ln), "")
-        assert note, "the session ended without a progress note"
-        os.kill(rank_pids(marker, 1)[0], signal.SIGKILL)
-    finally:
-        out = note + finish(proc, HANG_S).stdout
-    rec = load_report(tmp_path / "reports" / "conformance.json")["records"][0]
+    # Killed in its sleep, rank 1 dies before its planned exit.
+    _, out, (rec,) = kill_at_note(tmp_path, pytest_argv("c.yaml", "-q", "--ahead", "0"), 1,
+                                  "rank 1 in step 0")
     assert rec["outcome"] == "crash", out
     assert "rank 1 was to die at step 1 (exit 3) but died first in step 0" in rec["message"]
     (death,) = rec["deaths"]  # not listed as the planned exit: it never came
@@ -269,7 +275,6 @@ def test_a_planned_death_that_comes_early_is_a_crash_not_the_plan(tmp_path: Path
 
 def test_a_rank_killed_while_building_its_buffers_leaves_nothing_running(
         tmp_path: Path) -> None:
-    marker = f"marker-{uuid.uuid4().hex}"
     # Three 64 MiB buffers per rank, each element from an expression: seconds of building.
     big = {"shape": [16 << 20], "init": "rank * 3 + i % 7"}
     text = HEAD.replace("deadline: 40", "deadline: 300").replace(
@@ -281,23 +286,11 @@ def test_a_rank_killed_while_building_its_buffers_leaves_nothing_running(
     unchecked: {t: a failed all_reduce, b0: never, b1: never, b2: never, u: never}
     expected: {}
 """)
-    proc = start(tmp_path, pytest_argv("c.yaml", "-q", "--ahead", "0"), merge_stderr=True,
-                 COLLECTIVE_TEST_MARKER=marker)
-    note = ""
-    try:
-        # The harness's own progress note says where rank 2 is (printed after 5 s): kill it
-        # there, building its buffers, or (a machine faster than this one) in its sleep.
-        assert proc.stdout is not None
-        note = next((ln for ln in proc.stdout if "rank 2 building buffers" in ln
-                     or "rank 2 in step" in ln), "")
-        assert note, "the session ended without a progress note"
-        os.kill(rank_pids(marker, 2)[0], signal.SIGKILL)
-        out = note + proc.communicate(timeout=HANG_S)[0]
-        # pytest is gone: no rank of it may outlive it (none is killed on its behalf here).
-        wait_for(lambda: not rank_pids(marker), HANG_S, "every rank to exit with pytest")
-    finally:
-        finish(proc, 30)
-    rec = load_report(tmp_path / "reports" / "conformance.json")["records"][0]
+    # Killed building its buffers or (a machine faster than this one) in its sleep; pytest
+    # is then gone, and no rank of it may outlive it.
+    note, out, (rec,) = kill_at_note(
+        tmp_path, pytest_argv("c.yaml", "-q", "--ahead", "0"), 2, "rank 2 building buffers",
+        "rank 2 in step", wait_ranks=True)
     assert rec["outcome"] == "crash", out
     assert "rank(s) 2 died undeclared" in rec["message"]
     undeclared = [d for d in rec["deaths"] if not d["by_design"]]

@@ -16,6 +16,7 @@ from harness.casefile.overrides import not_applied, override_applies, resolve
 from harness.manifest import needs
 from harness.model import Instance
 from tests.helpers import case_error, case_instances, load_report, run_pytest, write_case_file
+from tests.test_fault_tolerance import HEAD as FT_HEAD
 
 LIBRARY = Path(__file__).resolve().parent.parent / "cases" / "fault_tolerance.yaml"
 
@@ -63,15 +64,7 @@ def test_the_gloo_shrink_override_reaches_a_wrapper_only_through_inherits() -> N
     assert not override_applies(o, inst, "2.12.0", inherits="gloo")
 
 
-HEAD = """
-cases:
-  - name: c
-    world_size: 3
-    deadline: 40
-    tensors:
-      t: {shape: [4], init: "rank + 1"}
-      u: {shape: [4], init: "rank + 1"}
-    steps:
+HEAD = FT_HEAD + """    steps:
       - {kill: true, ranks: [1]}
       - {op: all_reduce, tensor: t, raises: {match: "[Rr]eset|[Cc]losed|[Pp]eer", within: 10}}
 """
