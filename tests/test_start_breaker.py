@@ -150,7 +150,7 @@ KEY = PoolKey("deadstart", "cpu", 2)
 DAEMONIC = "AssertionError: daemonic processes are not allowed to have children"
 
 
-def fail(rank_errors: list[str], key: PoolKey = KEY) -> PoolStartError:
+def fail(rank_errors: list[str]) -> PoolStartError:
     return PoolStartError(f"could not start: {'; '.join(rank_errors)}",
                           causes=tuple(rank_errors))
 
@@ -191,3 +191,15 @@ def test_a_blocked_start_counts_against_the_skip_budget() -> None:
     # What the hang breaker blocked ran before: a broken cell, not an unstarted group.
     hung = {**rec, "reason": "blocked: op gather hung in f::a and f::b"}
     assert cells.status(hung) == "blocked" and cells.skip_share([hung]) == (0, 1)
+
+
+def test_the_reason_is_one_escaped_line_whatever_the_case_and_the_ranks_said() -> None:
+    key = PoolKey("deadstart", "cpu", 2, env=(("X", "a\x1b[2Jb\nc"),))
+    b = StartBreaker()
+    tail = f"boom\n\x1b[31m{'x' * 5000}"
+    for i in range(STRIKES):
+        b.failed(key, fail([f"rank 0 died while starting (exit code 1): {tail}"]), f"f::c\n{i}")
+    reason = b.blocked(key)
+    (line,) = b.news()
+    for text in (reason, line):
+        assert text.isprintable() and "\\x1b" in text and len(text) < 2000, text

@@ -77,7 +77,9 @@ def family(key: PoolKey) -> PoolKey:
 def pool_words(key: PoolKey) -> str:
     """``the gloo process group of 2 rank(s) on cpu`` (with its environment, when it has one)."""
     env = (" with " + " ".join(f"{k}={v}" for k, v in key.env)) if key.env else ""
-    return f"the {key.backend} process group of {key.world_size} rank(s) on {key.device}{env}"
+    # A case's env: values are the case file's text: escaped, and bounded, in a one-line reason.
+    return printable(f"the {key.backend} process group of {key.world_size} rank(s) on "
+                     f"{key.device}{env}", 300)
 
 
 class StartBreaker:
