@@ -15,6 +15,7 @@ from ..model import BAD_OUTCOMES
 from ..report.oneline import cause_of, one_line
 
 BLOCKED = "blocked: "  # harness.runner.breaker's skip prefix
+UNSTARTED = "blocked: pool start: "  # harness.runner.starts's: its process group never started
 # Per record, then per cell the worst of its records: the order is the order of severity.
 STATUSES = ("broken promise", "not rejected", "blocked", "own divergence",
             "inherited divergence", "shared limitation", "unsupported as declared",
@@ -121,9 +122,11 @@ def identity_problems(report: dict[str, Any] | None) -> list[str]:
         out.append("the identity session is incomplete")
     for rec in sorted(report.get("records", []), key=lambda r: (r.get("line", 0), r["key"])):
         if rec["outcome"] != "passed":
-            lines = str(rec.get("message", "")).splitlines()
+            # The evidence is under the message's first line (the probe's place), or that
+            # line itself when it is all there is (a process group that did not start).
+            lines = str(rec.get("message") or rec.get("reason") or "").splitlines()
             out.append(f"{rec['case']} [{rec['id']}] {rec['outcome']}: "
-                       + " | ".join(ln.strip() for ln in lines[1:4])[:600])
+                       + " | ".join(ln.strip() for ln in lines[1:4] or lines[:1])[:600])
     if not report.get("records"):
         out.append("no identity probe has a result")
     return out
@@ -153,8 +156,11 @@ def reference_diff(cells: dict[tuple[str, str, str], Cell],
 
 
 def skip_share(records: list[dict[str, Any]]) -> tuple[int, int]:
-    """(records skipped for a reason other than a declaration or a hang, all records)."""
-    skipped = sum(1 for r in records if status(r) == "skipped")
+    """(records skipped for a reason other than a declaration or a hang, all records). An
+    instance whose process group never started is counted too (it is blocked as well): an
+    unstarted group is a skip the budget refuses, whatever passed."""
+    skipped = sum(1 for r in records if status(r) == "skipped" or (
+        r["outcome"] == "skipped" and str(r.get("reason", "")).startswith(UNSTARTED)))
     return skipped, len(records)
 
 

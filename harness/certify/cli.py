@@ -39,7 +39,8 @@ from ..report.records import load_report, write_atomic
 from . import cells, propose, render
 
 PROG = "collective-certify"
-TRIPPED = "collective-harness: --after-hang skip:"  # harness.runner.breaker's one line
+# The one line of each breaker that tripped: harness.runner.breaker's, harness.runner.starts's.
+TRIPPED = ("collective-harness: --after-hang skip:", "collective-harness: pool start:")
 
 
 def _budget(text: str) -> float:
@@ -221,9 +222,9 @@ def _session(name: str, paths: list[str], extra: list[str],
 
 
 def worth_repeating(output: str) -> list[str]:
-    """Of a session's output, the lines this command repeats: each line saying the hang
-    breaker stopped sending something, then the verdict's first two lines (not the progress
-    notes)."""
+    """Of a session's output, the lines this command repeats: each line saying a breaker
+    stopped sending something (an op that hung, a pool that would not start), then the
+    verdict's first two lines (not the progress notes)."""
     said = [ln for ln in output.splitlines() if ln.startswith("collective-harness:")
             and ": waiting " not in ln]
     tripped = [ln for ln in said if ln.startswith(TRIPPED)]

@@ -29,7 +29,7 @@ def markdown(cert: dict[str, Any]) -> str:
     st = cert["statuses"]
     out += ["## Summary", "", f"{cert['instances']} instances: "
             + ", ".join(f"{n} {s}" for s, n in st.items() if n) + ".",
-            f"Skipped for other reasons: {cert['skipped']} (budget "
+            f"Skipped for other reasons, or never started: {cert['skipped']} (budget "
             f"{cert['skip_budget']:.1%} of the instances).", "",
             f"Library session: {md(cert['headline'])}", ""]
     if cert["causes"]:

@@ -209,6 +209,8 @@ class Fuzzer:
                 if shrinking and time.monotonic() - state["t_shrink"] > self.budget.shrink_s:
                     return  # past the shrink cap: an example not seen counts as passing
                 ran = self.executor.run_text(text)
+                for line in self.executor.runner.news():  # a pool that stopped being started
+                    self._tick(line)
                 if self.differ is not None:
                     why = self.differ(text, ran)
                     if why:

@@ -83,6 +83,7 @@ class CaseItem(pytest.Item):
         start_ahead(self.session, hs)
         self.prepared = hs.runner.prepare(self.instance)
         self.instance = self.prepared.instance
+        self._tell_news(hs)  # a breaker a run ahead of its turn tripped (harness.plugin.ahead)
         if self.prepared.skip:
             self.record = skipped_record(self.instance, self.prepared.skip, self.nodeid)
             # Point -rs at the YAML case rather than at this line.
@@ -98,8 +99,7 @@ class CaseItem(pytest.Item):
             first = hs.ahead.take(self.nodeid, inst, self._tell_waiting) if hs.ahead else None
             result = hs.runner.execute(self.prepared, on_wait=self._tell_waiting,
                                        first=first).result
-            for line in hs.runner.breaker.news() if hs.runner.breaker else []:
-                self._say(f"collective-harness: {line}", red=True)
+            self._tell_news(hs)
         # The item's own time: a run made ahead of its turn includes the wait for it.
         result.duration = time.monotonic() - t0
         self.result = result
@@ -110,6 +110,11 @@ class CaseItem(pytest.Item):
             raise CaseFailure(result)
         if result.outcome == "uncheckable":  # not a pass: JUnit shows it skipped, with why
             pytest.skip(result.message)
+
+    def _tell_news(self, hs: HarnessSession) -> None:
+        """Each line of a breaker that tripped (harness.runner.breaker, .starts), once."""
+        for line in hs.runner.news():
+            self._say(f"collective-harness: {line}", red=True)
 
     def _tell_waiting(self, note: str) -> None:
         """A long wait is not silence: a line in pytest's terminal (the record is

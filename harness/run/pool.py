@@ -68,7 +68,15 @@ class PoolKey:
 
 
 class PoolStartError(RuntimeError):
-    """The ranks could not form a process group (bad backend, missing device, ...)."""
+    """The ranks could not form a process group (bad backend, missing device, ...).
+
+    ``causes``: what each rank that failed said, one entry per rank, in the order they were
+    heard (the start breaker, :mod:`harness.runner.starts`, compares them from one try to the
+    next: which rank fails first varies, the cause does not)."""
+
+    def __init__(self, message: str, causes: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.causes = causes
 
 
 class ForeignAnswerError(RuntimeError):
@@ -198,7 +206,7 @@ class RankPool:
             self.kill()
             raise PoolStartError(
                 f"could not start a {self.key.backend} process group of {self.key.world_size} "
-                f"rank(s) on {self.key.device}: " + "; ".join(errors))
+                f"rank(s) on {self.key.device}: " + "; ".join(errors), causes=tuple(errors))
 
     def _rank_of(self, obj: Any) -> int:
         for r in range(self.key.world_size):

@@ -34,6 +34,7 @@ from ..verdict.outcome import judge
 from .breaker import Breaker
 from .prepare import Prepared, pool_key, prepare
 from .settings import RunSettings
+from .starts import StartBreaker
 
 # A rerun's outcomes that count as "passes on fresh ranks": the contract held there (a pass,
 # or a pass against what an override declares).
@@ -73,6 +74,7 @@ class Runner:
         self._caps = caps
         self._manager: PoolManager | None = None
         self.breaker = Breaker() if settings.after_hang == "skip" else None
+        self.starts = StartBreaker()  # always on: see harness.runner.starts
         self.fresh_reruns_used = 0  # of settings.fresh_reruns (see _on_fresh_ranks)
         # Case id -> an instance of it that failed on fresh ranks too: the case's other
         # instances spend no rerun (a genuine failure of a case is seldom one instance's).
@@ -104,10 +106,19 @@ class Runner:
         """``inst`` as it runs here (:func:`harness.runner.prepare.prepare`); ``settings``:
         other settings for this one instance (the fuzzer probes a sample of its documents)."""
         prepared = prepare(inst, settings or self.settings, self.caps, local_rank)
-        blocked = self.breaker.blocked(prepared.instance) if self.breaker else ""
+        inst = prepared.instance
+        # An isolated instance may have run ahead of its turn, its failed start among those
+        # that tripped the start breaker: its record is that error, not a skip.
+        blocked = (self.starts.blocked(self.key(inst), inst.key if inst.isolate else "")
+                   or (self.breaker.blocked(inst) if self.breaker else ""))
         if blocked and not prepared.skip:
             prepared = replace(prepared, skip=blocked)
         return prepared
+
+    def news(self) -> list[str]:
+        """What the breakers stopped since the last call, one line each, said once (the front
+        end prints them after ``collective-harness: ``)."""
+        return self.starts.news() + (self.breaker.news() if self.breaker else [])
 
     def key(self, inst: Instance) -> PoolKey:
         """The pool ``inst`` runs on."""
@@ -118,11 +129,20 @@ class Runner:
         """Run ``prepared`` on its pool without judging it. Raises PoolStartError when the
         pool cannot start and ForeignAnswerError when its answer belongs to another request
         (the pool is gone then). ``started`` is told the pool before the run; if it answers
-        False (its caller is closing), the run does not happen (Cancelled)."""
+        False (its caller is closing), the run does not happen (Cancelled). Every start, and
+        every start refused once the start breaker tripped, is told to it here."""
         inst = prepared.instance
         t0 = time.monotonic()
         key = self.key(inst)
-        pool = self.manager.isolated(key) if inst.isolate else self.manager.get(key)
+        refused = self.starts.blocked(key)
+        if refused:
+            raise PoolStartError(f"not started: {refused}")
+        try:
+            pool = self.manager.isolated(key) if inst.isolate else self.manager.get(key)
+        except PoolStartError as exc:
+            self.starts.failed(key, exc, inst.key)
+            raise
+        self.starts.started(key)
         t1 = time.monotonic()
         try:
             if started is not None and not started(pool):
