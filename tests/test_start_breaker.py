@@ -181,6 +181,30 @@ def test_the_same_error_in_a_row_trips_and_anything_else_does_not() -> None:
     assert len(b.news()) == 1 and b.news() == []
 
 
+def test_a_family_stopped_for_a_cause_stops_another_of_its_backend_at_its_first_failure(
+        ) -> None:
+    # A rendezvous that never completes costs a startup timeout per try: three tries in each
+    # of a library's 20 families would be hours. One family stopped is evidence enough.
+    b = StartBreaker()
+    for i in range(STRIKES):
+        b.failed(KEY, fail([f"rank 0: {DAEMONIC}"]), f"f::a{i}")
+    ws3, ws4 = PoolKey("deadstart", "cpu", 3), PoolKey("deadstart", "cpu", 4)
+    b.started(ws4)  # a family that starts is not stopped by another's failures
+    assert not b.blocked(ws3) and not b.blocked(ws4)
+    b.failed(ws3, fail([f"rank 2: {DAEMONIC}"]), "f::b")
+    reason = b.blocked(ws3)
+    assert reason.startswith(BLOCKED) and "the error that stopped the deadstart process group "\
+        "of 2 rank(s)" in reason and "(f::b)" in reason, reason
+    assert b.blocked(ws3, "f::b") == ""  # its own failed start keeps its error record
+    assert not b.blocked(ws4)
+    # Another error in another family, or the same error on another backend: three tries.
+    ws5, gloo = PoolKey("deadstart", "cpu", 5), PoolKey("gloo", "cpu", 2)
+    b.failed(ws5, fail(["rank 0: RuntimeError: address in use"]), "f::c")
+    b.failed(gloo, fail([f"rank 0: {DAEMONIC}"]), "f::d")
+    assert not b.blocked(ws5) and not b.blocked(gloo)
+    assert len(b.news()) == 2
+
+
 def test_a_blocked_start_counts_against_the_skip_budget() -> None:
     rec = {"key": "f::c[x]", "case": "c", "id": "x", "op": "all_reduce", "dtype": "float32",
            "outcome": "skipped", "message": "",

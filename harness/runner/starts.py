@@ -27,6 +27,11 @@ Why these choices:
   (a success empties the streak). Three of the same cause in a row make a coincidence
   unlikely and cost three starts per family: about 3 s for a backend that raises at once, or
   three startup timeouts for a rendezvous that never completes.
+- One family stopped for a cause is evidence about the backend: another family of the same
+  backend and device whose start then fails with that cause is stopped at its first failure.
+  Otherwise a rendezvous that never completes would cost three startup timeouts in each of
+  the bundled library's 20 families (two hours at 120 s), where the first three were enough.
+  A family that starts is never stopped by another's failures.
 - "The same cause": what the ranks said, with numbers and addresses made alike (which rank
   failed first, a pid or a port changes from one try to the next); a try continues the streak
   when it shares a cause with every try before it in the streak. A different error starts a
@@ -90,6 +95,8 @@ class StartBreaker:
         self.streaks: dict[PoolKey, Streak] = {}
         self.tripped: dict[PoolKey, str] = {}
         self.counted: dict[PoolKey, frozenset[str]] = {}  # the instances that tripped it
+        # The causes that stopped a family, by (backend, device, backend modules).
+        self.dead: dict[tuple[str, str, tuple[str, ...]], tuple[frozenset[str], str]] = {}
         self._unsaid: list[str] = []
         self._lock = threading.Lock()
 
@@ -126,12 +133,19 @@ class StartBreaker:
             streak.causes &= causes
             streak.instances.append(instance)
             streak.error = printable(said[0], ERROR_CHARS)
-            if len(streak.instances) < self.strikes:
-                return
+            backend = (fam.backend, fam.device, fam.backend_modules)
+            known, stopped = self.dead.get(backend, (frozenset(), ""))
             names = [printable(i, 200) for i in streak.instances]
-            which = ", ".join(names[:-1]) + " and " + names[-1]
-            what = (f"{pool_words(fam)} could not start {len(streak.instances)} times in a "
-                    f"row with the same error ({which}): {streak.error}")
+            if known & streak.causes:
+                what = (f"{pool_words(fam)} could not start ({names[-1]}) with the error that "
+                        f"stopped {stopped}: {streak.error}")
+            elif len(streak.instances) < self.strikes:
+                return
+            else:
+                which = ", ".join(names[:-1]) + " and " + names[-1]
+                what = (f"{pool_words(fam)} could not start {len(streak.instances)} times in "
+                        f"a row with the same error ({which}): {streak.error}")
+                self.dead[backend] = (known | streak.causes, pool_words(fam))
             self.tripped[fam] = f"{BLOCKED}{what}; no such pool is started again"
             self.counted[fam] = frozenset(streak.instances)
             self._unsaid.append(f"{NEWS}{what}; no such pool is started again this session: "
