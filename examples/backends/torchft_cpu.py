@@ -10,9 +10,9 @@ rank reads them all back before reconfiguring.
 
 ``torchft-gloo`` is what the project's tests certify (``tests/test_certify.py``) and what the
 committed certificate ``reports/reference/torchft-gloo-certificate/`` was made with.
-``torchft-babygloo`` does not form under the harness's own ranks: ``ProcessGroupBabyGloo``
-starts its worker with ``multiprocessing``, which a daemonic rank may not
-(``docs/howto/third-party-backend.md``, "Rank processes are daemonic"); it has no certificate.
+``ProcessGroupBabyGloo`` starts its worker with ``multiprocessing`` from the rank, which the
+harness allows (``docs/howto/third-party-backend.md``, "Ranks may start processes; they end
+with the rank"): the worker ends with its rank, whatever ends the rank.
 """
 from __future__ import annotations
 
