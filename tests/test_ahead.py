@@ -156,3 +156,72 @@ def test_ctrl_c_while_a_run_ahead_waits_kills_every_rank(tmp_path: Path) -> None
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+# -- at most one pool per thread is held by runs ahead ----------------------------------------
+
+class _Pool:
+    def __init__(self, alive: list[int], most: list[int]) -> None:
+        self.alive, self.most = alive, most
+        alive[0] += 1
+        most[0] = max(most[0], alive[0])
+
+    def kill(self) -> None:
+        self.alive[0] -= 1
+
+
+class _Runner:
+    """Launches at once; each run leaves a pool alive until it is killed."""
+
+    def __init__(self) -> None:
+        self.alive, self.most = [0], [0]
+        self.launched: list[str] = []
+
+    def launch(self, prepared: Any, on_wait: Any = None, started: Any = None) -> Any:
+        from harness.runner.execute import Launched
+
+        self.launched.append(prepared.instance)
+        return Launched(_Pool(self.alive, self.most), None, 0.0, 0.0)  # type: ignore[arg-type]
+
+
+class _Prepared:
+    def __init__(self, name: str) -> None:
+        self.instance = name
+
+
+def test_runs_ahead_hold_at_most_one_pool_per_thread() -> None:
+    from harness.plugin.ahead import Ahead
+
+    runner = _Runner()
+    ahead = Ahead(runner, 2)  # type: ignore[arg-type]
+    try:
+        for n in range(6):
+            ahead.submit(f"n{n}", _Prepared(f"i{n}"))  # type: ignore[arg-type]
+        wait_for(lambda: len(runner.launched) >= 2, HANG_S, "two runs ahead")
+        for n in range(6):
+            got = ahead.take(f"n{n}", f"i{n}", lambda _: None)  # type: ignore[arg-type]
+            assert got is not None and not isinstance(got, Exception)
+            got.pool.kill()  # the item's settle closes its pool
+        assert runner.launched == [f"i{n}" for n in range(6)]
+        assert runner.most[0] <= 2, f"{runner.most[0]} pools held at once by 2 threads"
+    finally:
+        ahead.close()
+
+
+def test_a_run_whose_item_never_came_frees_its_slot() -> None:
+    from harness.plugin.ahead import Ahead
+
+    runner = _Runner()
+    ahead = Ahead(runner, 1)  # type: ignore[arg-type]
+    try:
+        for n in range(3):
+            ahead.submit(f"n{n}", _Prepared(f"i{n}"))  # type: ignore[arg-type]
+        wait_for(lambda: len(runner.launched) == 1, HANG_S, "the first run ahead")
+        # n0's item never takes its run (it failed in the harness): taking n2's run drops
+        # n0's (its pool killed, its slot freed) and n1's, instead of waiting forever.
+        got = ahead.take("n2", "i2", lambda _: None)  # type: ignore[arg-type]
+        assert got is not None and not isinstance(got, Exception)
+        got.pool.kill()
+        assert runner.launched == ["i0", "i2"] and runner.alive[0] == 0
+    finally:
+        ahead.close()

@@ -150,6 +150,30 @@ cases:
       - {wait: h}
       - {work_state: h, duration: positive}
     expected: {t: 2}
+  - name: future_result_right
+    tensors:
+      t: {shape: [4], init: 1}
+    steps:
+      - {op: all_reduce, tensor: t, async: true, handle: h}
+      - {wait: h}
+      - {work_state: h, future_result: {raises: "getFutureResult not implemented"}}
+    expected: {t: 2}
+  - name: future_result_claimed_on_gloo
+    tensors:
+      t: {shape: [4], init: 1}
+    steps:
+      - {op: all_reduce, tensor: t, async: true, handle: h}
+      - {wait: h}
+      - {work_state: h, future_result: success}
+    expected: {t: 2}
+  - name: future_result_other_error_claimed
+    tensors:
+      t: {shape: [4], init: 1}
+    steps:
+      - {op: all_reduce, tensor: t, async: true, handle: h}
+      - {wait: h}
+      - {work_state: h, future_result: {raises: "TimeoutError"}}
+    expected: {t: 2}
 """
 
 
@@ -162,16 +186,75 @@ def test_gloo_run_fails_each_wrong_claim(pytester: pytest.Pytester) -> None:
     for r in report["records"]:
         outcome.setdefault(r["case"], []).append(r["outcome"])
         msg[r["case"]] = r["message"]
-    for good in ("returns_right", "type_right", "seq_right", "dropped_work_completes"):
+    for good in ("returns_right", "type_right", "seq_right", "dropped_work_completes",
+                 "future_result_right"):
         assert set(outcome[good]) == {"passed"}, (good, msg[good])
     for bad in ("returns_wrong", "type_wrong", "seq_wrong", "registry_wrong",
-                "duration_claimed_on_gloo"):
+                "duration_claimed_on_gloo", "future_result_claimed_on_gloo",
+                "future_result_other_error_claimed"):
         assert outcome[bad] == ["failed"], (bad, msg[bad])
     assert "expected a torch.distributed.Work got None" in msg["returns_wrong"]
     assert "RuntimeError is none of TypeError" in msg["type_wrong"]
     assert "seq_number of step 1" in msg["seq_wrong"] and "expected 2 got 1" in msg["seq_wrong"]
     assert "expected 0 got 1" in msg["registry_wrong"]
     assert "support getDuration" in msg["duration_claimed_on_gloo"]
+    # A future_result claim Gloo does not meet names the claim and what the call did.
+    assert ("[0] expected future_result: 'success' got raised RuntimeError"
+            in msg["future_result_claimed_on_gloo"]), msg["future_result_claimed_on_gloo"]
+    assert "getFutureResult not implemented" in msg["future_result_claimed_on_gloo"]
+    other = msg["future_result_other_error_claimed"]
+    assert "expected future_result: {'raises': 'TimeoutError'} got RuntimeError" in other, other
     # A pass lists what was compared: the return of the call is evidence of its own.
     rec = next(r for r in report["records"] if r["case"] == "returns_right")
     assert any("return of the call" in c["what"] for c in rec["evidence"]["checks"])
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """torch.cuda's current device as a plain integer (no GPU here): what set_device made
+    current, which a backend under test may change behind the program's back."""
+    import torch
+
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.__setitem__(0, int(d)))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    return current
+
+
+@pytest.mark.parametrize("backend_device", [None, 0])
+def test_a_backend_that_changes_the_current_device_fails_the_bundled_claim(
+        fake_cuda: list[int], backend_device: int | None) -> None:
+    """cases/backend_contract.yaml::collective_preserves_current_device needs a GPU; on CPU its
+    rank-side checks and the verdict run against a faked current device: a backend whose
+    collective leaves device 0 current (the nccl2 gap "ranks reusing device 0") fails on the
+    rank that had made another device current, with the claim and what was seen; a backend
+    that leaves it alone passes."""
+    from pathlib import Path
+
+    from harness.model import PoolRun, RankResult
+    from harness.program import contract
+    from harness.verdict import outcome
+
+    text = (Path(__file__).resolve().parent.parent / "cases" / "backend_contract.yaml").read_text(
+        "utf-8")
+    (inst,) = [i for i in instances(text, "nccl")
+               if i.case == "collective_preserves_current_device"]
+    set_dev, op, claim = inst.steps
+    assert (set_dev.kind, op.op, claim.kind) == ("set_device", "all_reduce", "current_device")
+    results = {}
+    for rank in range(inst.world_size):
+        env = {"rank": rank, "world_size": inst.world_size}
+        assert contract.run(0, set_dev, None, env) is None
+        if backend_device is not None:  # what the backend's all_reduce did to the device
+            fake_cuda[0] = backend_device
+        check = contract.run(2, claim, None, env)
+        assert check is not None
+        results[rank] = RankResult(rank=rank, status="ok", checks=[check])
+    verdict = outcome.judge(inst, PoolRun(kind="done", results=results), 20.0)
+    if backend_device is None:
+        assert verdict.outcome == "passed", verdict.message
+        return
+    assert verdict.outcome == "failed"
+    assert ("rank 0, buffer 'current_device of step 2' (explicit): 1 of 1 element(s) wrong; "
+            "first: [0] expected 1 got 0") in verdict.message, verdict.message
+    assert "rank 1" not in verdict.message  # rank 1 had made device 0 current itself

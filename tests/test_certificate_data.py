@@ -13,6 +13,7 @@ import pytest
 
 from harness.certify import cells, cli, render
 from harness.manifest import needs
+from harness.run import ranklog
 from tests.helpers import case_instances
 
 REPO = Path(__file__).resolve().parent.parent
@@ -203,3 +204,23 @@ def test_every_op_of_the_table_has_a_probe() -> None:
     issued = propose.probe_ops(str(REPO / "harness" / "certify" / "data" / "probes.yaml"))
     assert set(ops.ALL_OPS) <= {op for found in issued.values() for op in found}
     assert set(propose.CAPABILITY_PROBES) <= set(issued)
+
+
+def _hang(stderr: str) -> dict[str, Any]:
+    return {"key": "c.yaml::f[x]", "case": "f", "file": "c.yaml", "id": "x", "outcome": "hang",
+            "message": "c.yaml:3: f[x]: no result after the 20 s deadline; rank(s) [1] blocked",
+            "ranks": [{"rank": 0, "state": "finished"},
+                      {"rank": 1, "state": "blocked", "stderr_tail": stderr}]}
+
+
+def test_a_hangs_cause_names_the_exception_a_blocked_rank_printed_during_it() -> None:
+    """The decisive error of a hang is often a backend thread's (torchft's future handler:
+    KeyError) printed on the blocked rank: the cause line says it, numbers generalised, so
+    that hangs of one root cause read as one cause; what was printed before the instance
+    began, or a warning, does not count."""
+    printed = ("got unexpected error in future handler: 2\nTraceback (most recent call last):\n"
+               "  File \"x.py\", line 1, in _future_handler\nKeyError: 2")
+    assert cells.cause(_hang(printed)).endswith("; a blocked rank printed KeyError: N")
+    earlier = f"KeyError: 2\n{ranklog.EARLIER}\nUserWarning is not an exception line"
+    assert "printed" not in cells.cause(_hang(earlier))
+    assert cells.cause(_hang(printed)) == cells.cause(_hang(printed.replace("2", "7")))

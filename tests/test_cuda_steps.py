@@ -139,6 +139,7 @@ def test_cuda_steps_need_cuda_tensors() -> None:
     ("{future: h, then: [{div: 3}], expect: 1}", "div"),
     ("{future: h, then: [{mul: 3, add: 1}], expect: 1}", "then"),
     ("{future: h, then: [{mul: \"rank\"}], expect: 1}", "then"),
+    ("{future: h, then: [{mul: 3}], expect: 1, held: true}", "a held future cannot chain"),
 ])
 def test_bad_then_chains_are_rejected(step: str, message: str) -> None:
     steps = f"- {{op: all_reduce, tensor: t, async: true, handle: h}}\n- {step}"
@@ -190,6 +191,59 @@ def test_a_then_chain_is_compared_with_its_expectation() -> None:
     assert reads["good"]["ok"] and reads["good"]["tensor"] == "value of h"
     assert not reads["bad"]["ok"] and "expected 7.0 got 9.0" in reads["bad"]["wrong_text"]
     assert all(f["callback_ran"] for f in res.ordering["futures"])
+
+
+HELD = """
+cases:
+  - name: held
+    world_size: 1
+    tensors:
+      a: {shape: [2], init: 1}
+      b: {shape: [2], init: 1}
+    steps:
+      - {op: all_reduce, tensor: a, async: true, handle: ha}
+      - {op: all_reduce, tensor: b, async: true, handle: hb}
+      - {future: ha, tensor: a, result: 0, held: true, as: value_a, expect: 5}
+      - {future: hb, tensor: b, result: 0, held: true, as: value_b, expect: 5}
+    expected: {a: 1, b: 1}
+"""
+
+
+class _PendingWork:
+    """A Work whose future completes when the test says so."""
+
+    def __init__(self) -> None:
+        self.future: torch.futures.Future[Any] = torch.futures.Future()
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        return self.future
+
+    def is_completed(self) -> bool:
+        return self.future.done()
+
+
+def test_a_held_future_is_asked_for_at_its_step_and_waited_at_the_end() -> None:
+    """Two futures in flight at once: neither step waits (their futures are still pending
+    when both steps returned); wait_held waits for them and compares their values."""
+    from harness.program.timeline import ProgramState
+
+    (inst,) = _instances(HELD)
+    assert dict(inst.steps[2].args)["held"] is True
+    bufs = {"a": torch.ones(2), "b": torch.ones(2)}
+    state = ProgramState(inst, 0, 1, "cpu", 0.0, {}, bufs, {k: v.clone() for k, v in
+                                                             bufs.items()}, set())
+    works = {"ha": _PendingWork(), "hb": _PendingWork()}
+    state.works.update(works)
+    state.run(inst.steps[2], 2)
+    state.run(inst.steps[3], 3)
+    assert len(state.held) == 2 and not state.futures
+    works["hb"].future.set_result([torch.full((2,), 5.0)])
+    works["ha"].future.set_result([torch.full((2,), 4.0)])
+    state.wait_held()
+    reads = {r["name"]: r for r in state.results()["reads"]}
+    assert reads["value_b"]["ok"]
+    assert not reads["value_a"]["ok"] and "expected 5.0 got 4.0" in reads["value_a"]["wrong_text"]
+    assert [f["handle"] for f in state.futures] == ["ha", "hb"]
 
 
 # -- no CUDA step passes without having run --------------------------------------------------

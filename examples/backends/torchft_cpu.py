@@ -1,4 +1,19 @@
-"""torchft's CPU process groups as ``torch.distributed`` backends (a draft adapter)."""
+"""torchft's CPU process groups as ``torch.distributed`` backends: the adapter the project ships.
+
+Imported with ``--backend-module examples.backends.torchft_cpu`` (or through the ``module:`` of
+the manifests beside it, ``torchft-gloo.yaml`` and ``torchft-babygloo.yaml``), it registers
+torchft's ``ProcessGroupGloo`` as ``torchft-gloo`` and ``ProcessGroupBabyGloo`` as
+``torchft-babygloo`` (PyPI ``torchft-nightly``, the version pinned in ``ci/constraints.txt``).
+torchft's ``reconfigure`` rendezvouses through handles that name a TCP store, while torch hands
+a factory a ``Store``: each rank publishes its handle on that store, rank 0 an id, and every
+rank reads them all back before reconfiguring.
+
+``torchft-gloo`` is what the project's tests certify (``tests/test_certify.py``) and what the
+committed certificate ``reports/reference/torchft-gloo-certificate/`` was made with.
+``ProcessGroupBabyGloo`` starts its worker with ``multiprocessing`` from the rank, which the
+harness allows (``docs/howto/third-party-backend.md``, "Ranks may start processes; they end
+with the rank"): the worker ends with its rank, whatever ends the rank.
+"""
 from __future__ import annotations
 
 import uuid

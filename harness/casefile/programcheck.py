@@ -39,7 +39,8 @@ ONLY_WITH.update({"group_timeout": ("op", "set_timeout", "destroy", "abort_group
                              "shrink"),
                   "blocks_until_all": ("op",)})
 ONLY_WITH["register_work"] = ("op", "wait")
-ONLY_WITH.update({"steps": ("capture",), "times": ("replay",), "then": ("future",)})
+ONLY_WITH.update({"steps": ("capture",), "times": ("replay",), "then": ("future",),
+                 "held": ("future",)})
 CommonCheck = Callable[[Case, Path, dict[str, Any], str], list[CaseFileError]]
 
 

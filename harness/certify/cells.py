@@ -7,12 +7,14 @@ the rules here are tested without running anything.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import BAD_OUTCOMES
 from ..report.oneline import cause_of, one_line
+from ..run.ranklog import EARLIER
 
 BLOCKED = "blocked: "  # harness.runner.breaker's skip prefix
 UNSTARTED = "blocked: pool start: "  # harness.runner.starts's: its process group never started
@@ -98,8 +100,29 @@ def cause(record: dict[str, Any]) -> str:
     that hundreds of results of one root cause read as one line: the gate's cause key, with
     the outcome and the case in front where no rank raised (a wrong value of broadcast and one
     of all_reduce are different causes; one exception text is one cause, whatever the case)."""
-    return cause_of(record, f"{record['outcome']}: {record.get('case', '?')}: "
-                            f"{one_line(record)}")
+    reason = f"{record['outcome']}: {record.get('case', '?')}: {one_line(record)}"
+    said = printed_error(record) if record["outcome"] == "hang" else ""
+    return cause_of(record, f"{reason}; a blocked rank printed {said}" if said else reason)
+
+
+# The line of a traceback that names the exception ("KeyError: 2", "torch.x.DistError: ...").
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)(: .*)?$")
+
+
+def printed_error(record: dict[str, Any]) -> str:
+    """The last exception a blocked rank of a hung record printed during the instance (a
+    backend's thread that died: torchft's future handler's ``KeyError``), or ""; output from
+    before the instance does not count."""
+    for rank in record.get("ranks") or []:
+        if not isinstance(rank, dict) or rank.get("state") != "blocked":
+            continue
+        tail = str(rank.get("stderr_tail") or "")
+        if EARLIER in tail:
+            tail = tail.split(EARLIER, 1)[1]
+        for line in reversed(tail.splitlines()):
+            if _EXCEPTION_LINE.match(line.strip()):
+                return line.strip()
+    return ""
 
 
 def causes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

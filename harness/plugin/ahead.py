@@ -10,6 +10,14 @@ then: same resolved instance, same deadline, same diagnosis, same settle. A run 
 went wrong in the harness (a pool that would not start is an answer; anything else is not) is
 dropped and the item runs the ordinary way.
 
+At most as many runs ahead hold a pool at once as there are threads, running or finished and
+waiting for their item: a run that finished keeps its pool until its item takes it, and ranks
+may carry processes of their own (a backend's worker, a full interpreter with torch: about
+230 MB each for torchft's ProcessGroupBabyGloo), so runs that raced ahead of a slow session
+without a bound held dozens of pools and exhausted the machine's memory. A thread waits for a
+slot before it starts a run, in the order of submission; the run of an item pytest went past
+without taking it is dropped (its pool killed), so no slot waits for an item that never comes.
+
 Must not: run an instance its item would skip, judge a run of any other instance than the one
 the item resolved, produce a record by itself (only the item does, once), write to the
 terminal from a background thread, or leave a pool running after the session: :meth:`close`
@@ -18,6 +26,7 @@ kills whatever is still in flight.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -55,14 +64,60 @@ class Ahead:
         self.running: set[RankPool] = set()
         self.lock = threading.Lock()
         self.closed = False
+        # One slot per run that holds a pool (running, or finished and not taken yet), given
+        # in the order of submission (the order pytest will want them in).
+        self.cond = threading.Condition(self.lock)
+        self.free = max(1, workers)
+        self.queue: list[str] = []  # node ids waiting for a slot, in submission order
+        self.holding: set[str] = set()  # node ids whose run holds a slot
+        # Items pytest went past without taking their run (it takes them in submission order):
+        # their runs are dropped, so that a slot is never held for an item that never comes.
+        self.order: list[str] = []
+        self.passed: set[str] = set()
 
     def submit(self, nodeid: str, prepared: Prepared) -> None:
+        with self.cond:
+            self.queue.append(nodeid)
+            self.order.append(nodeid)
         self.futures[nodeid] = self.executor.submit(self._run, nodeid, prepared)
 
     def _run(self, nodeid: str, prepared: Prepared) -> Ran:
+        if not self._acquire(nodeid):
+            return Ran(prepared.instance, failed=True)  # its item runs the ordinary way
+        ran = self._launch(nodeid, prepared)
+        if ran.launched is None:  # no pool is left running
+            self._release(nodeid)
+        return ran
+
+    def _acquire(self, nodeid: str) -> bool:
+        """Wait for ``nodeid``'s slot; False when the session closes or pytest went past its
+        item. Never waits for an item that will not come: a slot is held by a run of an item
+        before this one, which pytest takes or goes past (then the run is dropped as soon as
+        it ends, within its deadline)."""
+        with self.cond:
+            while True:
+                if self.closed or nodeid in self.passed:
+                    if nodeid in self.queue:
+                        self.queue.remove(nodeid)
+                    self.cond.notify_all()
+                    return False
+                if self.free and self.queue[0] == nodeid:
+                    self.queue.pop(0)
+                    self.free -= 1
+                    self.holding.add(nodeid)
+                    self.cond.notify_all()
+                    return True
+                self.cond.wait()
+
+    def _release(self, nodeid: str) -> None:
+        with self.cond:
+            if nodeid in self.holding:
+                self.holding.discard(nodeid)
+                self.free += 1
+                self.cond.notify_all()
+
+    def _launch(self, nodeid: str, prepared: Prepared) -> Ran:
         inst = prepared.instance
-        if self.closed:
-            return Ran(inst, failed=True)
 
         def note(text: str) -> None:
             self.notes[nodeid] = text
@@ -93,9 +148,17 @@ class Ahead:
         """The run ahead of ``nodeid``, waited for, if it ran ``inst`` and the harness did
         not fail (or why its pool did not start); progress notes of a long run go to ``tell``
         from this (pytest's) thread."""
+        self._pass_before(nodeid)
         fut = self.futures.pop(nodeid, None)
         if fut is None:
             return None
+        try:
+            return self._take(nodeid, fut, inst, tell)
+        finally:
+            self._release(nodeid)  # the pool is the item's now, or killed
+
+    def _take(self, nodeid: str, fut: Future[Ran], inst: Instance,
+              tell: Callable[[str], None]) -> Launched | PoolStartError | None:
         told = ""
         while not fut.done():
             wait_futures([fut], timeout=NOTE_POLL_S)
@@ -113,10 +176,37 @@ class Ahead:
             return None
         return ran.launched or ran.start_error
 
+    def _pass_before(self, nodeid: str) -> None:
+        """Drop the runs of the items submitted before ``nodeid`` that were never taken
+        (their item failed in the harness, or pytest stopped it): kill a finished one's
+        pool and free its slot (one still running: when it ends); one still waiting for a
+        slot gives up."""
+        with self.cond:
+            if nodeid not in self.order:
+                return
+            before = self.order[:self.order.index(nodeid)]
+            del self.order[:len(before) + 1]
+            left = [n for n in before if n in self.futures]
+            self.passed.update(left)
+            # A run not started yet is cancelled below: it must not keep its turn.
+            self.queue = [q for q in self.queue if q not in self.passed]
+            self.cond.notify_all()
+        for n in left:
+            fut = self.futures.pop(n)
+            if not fut.cancel():  # started: dropped now if it ended, else when it does
+                fut.add_done_callback(functools.partial(self._drop, n))
+
+    def _drop(self, nodeid: str, fut: Future[Ran]) -> None:
+        ran = fut.result()
+        if ran.launched is not None:
+            ran.launched.pool.kill()
+        self._release(nodeid)
+
     def close(self) -> None:
         """Cancel what has not started and kill the pools of what has."""
-        with self.lock:
+        with self.cond:
             self.closed = True
+            self.cond.notify_all()
             pools = list(self.running)
         for fut in self.futures.values():
             if not fut.cancel() and fut.done():

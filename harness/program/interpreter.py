@@ -397,6 +397,7 @@ def run_instance(inst: Instance, renv: RankEnv, probes: Probes | None = None,
         for work, wev in handles.values():  # never leave work in flight: the pool is reused
             state.wait(work, wev)
             clock.done(wev.index)
+        state.wait_held()
         res.timing = clock.facts()
         if renv.device == "cuda":
             torch.cuda.synchronize()

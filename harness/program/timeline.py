@@ -129,6 +129,8 @@ class ProgramState:
         self.waited: list[tuple[Any, StepEvent]] = []
         self.snaps: list[tuple[Step, int, torch.Tensor]] = []
         self.futures: list[dict[str, Any]] = []
+        # Futures of ``held: true`` steps, waited at the program's end (wait_held).
+        self.held: list[tuple[Any, dict[str, Any], dict[str, torch.Tensor], Step, int]] = []
         self._side: Any = None
         # Receive buffers snapshotted when a p2p Work said is_completed() at return, by event.
         self.early: dict[int, tuple[StepEvent, dict[str, torch.Tensor]]] = {}
@@ -265,11 +267,27 @@ class ProgramState:
                 box["snap"] = held.detach().clone()
             return True
 
-        work.get_future().then(callback).wait()
+        fut = work.get_future().then(callback)
+        if dict(step.args).get("held"):
+            self.held.append((fut, rec, box, step, index))
+            return
+        fut.wait()
+        self._settle_future(rec, box, step, index)
+
+    def _settle_future(self, rec: dict[str, Any], box: dict[str, torch.Tensor], step: Step,
+                       index: int) -> None:
         rec["callback_ran"] = rec["t_callback"] is not None
-        if name is not None and "snap" in box:
+        if step.bufs and "snap" in box:
             self.snaps.append((step, index, box["snap"]))
         self.futures.append(rec)
+
+    def wait_held(self) -> None:
+        """Wait for the futures of ``held: true`` steps, in the order they were asked for
+        (call once every Work was waited); a future that never completes is a hang."""
+        held, self.held = self.held, []
+        for fut, rec, box, step, index in held:
+            fut.wait()
+            self._settle_future(rec, box, step, index)
 
     def _chain(self, step: Step, index: int, work: Any, then: tuple[tuple[str, Any], ...],
                rec: dict[str, Any]) -> None:

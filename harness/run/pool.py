@@ -34,7 +34,7 @@ from typing import Any
 
 from .. import ops
 from ..model import Instance, PoolRun, RankState, flat_steps, phase
-from . import ranklog, stranded
+from . import keeper, ranklog, stranded
 from .forkserver import forkserver_context, without_main_module
 from .overdue import POLL_S, Overdue
 from .rank import STACK_SIGNAL, RankConfig, decode, encode, rank_main
@@ -140,6 +140,19 @@ class RankPool:
         # closing a pipe twice could close a descriptor another thread has opened since.
         self._kill_lock = threading.Lock()
         self._killed = False
+        # Listed before the first rank starts: a session that fails while starting them
+        # still kills the ones already started (kill_leftovers).
+        _live_pools.add(self)
+        try:
+            self._start_ranks(ctx, env)
+        except BaseException:
+            self.kill()
+            raise
+        self._await_ready()
+        self.alive = True
+
+    def _start_ranks(self, ctx: Any, env: tuple[tuple[str, str], ...]) -> None:
+        key, pg_timeout_s = self.key, self.pg_timeout_s
         for r in range(key.world_size):
             parent_conn, child_conn = ctx.Pipe()
             fr_recv, fr_send = ctx.Pipe(duplex=False)
@@ -150,8 +163,12 @@ class RankPool:
                              stack_path=self.stack_path(r), backend_modules=key.backend_modules,
                              pg_timeout_s=pg_timeout_s, fr_path=self.fr_path(r), env=env,
                              nonce=self.nonce, bind_device=key.bind_device)
+            # Not daemonic: a rank may start processes of its own (a backend's worker), which
+            # Python forbids a daemonic process. The pool, not multiprocessing's exit
+            # handler, ends ranks: kill(), and kill_leftovers, registered after
+            # multiprocessing's handler and so run before it joins its children.
             proc = ctx.Process(target=rank_main, args=(cfg, child_conn, progress, fr_recv),
-                               name=f"collective-rank{r}", daemon=True)
+                               name=f"collective-rank{r}", daemon=False)
             with without_main_module():
                 proc.start()
             child_conn.close()
@@ -160,9 +177,6 @@ class RankPool:
             self.procs.append(proc)
             self.conns.append(parent_conn)
             self.progress.append(progress)
-        _live_pools.add(self)
-        self._await_ready()
-        self.alive = True
 
     def log_path(self, rank: int) -> str:
         return os.path.join(self.dir, f"rank{rank}.log")
@@ -479,8 +493,7 @@ class RankPool:
             self._killed = True
             for p in self.procs:
                 if p.pid is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(p.pid, signal.SIGKILL)
+                    keeper.kill_group(p.pid)  # the rank and whatever it started
             for p in self.procs:
                 p.join(2.0)
             for c in (*self.conns, *self.fr_requests):

@@ -3,6 +3,8 @@
 Started by :mod:`harness.run.pool` through a forkserver that has torch preloaded. A rank must
 never outlive the pytest process that owns it: it dies with its parent (PDEATHSIG), polls the
 owner's pid from a watchdog thread, and ignores Ctrl-C (the owner handles it and kills us).
+Whatever a rank starts (a backend's worker process) ends with it: the rank leads a process
+group of its own, watched by a keeper (:mod:`harness.run.keeper`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..model import BUILDING_BUFFERS, CHECKING_RESULTS
+from . import keeper
 
 STACK_SIGNAL = signal.SIGUSR1
 
@@ -171,6 +174,7 @@ def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None
     """Entry point of a rank process (the target given to the forkserver)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _name_process(f"coll-rank{cfg.rank}")
+    keeper.lead_group(cfg.rank)  # before any thread: it forks
     _die_with_owner(cfg.owner_pid)
     _redirect_output(cfg.log_path)
     faulthandler.enable(file=sys.stderr, all_threads=True)  # a segfault leaves its stack

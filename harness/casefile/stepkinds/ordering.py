@@ -14,7 +14,8 @@ Steps a program may use to make the async contract visible (docs/howto/async-ord
   tensor, which must hold T's result; ``result: N``: entry N of the value's list);
   ``{future: H, then: [{mul: 3}, {add: 1}], expect: EXP}`` chains callbacks from a fixed
   vocabulary (each maps every tensor of the value) and compares the first tensor of the
-  chain's value with EXP;
+  chain's value with EXP; ``held: true`` asks for the future now and waits for it only at the
+  program's end (after every Work), so that several futures are in flight at once;
 - ``{wait_tensor: T}``: ``torch.ops.c10d_functional.wait_tensor(T)``, which waits for the Work
   an op with ``register_work: true`` registered under T (and does nothing for others).
 
@@ -149,6 +150,9 @@ class OrderingStep(StepKind):
                                        f"{step['future']!r}", "give the async op 'handle: NAME'"))
             if "then" in step:
                 errs.extend(_check_then(case, path, step))
+                if step.get("held"):
+                    errs.append(case.error((*path, "held"), "a held future cannot chain "
+                                           "callbacks", "drop 'held' or 'then'"))
             elif "tensor" in step:
                 _tensor(case, path, "tensor", step["tensor"], tensors, errs)
             elif "expect" in step or "result" in step:
@@ -193,7 +197,7 @@ def make_step(case: Case, raw: dict[str, Any], idx: int, line: int,
                 handle=raw.get("as") or f"{handle}.future@step{idx}", value=expect,
                 args=((("then", then),) if then else ()) + ((("result", raw["result"]),)
                       if raw.get("result") is not None and raw.get("result") is not False
-                      else ()))
+                      else ()) + ((("held", True),) if raw.get("held") else ()))
 
 
 KIND = OrderingStep()
