@@ -1,9 +1,9 @@
 """The start breaker: a process group that cannot start is tried a few times, not per instance.
 
-A backend whose group never starts (a wrapper that starts a worker process of its own, which a
-daemonic rank may not: "daemonic processes are not allowed to have children") made every
-instance try a pool of its own and fail the same way: 3,223 instances of the bundled suite,
-0.85 s each, 45 minutes of one error. Here, when pools of one family fail to start with the
+A backend whose group never starts made every instance try a pool of its own and fail the
+same way: when ranks were daemonic, torchft's BabyGloo (which starts a worker process; "daemonic
+processes are not allowed to have children") cost 3,223 instances of the bundled suite, 0.85 s
+each, 45 minutes of one error. Here, when pools of one family fail to start with the
 same cause :data:`STRIKES` times in a row, no pool of that family is started again in the
 session: every later instance that needs one is skipped as blocked, with one reason (the same
 for all of them) that names the pool, the instances whose starts failed and the error; the
