@@ -138,6 +138,12 @@ class MutantGloo(WrappingProcessGroup):
             call.opts.reduceOp = dist.ReduceOp.BOR
         if f == "p2p_tags_ignored" and call.op in ("send", "recv"):
             call.tag = 0
+        if f == "recv_unwritten" and call.op == "recv":
+            # What the last element held before the receive was issued: taken after it, the
+            # data had sometimes landed already, and the fault did not happen (a drill that
+            # missed its first receive under load).
+            call.notes["unwritten"] = [(t, t[tuple(s - 1 for s in t.shape)].clone())
+                                       for t in call.outputs if t.numel()]
 
     def replace(self, call: Call) -> Any:
         f, opts = self.fault, call.opts
@@ -167,7 +173,7 @@ class MutantGloo(WrappingProcessGroup):
     # -- output side ---------------------------------------------------------------------------
     def finish(self, call: Call, work: Any) -> Any:
         if call.op in ("send", "recv"):
-            return self._p2p(work, call.outputs, call.op == "recv")
+            return self._p2p(work, call.notes.get("unwritten", []), call.op == "recv")
         hooks = self._hooks(call.op, call.outputs, call.root, call.notes.get("inplace", False),
                             call.nbytes, call.chunks)
 
@@ -265,14 +271,14 @@ class MutantGloo(WrappingProcessGroup):
         return (self.fault == "subgroup_wrong" and op in ("all_reduce", "broadcast")
                 and self.subgroup)
 
-    def _p2p(self, work: Any, tensors: list[torch.Tensor], receive: bool) -> Any:
+    def _p2p(self, work: Any, kept: list[tuple[torch.Tensor, torch.Tensor]],
+             receive: bool) -> Any:
         mode = self._mode(p2p=True) or ("hang_on_error" if self.fault == "survivor_wait_hangs"
                                          else "")
         if mode == "early_wait" and not receive:
             mode = ""  # a send's buffer is free once handed over: only receives land late
         after: Hook | None = None
         if self.fault == "recv_unwritten" and receive:
-            kept = [(t, t[tuple(s - 1 for s in t.shape)].clone()) for t in tensors if t.numel()]
 
             def after() -> None:
                 for t, old in kept:
