@@ -125,6 +125,7 @@ def probe_step(rank: int) -> None:
         return verdict
 
     check.decide = decide
+    check.honest = lambda *_: False  # every call reaches decide
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for i in range(4):
