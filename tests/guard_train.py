@@ -76,6 +76,7 @@ def probe_raise(rank: int) -> None:
         return verdict
 
     check.decide = decide
+    check.honest = lambda *_: False  # every call reaches decide
     x = torch.ones(10)
     dist.all_reduce(x)
     # Until the checker decided the call: rank 0 is told to raise, rank 1 that it is right (it
@@ -125,6 +126,7 @@ def probe_step(rank: int) -> None:
         return verdict
 
     check.decide = decide
+    check.honest = lambda *_: False  # every call reaches decide
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for i in range(4):

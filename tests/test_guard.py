@@ -193,9 +193,10 @@ def test_failing_side_channel_disables_with_one_line(tmp_path: Path) -> None:
     out = tmp_path / "guarded.bin"
     got = _guard(tmp_path, "--sample", "every", extra=("--out", str(out), "--break-channel"))
     assert got.returncode == 0, got.stderr
-    lines = [x for x in got.stderr.splitlines() if "checking stopped" in x]
-    assert len(lines) == 2  # one per rank
-    assert all("side channel unreachable (test)" in x for x in lines)
+    # one line per rank; the two ranks' lines may interleave on the shared stderr (seen under
+    # load): count the phrases, not lines
+    assert got.stderr.count("checking stopped in this rank") == 2, got.stderr
+    assert got.stderr.count("side channel unreachable (test)") == 2, got.stderr
     assert "Traceback" not in got.stderr
     assert out.read_bytes() == plain.read_bytes()
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
-from harness.guard import channel, digest
+from harness.guard import calls, channel, check, digest
 from harness.guard.calls import Entry
 from harness.guard.plan import plan_for, spec_of
 from harness.record import native
@@ -71,6 +71,16 @@ def test_cpp_linear_digest_is_the_reference_bit_for_bit(cpp: Any, dtype: torch.d
         x = _values(dtype, n, k)
         assert _bits(cpp.guard_linear(x, chunk)) == _bits(digest.linear(x, chunk).tolist()), \
             (n, chunk)
+
+
+@pytest.mark.parametrize("dtype", [*FLOATS, *INTS], ids=str)
+def test_cpp_one_pass_digests_are_the_reference_bit_for_bit(cpp: Any, dtype: torch.dtype) -> None:
+    # a reduction's output: both digests in one loop (float64/32, bfloat16), two elsewhere
+    for k, (n, chunk) in enumerate(SHAPES):
+        x = _values(dtype, n, k)
+        lin, ex = cpp.guard_linear_and_exact(x, chunk)
+        assert _bits(lin) == _bits(digest.linear(x, chunk).tolist()), (n, chunk)
+        assert ex == digest.exact(x, chunk).tolist(), (n, chunk)
 
 
 def test_cpp_linear_digest_of_nonfinite_values_is_nonfinite_where_the_reference_is(
@@ -159,3 +169,64 @@ def test_packed_digests_keep_every_bit() -> None:
     for bad in (["x", 1, ""], ["d", 3, "AAAAAAAAAAA="], ["d", 1, "not base64!"]):
         with pytest.raises((ValueError, TypeError)):
             channel.unpack(bad)
+
+
+def _reduce(cpp: Any, ins: list[torch.Tensor], outs: list[torch.Tensor],
+            chunk: int) -> list[dict[str, Any]]:
+    """Raw digests of an all_reduce as the C++ kernel takes them, per rank."""
+    digs = []
+    for r, (x, y) in enumerate(zip(ins, outs, strict=True)):
+        lin, ex = cpp.guard_linear_and_exact(y, chunk)
+        digs.append({"rank": r, "in": [calls.raw(cpp.guard_linear(x, chunk))],
+                     "out": [calls.raw(lin), calls.raw(ex)]})
+    return digs
+
+
+def _found(spec: dict[str, Any], digs: list[dict[str, Any]]) -> set[tuple[int, int]]:
+    return {(m.rank, m.chunk) for m in
+            check.decide(spec, [channel.as_rows(d) for d in digs]).mismatches}
+
+
+def test_only_an_honest_reduction_is_passed_on_its_bytes(cpp: Any) -> None:
+    spec = spec_of("allreduce_", [0, 1], torch.float32, 256, 0)
+    xs = [_values(torch.float32, 1000, s) for s in (1, 2)]
+    y = xs[0] + xs[1]
+    digs = _reduce(cpp, xs, [y, y.clone()], 256)
+    assert check.honest(spec, digs, cpp.guard_sum_ok)
+    assert not check.honest(spec, digs, None)  # no C++ test: decide judges it
+    assert _found(spec, digs) == set()
+    bad = y.clone()
+    bad[300] += 1.0  # chunk 1, on rank 1 only: the ranks disagree
+    digs = _reduce(cpp, xs, [y, bad], 256)
+    assert not check.honest(spec, digs, cpp.guard_sum_ok)
+    assert (1, 1) in _found(spec, digs)
+    digs = _reduce(cpp, xs, [bad, bad.clone()], 256)  # on both alike: only the sum shows it
+    assert not check.honest(spec, digs, cpp.guard_sum_ok)
+    assert _found(spec, digs) == {(0, 1), (1, 1)}
+
+
+def test_a_sum_near_its_bound_is_left_to_decide(cpp: Any) -> None:
+    spec = spec_of("allreduce_", [0, 1], torch.float32, 64, 0)
+    ins, a_out = [[1.0, 40.0], [2.0, 50.0]], 90.0
+    bound = check.sum_bound(spec, 90.0, a_out)
+    exact = calls.raw([[1, 2, 3]])
+    for off, decided_on_bytes, found in ((0.25, True, set()), (0.75, False, set()),
+                                         (1.5, False, {(0, 0), (1, 0)})):
+        out = calls.raw([[3.0 + off * bound, a_out]])
+        digs = [{"rank": r, "in": [calls.raw([ins[r]])], "out": [out, exact]} for r in (0, 1)]
+        assert check.honest(spec, digs, cpp.guard_sum_ok) is decided_on_bytes, off
+        assert _found(spec, digs) == found, off
+
+
+def test_a_data_moving_call_is_passed_on_its_bytes_only_where_they_are_equal() -> None:
+    a, b = calls.raw([[1, 2, 3]]), calls.raw([[1, 2, 4]])
+    bcast = {"kind": "broadcast", "root": 1, "group": [0, 1]}
+    assert check.honest(bcast, [{"out": [a]}, {"out": [a]}], None)
+    assert not check.honest(bcast, [{"out": [b]}, {"out": [a]}], None)
+    gather = {"kind": "gather", "group": [0, 1]}
+    assert check.honest(gather, [{"in": [a], "out": [a, b]}, {"in": [b], "out": [a, b]}], None)
+    assert not check.honest(gather, [{"in": [a], "out": [b, a]}, {"in": [b], "out": [a, b]}],
+                            None)
+    p2p = {"kind": "p2p", "group": [0, 1]}
+    assert check.honest(p2p, [{"in": [a], "out": []}, {"in": [], "out": [a]}], None)
+    assert not check.honest(p2p, [{"in": [a], "out": []}, {"in": [], "out": [b]}], None)

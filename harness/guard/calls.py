@@ -14,7 +14,9 @@ message (group, "p2p", sender, receiver, tag, sequence number of that pair's mes
 
 from __future__ import annotations
 
+import functools
 import json
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +29,29 @@ from harness.guard.plan import CHECKED, Plan, spec_of
 from harness.record.capture import GROUP, call_json, site_json
 
 Key = tuple[Any, ...]
+
+Raw = tuple[str, int, bytes]  # a digest: kind ("d" float64, "q" int64), columns, the numbers
+
+
+def raw(rows: list[list[Any]] | Raw) -> Raw:
+    """A digest (rows of int64 or float64, or already raw: the C++ kernel's form) as its kind,
+    columns and little-endian numbers."""
+    if isinstance(rows, tuple):
+        return rows
+    if not rows:
+        return ("q", 0, b"")
+    kind = "d" if isinstance(rows[0][0], float) else "q"
+    flat = [v for row in rows for v in row]
+    return (kind, len(rows[0]), struct.pack(f"<{len(flat)}{kind}", *flat))
+
+
+def rows_of(d: list[list[Any]] | Raw) -> list[list[Any]]:
+    """A raw digest's rows (a digest already in rows as it is)."""
+    if not isinstance(d, tuple):
+        return d
+    kind, cols, data = d
+    flat = list(struct.unpack(f"<{len(data) // 8}{kind}", data))
+    return [flat[i:i + cols] for i in range(0, len(flat), cols)] if cols else []
 
 
 @dataclass
@@ -71,28 +96,36 @@ class Entry:
     kept: Callable[[], list[torch.Tensor]]  # inputs kept by --keep-inputs ([]: none)
     since: float = 0.0  # when the checker took it (for its timeout)
     _needs: list[int] | None = None
+    _key: Key | None = None  # (the checker asks these of each entry several times)
 
     @property
     def rank(self) -> int:
         """This rank's global rank."""
         return int(self.spec["group"][self.me])
 
-    @property
+    @functools.cached_property
     def family(self) -> str:
         """The op family (all_reduce, p2p, ...)."""
         return CHECKED[self.name][0]
 
-    def mine(self) -> dict[str, Any]:
-        """This rank's digests as the checker compares them."""
-        return {"rank": self.rank, "in": self.rows_in, "out": self.rows_out}
+    def mine(self, raw_only: bool = False) -> dict[str, Any]:
+        """This rank's digests as the checker compares them: as rows, or (``raw_only``) raw
+        (see :mod:`harness.guard.channel`)."""
+        conv = raw if raw_only else rows_of
+        return {"rank": self.rank, "in": [conv(d) for d in self.rows_in],
+                "out": [conv(d) for d in self.rows_out]}
 
     def key(self) -> Key:
         """What its digests are filed under on the side channel (the same on every rank)."""
+        if self._key is not None:
+            return self._key
         if self.family != "p2p":
-            return (self.gname, self.family, self.seq)
+            self._key = (self.gname, self.family, self.seq)
+            return self._key
         peer = int(self.spec["group"][self.spec["peer"]])
         sender, receiver = (self.rank, peer) if self.name == "send" else (peer, self.rank)
-        return (self.gname, "p2p", sender, receiver, int(self.spec["tag"]), self.seq)
+        self._key = (self.gname, "p2p", sender, receiver, int(self.spec["tag"]), self.seq)
+        return self._key
 
     def needs(self) -> list[int]:
         """The global ranks whose digests decide it (none for a send: its receiver decides)."""

@@ -10,6 +10,9 @@ to tidy up. Stores with queues (TCPStore, HashStore) hold the inbox as a queue; 
 
 Digests travel as base64 of their int64 or float64 numbers inside the JSON (exact bits,
 and a fraction of the cost of JSON's float text, which was a third of the checker's time).
+They stay raw (kind, columns, bytes: the C++ kernel hands them over so) from the kernel to the
+wire and from the wire to the check: an honest call is decided on the bytes
+(:func:`harness.guard.check.honest`), and only a call that is not has its numbers read.
 
 The checker has its own connection to the store where the store can be cloned (TCPStore), so
 that its waits never queue behind the training thread's use of the store.
@@ -17,7 +20,6 @@ that its waits never queue behind the training thread's use of the store.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import contextlib
 import json
@@ -28,7 +30,7 @@ from typing import Any
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
-from harness.guard.calls import Entry, Key
+from harness.guard.calls import Entry, Key, Raw, raw, rows_of
 
 PREFIX = "collective-guard/"
 MAX_HELD = 1 << 17  # peers' digests kept for calls this rank has not taken yet
@@ -88,27 +90,28 @@ class Inbox:
         return bytes(got).decode("utf-8") if not isinstance(got, str) else got
 
 
-def pack(rows: list[list[Any]]) -> list[Any]:
-    """One digest (rows of int64 or float64) as [kind, columns, base64 of the numbers]:
-    exact bits, and a fraction of the JSON float text's cost."""
-    if not rows:
-        return ["q", 0, ""]
-    kind = "d" if isinstance(rows[0][0], float) else "q"
-    flat = [v for row in rows for v in row]
-    return [kind, len(rows[0]), base64.b64encode(struct.pack(f"<{len(flat)}{kind}",
-                                                             *flat)).decode("ascii")]
+def pack(rows: list[list[Any]] | Raw) -> list[Any]:
+    """One digest as [kind, columns, base64 of the numbers]: exact bits, and a fraction of the
+    JSON float text's cost."""
+    kind, cols, data = raw(rows)
+    return [kind, cols, binascii.b2a_base64(data, newline=False).decode("ascii")]
 
 
-def unpack(packed: list[Any]) -> list[list[Any]]:
-    """The rows :func:`pack` packed (ValueError, TypeError or struct.error if malformed)."""
+def unraw(packed: list[Any]) -> Raw:
+    """A digest :func:`pack` packed, raw (ValueError, TypeError or binascii.Error if
+    malformed)."""
     kind, cols, text = packed
     if kind not in ("d", "q") or type(cols) is not int or cols < 0 or len(text) > 1 << 24:
         raise ValueError("not a packed digest")
-    data = base64.b64decode(text, validate=True)
-    flat = list(struct.unpack(f"<{len(data) // 8}{kind}", data))
-    if (len(flat) % cols if cols else flat):
+    data = binascii.a2b_base64(text, strict_mode=True)
+    if len(data) % 8 or (len(data) // 8 % cols if cols else data):
         raise ValueError("a packed digest's numbers do not fill its rows")
-    return [flat[i:i + cols] for i in range(0, len(flat), cols)] if cols else []
+    return (kind, cols, data)
+
+
+def unpack(packed: list[Any]) -> list[list[Any]]:
+    """The rows :func:`pack` packed (ValueError, TypeError or binascii.Error if malformed)."""
+    return rows_of(unraw(packed))
 
 
 class Exchange:
@@ -143,9 +146,9 @@ class Exchange:
                 msg = json.loads(text)
                 sender = int(msg["from"])
                 for key, rows_in, rows_out in msg["d"]:
-                    self.held[(tuple(key), sender)] = {
-                        "rank": sender, "in": [unpack(d) for d in rows_in],
-                        "out": [unpack(d) for d in rows_out]}
+                    self.held[(tuple(key), sender)] = {  # raw until a check needs the rows
+                        "rank": sender, "in": [unraw(d) for d in rows_in],
+                        "out": [unraw(d) for d in rows_out]}
             except (ValueError, KeyError, TypeError, binascii.Error, struct.error) as exc:
                 raise ChannelError(f"a message in this rank's inbox is not the guard's "
                                    f"({type(exc).__name__})") from None
@@ -164,11 +167,20 @@ class Exchange:
         key = e.key()
         return [r for r in e.needs() if (key, r) not in self.held]
 
-    def digests(self, e: Entry) -> list[dict[str, Any]]:
+    def digests(self, e: Entry, raw_only: bool = False) -> list[dict[str, Any]]:
         """Every rank's digests of ``e`` in group order (a p2p call: sender, receiver), taken
-        out of what is held."""
+        out of what is held: as rows, or (``raw_only``) raw, for :func:`check.honest`."""
         key = e.key()
         if e.family == "p2p":
-            return [self.held.pop((key, e.needs()[0])), e.mine()]
-        return [e.mine() if int(r) == e.rank else self.held.pop((key, int(r)))
-                for r in e.spec["group"]]
+            got = [self.held.pop((key, e.needs()[0])), e.mine(raw_only=True)]
+        else:
+            got = [e.mine(raw_only=True) if int(r) == e.rank else self.held.pop((key, int(r)))
+                   for r in e.spec["group"]]
+        return got if raw_only else [as_rows(d) for d in got]
+
+
+def as_rows(d: dict[str, Any]) -> dict[str, Any]:
+    """One rank's raw digests (:meth:`Exchange.digests`) with their rows, as the checks read
+    them."""
+    return {"rank": d["rank"], "in": [rows_of(x) for x in d["in"]],
+            "out": [rows_of(x) for x in d["out"]]}

@@ -252,6 +252,42 @@ def check_p2p(spec: dict[str, Any], sent: dict[str, Any], got: dict[str, Any]) -
                          int(sent["rank"]), "received bytes differ from what was sent", 0))
 
 
+SumOk = Callable[[list[bytes], list[bytes], float, float, float, bool], bool]
+
+
+def honest(spec: dict[str, Any], digs: list[dict[str, Any]], sum_ok: SumOk | None) -> bool:
+    """Whether the call is certainly clean, judged on its raw digests (kind, columns, bytes:
+    :mod:`harness.guard.channel`) without reading a number in Python: every digest that must
+    equal another does, byte for byte, and a float SUM/AVG reduction's linear digests pass
+    ``sum_ok`` (the C++ kernel's test: within half of :func:`sum_bound`, see guard.cpp). False
+    means only "not decided here": :func:`decide` (or :func:`check_p2p`) then judges the call,
+    so a finding is always theirs. The digests ``digs`` are in group order (p2p: sender,
+    receiver)."""
+    kind = spec["kind"]
+    if kind == "p2p":
+        sent, got = digs[0]["in"], digs[1]["out"]
+        return bool(sent) and bool(got) and got[0] == sent[0]
+    if kind == "broadcast":
+        root = digs[int(spec["root"])]["out"]
+        return all(d["out"] == root for d in digs)
+    if kind == "gather":
+        sent = [d["in"][0] if d["in"] else None for d in digs]
+        return all(d["out"] == sent for d in digs)
+    if (kind != "reduce" or sum_ok is None or "u" not in spec or "bits" in spec
+            or spec.get("linear") == "no" or spec.get("reduce", "sum") not in ("sum", "avg")):
+        return False
+    outs = [d["out"] for d in digs]
+    ins = [d["in"][0] if len(d["in"]) == 1 else None for d in digs]
+    if any(len(o) != 2 or o[1] != outs[0][1] for o in outs):
+        return False  # (the exact digests: the ranks must hold the same bits)
+    if any(x is None or x[:2] != ("d", 2) for x in ins + [o[0] for o in outs]):
+        return False
+    c_in, c_out, slack = _terms(len(spec["group"]), float(spec["u"]), float(spec["tiny"]),
+                                int(spec["chunk"]), spec.get("reduce") == "avg")
+    return sum_ok([x[2] for x in ins if x is not None], [o[0][2] for o in outs], c_in, c_out,
+                  slack, spec.get("reduce") == "avg")
+
+
 CHECKS = {"reduce": check_reduce, "reduce_scatter": check_reduce_scatter,
           "broadcast": check_broadcast, "gather": check_gather}
 

@@ -33,6 +33,10 @@ template void exact_row<uint32_t>(const uint32_t*, int64_t, uint64_t*);
 template void linear_row_vec<double>(const double*, int64_t, double*);
 template void linear_row_vec<float>(const float*, int64_t, double*);
 template void linear_row_vec<c10::BFloat16>(const c10::BFloat16*, int64_t, double*);
+template void both_row_vec<double, uint32_t>(const double*, int64_t, double*, uint64_t*);
+template void both_row_vec<float, uint32_t>(const float*, int64_t, double*, uint64_t*);
+template void both_row_vec<c10::BFloat16, uint16_t>(const c10::BFloat16*, int64_t, double*,
+                                                    uint64_t*);
 }  // namespace avx2
 #pragma GCC pop_options
 // __builtin_cpu_init first: this initializer may run before libgcc's own.
@@ -96,6 +100,31 @@ Digest linear_floats(const T* x, int64_t numel, int64_t n) {
     d.reals.push_back(row[1]);
   }
   return d;
+}
+
+// Both digests of a float64, float32 or bfloat16 tensor in one pass (both_row_vec per chunk).
+template <typename T, typename W>
+void both_floats(const T* x, int64_t numel, int64_t n, Digest& lin, Digest& ex) {
+  lin.floating = true;
+  lin.cols = 2;
+  ex.cols = 3;
+  for (int64_t at = 0; at < numel; at += n) {
+    double l[2];
+    uint64_t e[3];
+    const int64_t k = std::min(n, numel - at);
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (use_avx2) {
+      avx2::both_row_vec<T, W>(x + at, k, l, e);
+    } else {
+      generic::both_row_vec<T, W>(x + at, k, l, e);
+    }
+#else
+    generic::both_row_vec<T, W>(x + at, k, l, e);
+#endif
+    lin.reals.push_back(l[0]);
+    lin.reals.push_back(l[1]);
+    for (uint64_t v : e) ex.ints.push_back(static_cast<int64_t>(v));
+  }
 }
 
 // Integers: sum_j w_j x_j modulo 2^64, x_j sign- or zero-extended as its dtype says (the
@@ -200,6 +229,28 @@ Digest linear(const at::Tensor& t, int64_t chunk) {
     default:
       TORCH_CHECK(false, "collective-guard: no C++ linear digest for ", t.scalar_type());
   }
+}
+
+void linear_and_exact(const at::Tensor& t, int64_t chunk, Digest& lin, Digest& ex) {
+  const int64_t numel = t.numel();
+  const void* p = t.const_data_ptr();
+  const int64_t n = chunk_len(numel, chunk);
+  if (numel > 0) {
+    switch (t.scalar_type()) {
+      case c10::ScalarType::Double:
+        return both_floats<double, uint32_t>(static_cast<const double*>(p), numel, n, lin, ex);
+      case c10::ScalarType::Float:
+        return both_floats<float, uint32_t>(static_cast<const float*>(p), numel, n, lin, ex);
+      case c10::ScalarType::BFloat16:
+        return both_floats<c10::BFloat16, uint16_t>(static_cast<const c10::BFloat16*>(p), numel,
+                                                    n, lin, ex);
+      default:
+        break;
+    }
+  }
+  // The other dtypes (no vector loop for their linear digest here): two passes.
+  lin = linear(t, chunk);
+  ex = exact(t, chunk);
 }
 
 }  // namespace collective_native

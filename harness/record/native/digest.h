@@ -26,5 +26,8 @@ bool linear_readable(c10::ScalarType dtype);
 // digest.py's exact(t, chunk) and linear(t, chunk).
 Digest exact(const at::Tensor& t, int64_t chunk);
 Digest linear(const at::Tensor& t, int64_t chunk);
+// Both, in one pass over the buffer where the dtype allows (float64, float32, bfloat16): a
+// reduction's output. The same bits as linear() and exact().
+void linear_and_exact(const at::Tensor& t, int64_t chunk, Digest& lin, Digest& ex);
 
 }  // namespace collective_native

@@ -25,6 +25,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -114,13 +116,20 @@ void made() {
   }
 }
 
+int64_t batch_most = 1;  // the take() in progress hands over this many at once (qmu)
+
 void enqueue(RecordPtr r) {
   r->ready_at = Clock::now();
+  bool wake;
   {
     std::lock_guard<std::mutex> g(qmu);
     ready.push_back(std::move(r));
+    // Only what ends a wait of take()'s: the first record, or a full batch. A wake per record
+    // while the checker lingers cost it a context switch per call.
+    const auto n = static_cast<int64_t>(ready.size());
+    wake = n == 1 || n >= batch_most;
   }
-  qcv.notify_all();
+  if (wake) qcv.notify_all();
 }
 
 void drop(const std::string& why) {
@@ -378,8 +387,12 @@ void digest_outputs(Record& r) {
   if (r.op->kind == SCATTER_BASE || r.op->kind == SCATTER_LIST) {
     r.out.push_back(collective_native::linear(r.later[0], r.chunk));
   } else if (r.op->kind == REDUCE) {
-    if (r.linear) r.out.push_back(collective_native::linear(r.later[0], r.chunk));
-    r.out.push_back(collective_native::exact(r.later[0], r.chunk));
+    if (r.linear) {
+      r.out.resize(2);
+      collective_native::linear_and_exact(r.later[0], r.chunk, r.out[0], r.out[1]);
+    } else {
+      r.out.push_back(collective_native::exact(r.later[0], r.chunk));
+    }
   } else {
     for (const auto& t : r.later) r.out.push_back(collective_native::exact(t, r.chunk));
   }
@@ -635,10 +648,83 @@ py::object digest_py(const Digest& d) {
   return out;
 }
 
-py::object digests_py(const std::vector<Digest>& ds) {
+// A digest as the side channel carries it (channel.py's raw form): its kind ("d": float64,
+// "q": int64), its columns and its numbers' little-endian bytes, so that the checker passes
+// them on (and compares them) without a Python number per value.
+py::tuple digest_raw(const Digest& d) {
+  const size_t n = d.floating ? d.reals.size() : d.ints.size();
+  std::string bytes(n * 8, '\0');
+  const void* src = d.floating ? static_cast<const void*>(d.reals.data())
+                               : static_cast<const void*>(d.ints.data());
+  std::memcpy(bytes.data(), src, bytes.size());
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t v;
+    std::memcpy(&v, bytes.data() + 8 * i, 8);
+    v = __builtin_bswap64(v);
+    std::memcpy(bytes.data() + 8 * i, &v, 8);
+  }
+#endif
+  return py::make_tuple(d.floating ? "d" : "q", d.cols, py::bytes(bytes));
+}
+
+py::list digests_raw(const std::vector<Digest>& ds) {
   py::list out(ds.size());
-  for (size_t i = 0; i < ds.size(); ++i) out[i] = digest_py(ds[i]);
+  for (size_t i = 0; i < ds.size(); ++i) out[i] = digest_raw(ds[i]);
   return out;
+}
+
+// The little-endian float64 numbers of a raw digest's bytes.
+std::vector<double> reals_of(const std::string& bytes) {
+  std::vector<double> out(bytes.size() / 8);
+  std::memcpy(out.data(), bytes.data(), out.size() * 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  for (auto& v : out) {
+    uint64_t u;
+    std::memcpy(&u, &v, 8);
+    u = __builtin_bswap64(u);
+    std::memcpy(&v, &u, 8);
+  }
+#endif
+  return out;
+}
+
+// check.py's float SUM/AVG test of a reduction's linear digests, for the honest call only:
+// true where every chunk of every output is within half the bound check.py computes (its
+// factors c_in, c_out, slack given), with room for this sum's own rounding; false where any
+// is not, or anything is irregular (non-finite values, ragged sizes): check.py then decides,
+// so a verdict is check.py's either way.
+bool sum_ok(const std::vector<std::string>& ins, const std::vector<std::string>& outs,
+            double c_in, double c_out, double slack, bool avg) {
+  if (ins.empty() || outs.empty()) return false;
+  std::vector<std::vector<double>> in;
+  for (const auto& b : ins) {
+    if (b.size() != ins[0].size() || b.size() % 16) return false;
+    in.push_back(reals_of(b));
+  }
+  const size_t rows = ins[0].size() / 16;
+  const double w = static_cast<double>(ins.size());
+  for (const auto& b : outs) {
+    if (b.size() != ins[0].size()) return false;
+    const auto out = reals_of(b);
+    for (size_t c = 0; c < rows; ++c) {
+      double s = 0, a = 0, abs_s = 0;
+      for (const auto& i : in) {
+        s += i[2 * c];
+        abs_s += std::fabs(i[2 * c]);
+        a += i[2 * c + 1];
+      }
+      const double want = avg ? s / w : s;
+      const double diff = std::fabs(out[2 * c] - want);
+      const double bound = c_in * a + c_out * out[2 * c + 1] + slack;
+      const double own = 4 * w * 0x1p-53 * abs_s;  // this sum's rounding, against fsum's
+      if (!std::isfinite(diff) || !std::isfinite(bound) || !std::isfinite(own) ||
+          !(diff + own <= 0.5 * bound)) {
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 py::tuple ints_py(const std::vector<int64_t>& v) {
@@ -655,6 +741,7 @@ py::list take(double wait_s, double linger_s, int64_t most) {
   {
     py::gil_scoped_release nogil;
     std::unique_lock<std::mutex> lk(qmu);
+    batch_most = std::max<int64_t>(most, 1);
     const auto now = Clock::now();
     qcv.wait_until(lk, now + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(wait_s)),
@@ -680,7 +767,7 @@ py::list take(double wait_s, double linger_s, int64_t most) {
         reinterpret_cast<PyObject*>(torch::getTHPDtype(r->dtype)));
     out.append(py::make_tuple(
         r->op->name, r->seq, r->group, ints_py(r->ranks), r->me, dtype, r->chunk, r->reduce,
-        r->root, r->peer, r->tag, r->ordinal, r->step, digests_py(r->in), digests_py(r->out),
+        r->root, r->peer, r->tag, r->ordinal, r->step, digests_raw(r->in), digests_raw(r->out),
         ref));
   }
   return out;
@@ -764,6 +851,11 @@ void bind_guard(py::module& m) {
   m.def("guard_depth", [] { return depth; });
   m.def("guard_step", [] { steps++; });
   m.def("guard_steps", [] { return steps.load(); });
+  m.def("guard_sum_ok", [](const std::vector<std::string>& ins,
+                           const std::vector<std::string>& outs, double c_in, double c_out,
+                           double slack, bool avg) {
+    return sum_ok(ins, outs, c_in, c_out, slack, avg);
+  });
   m.def("guard_digest_s", [] { return static_cast<double>(digest_ns.load()) * 1e-9; });
   m.def("guard_take", &take);
   // Wake the checker (a Python-path call is queued, or it must stop); with `flush`, from now
@@ -815,5 +907,13 @@ void bind_guard(py::module& m) {
                 collective_native::linear_readable(t.scalar_type()),
                 "not a tensor the C++ linear digest reads");
     return digest_py(collective_native::linear(t, chunk));
+  });
+  m.def("guard_linear_and_exact", [](const at::Tensor& t, int64_t chunk) {
+    TORCH_CHECK(collective_native::readable(t) &&
+                collective_native::linear_readable(t.scalar_type()),
+                "not a tensor the C++ linear digest reads");
+    Digest lin, ex;
+    collective_native::linear_and_exact(t, chunk, lin, ex);
+    return py::make_tuple(digest_py(lin), digest_py(ex));
   });
 }
