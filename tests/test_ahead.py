@@ -189,11 +189,11 @@ class _Prepared:
         self.instance = name
 
 
-def test_runs_ahead_hold_at_most_one_pool_per_thread() -> None:
+def test_runs_ahead_hold_at_most_one_pool_per_thread_when_memory_is_short() -> None:
     from harness.plugin.ahead import Ahead
 
     runner = _Runner()
-    ahead = Ahead(runner, 2)  # type: ignore[arg-type]
+    ahead = Ahead(runner, 2, memory_floor=2.0)  # type: ignore[arg-type]  # never enough
     try:
         for n in range(6):
             ahead.submit(f"n{n}", _Prepared(f"i{n}"))  # type: ignore[arg-type]
@@ -225,3 +225,31 @@ def test_a_run_whose_item_never_came_frees_its_slot() -> None:
         assert runner.launched == ["i0", "i2"] and runner.alive[0] == 0
     finally:
         ahead.close()
+
+
+def test_runs_ahead_hold_more_pools_than_threads_while_memory_allows() -> None:
+    # Isolated instances wait for their items until late in a session: bounded by threads
+    # alone, two finished runs took both slots and the rest of the quick suite's isolated
+    # instances ran in turn.
+    from harness.plugin.ahead import Ahead
+
+    runner = _Runner()
+    ahead = Ahead(runner, 2, memory_floor=0.0)  # type: ignore[arg-type]  # always enough
+    try:
+        for n in range(6):
+            ahead.submit(f"n{n}", _Prepared(f"i{n}"))  # type: ignore[arg-type]
+        wait_for(lambda: len(runner.launched) == 6, 120, "six runs ahead, none taken")
+        assert runner.most[0] == 6
+        for n in range(6):
+            got = ahead.take(f"n{n}", f"i{n}", lambda _: None)  # type: ignore[arg-type]
+            assert got is not None and not isinstance(got, Exception)
+            got.pool.kill()
+        assert runner.alive[0] == 0
+    finally:
+        ahead.close()
+
+
+def test_available_memory_is_a_share_of_the_machine() -> None:
+    from harness.plugin.ahead import available_memory
+
+    assert 0.0 < available_memory() <= 1.0

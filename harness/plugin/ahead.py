@@ -10,13 +10,18 @@ then: same resolved instance, same deadline, same diagnosis, same settle. A run 
 went wrong in the harness (a pool that would not start is an answer; anything else is not) is
 dropped and the item runs the ordinary way.
 
-At most as many runs ahead hold a pool at once as there are threads, running or finished and
-waiting for their item: a run that finished keeps its pool until its item takes it, and ranks
-may carry processes of their own (a backend's worker, a full interpreter with torch: about
-230 MB each for torchft's ProcessGroupBabyGloo), so runs that raced ahead of a slow session
-without a bound held dozens of pools and exhausted the machine's memory. A thread waits for a
-slot before it starts a run, in the order of submission; the run of an item pytest went past
-without taking it is dropped (its pool killed), so no slot waits for an item that never comes.
+Runs ahead that hold a pool (running, or finished and waiting for their item) are bounded:
+a run that finished keeps its pool until its item takes it, and ranks may carry processes of
+their own (a backend's worker, a full interpreter with torch: about 230 MB each for torchft's
+ProcessGroupBabyGloo), so runs that raced ahead of a slow session without a bound held dozens
+of pools and exhausted the machine's memory (21 GiB of 23). A run may start while fewer pools
+than threads are held, or while the machine still has :data:`MEMORY_FLOOR` of its memory
+available and fewer than :data:`MOST_HELD` are held; otherwise it waits for a slot, in the
+order of submission. Bounding by threads alone stalled the quick suite: its isolated
+instances (the fault-tolerance matrix, errors, timeouts) wait for their items until late in
+the session, so two finished runs took both slots and the rest ran in turn (quick suite idle
+13.8 -> 25.9 ms per instance). The run of an item pytest went past without taking it is
+dropped (its pool killed), so no slot waits for an item that never comes.
 
 Must not: run an instance its item would skip, judge a run of any other instance than the one
 the item resolved, produce a record by itself (only the item does, once), write to the
@@ -52,10 +57,31 @@ class Ran:
     failed: bool = False  # a harness failure: the item runs the ordinary way
 
 
+
+# A run ahead beyond one per thread starts only while this share of the machine's memory is
+# available (MemAvailable / MemTotal), and while fewer than MOST_HELD pools are held.
+MEMORY_FLOOR = 0.25
+MOST_HELD = 64
+MEMORY_POLL_S = 0.2
+
+
+def available_memory() -> float:
+    """The share of the machine's memory available now (0.0 where it cannot be read: then
+    the runs ahead hold one pool per thread)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            info = {k: v for k, v in (ln.split(":", 1) for ln in fh if ":" in ln)}
+        total = int(info["MemTotal"].split()[0])
+        return int(info["MemAvailable"].split()[0]) / total if total else 0.0
+    except (OSError, KeyError, ValueError):
+        return 0.0
+
+
 class Ahead:
     """Runs isolated instances on background threads; one :class:`Ran` per node id."""
 
-    def __init__(self, runner: Runner, workers: int) -> None:
+    def __init__(self, runner: Runner, workers: int,
+                 memory_floor: float | None = None) -> None:
         self.runner = runner
         self.executor = ThreadPoolExecutor(max_workers=workers,
                                            thread_name_prefix="collective-ahead")
@@ -67,7 +93,8 @@ class Ahead:
         # One slot per run that holds a pool (running, or finished and not taken yet), given
         # in the order of submission (the order pytest will want them in).
         self.cond = threading.Condition(self.lock)
-        self.free = max(1, workers)
+        self.workers = max(1, workers)
+        self.memory_floor = memory_floor
         self.queue: list[str] = []  # node ids waiting for a slot, in submission order
         self.holding: set[str] = set()  # node ids whose run holds a slot
         # Items pytest went past without taking their run (it takes them in submission order):
@@ -101,19 +128,26 @@ class Ahead:
                         self.queue.remove(nodeid)
                     self.cond.notify_all()
                     return False
-                if self.free and self.queue[0] == nodeid:
+                if self.queue[0] == nodeid and self._room():
                     self.queue.pop(0)
-                    self.free -= 1
                     self.holding.add(nodeid)
                     self.cond.notify_all()
                     return True
-                self.cond.wait()
+                # Memory frees without a notification (another process's): look again soon.
+                self.cond.wait(MEMORY_POLL_S)
+
+    def _room(self) -> bool:
+        """Whether one more run may hold a pool (called with the lock held)."""
+        held = len(self.holding)
+        if held < self.workers:
+            return True
+        floor = MEMORY_FLOOR if self.memory_floor is None else self.memory_floor
+        return held < MOST_HELD and available_memory() >= floor
 
     def _release(self, nodeid: str) -> None:
         with self.cond:
             if nodeid in self.holding:
                 self.holding.discard(nodeid)
-                self.free += 1
                 self.cond.notify_all()
 
     def _launch(self, nodeid: str, prepared: Prepared) -> Ran:
