@@ -8,8 +8,9 @@ bash ci/setup.sh test,dev,docs
 # The docs site: a broken link or anchor, or a page missing from the nav, fails the build. Not -q:
 # mkdocs counts strict-mode warnings only at the log level it prints, so -q would let them pass.
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -d build/site 2>&1 | { grep -v '^INFO' || true; }
-# One process. Tried with four xdist workers (whole files each): 11 to 12.5 minutes idle on the
-# 2-core machine instead of about 19; the Ctrl-C tests that failed in some of those runs failed
-# because the runs were background jobs (SIGINT ignored, see tests/conftest.py), not because of
-# the workers. Four workers are the next step once a run of them is checked end to end.
-.venv/bin/python -m pytest tests/ -q "$@"
+# Four xdist workers, whole files each (--dist loadfile: a file's module fixtures, e.g. the
+# recorder's C++ kernel, are built once). On the 2-core machine: about 19 minutes serial idle,
+# 11 to 12.5 with four workers; a fresh clone passed with them in 34 minutes while other jobs
+# kept the load average at 10-30 (2026-11-27). The longest file (tests/test_record.py) sets
+# the floor of the wall time: split it before adding workers.
+.venv/bin/python -m pytest tests/ -q -n 4 --dist loadfile "$@"
