@@ -43,9 +43,8 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def rank_pids(marker: str, rank: int | None = None) -> list[int]:
-    """Pids of live processes whose environment carries ``marker`` and that are ranks (of
-    rank number ``rank`` only, when given: the process is named after it)."""
+def marked(marker: str) -> list[int]:
+    """Pids of every live (not zombie) process whose environment carries ``marker``."""
     pids: list[int] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -54,15 +53,28 @@ def rank_pids(marker: str, rank: int | None = None) -> list[int]:
             with open(f"/proc/{entry}/environ", "rb") as fh:
                 if marker.encode() not in fh.read():
                     continue
-            with open(f"/proc/{entry}/comm") as fh:
-                comm = fh.read().strip()
             with open(f"/proc/{entry}/stat") as fh:
-                state = fh.read().split(") ", 1)[1][0]
+                if fh.read().split(") ", 1)[1][0] == "Z":
+                    continue
         except OSError:
             continue
-        wanted = comm == f"coll-rank{rank}" if rank is not None else comm.startswith("coll-rank")
-        if wanted and state != "Z":
-            pids.append(int(entry))
+        pids.append(int(entry))
+    return pids
+
+
+def rank_pids(marker: str, rank: int | None = None) -> list[int]:
+    """Pids of live processes whose environment carries ``marker`` and that are ranks (of
+    rank number ``rank`` only, when given: the process is named after it)."""
+    want = f"coll-rank{rank}" if rank is not None else "coll-rank"
+    pids: list[int] = []
+    for pid in marked(marker):
+        try:
+            with open(f"/proc/{pid}/comm") as fh:
+                comm = fh.read().strip()
+        except OSError:
+            continue
+        if comm == want if rank is not None else comm.startswith(want):
+            pids.append(pid)
     return pids
 
 

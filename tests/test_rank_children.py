@@ -24,6 +24,7 @@ from harness.run.pool import PoolKey, PoolManager
 from .helpers import (
     HANG_S,
     load_report,
+    marked,
     outcomes,
     pytest_argv,
     rank_pids,
@@ -76,25 +77,6 @@ def helpers(marker: str) -> dict[int, int]:
         if not comm.startswith("coll-") and b"spawn_main" in cmdline:
             found[pid] = parent
     return found
-
-
-def marked(marker: str) -> list[int]:
-    """Every live process whose environment carries ``marker``."""
-    pids: list[int] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                if marker.encode() not in fh.read():
-                    continue
-            with open(f"/proc/{entry}/stat") as fh:
-                if fh.read().split(") ", 1)[1][0] == "Z":
-                    continue
-        except OSError:
-            continue
-        pids.append(int(entry))
-    return pids
 
 
 def _kill_all(marker: str) -> None:

@@ -47,11 +47,10 @@ FUTURE_S = 15.0  # how long a future may take (and BabyGloo's own timeout for a 
 RUN_S = 120.0  # the whole of one group's run; past it the processes are killed
 
 
-def _factory(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
-    """A torchft ProcessGroupGloo formed on the store torch hands a backend factory."""
-    from torchft.process_group import ProcessGroupGloo, ReconfigureOptions
+def _formed(pg: Any, store: Any, rank: int, size: int, timeout: timedelta) -> Any:
+    """``pg`` (a torchft process group) reconfigured over the store torch hands a factory."""
+    from torchft.process_group import ReconfigureOptions
 
-    pg = ProcessGroupGloo(timeout=timeout)
     store.set(f"handle/{rank}", pg.get_reconfigure_handle())
     if rank == 0:
         store.set("uuid", str(uuid.uuid4().int & ((1 << 63) - 1)))
@@ -62,23 +61,20 @@ def _factory(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
     opts.uuid, opts.handles, opts.timeout = int(cid), [h.decode() for h in handles], timeout
     pg.reconfigure(opts).wait()
     return pg
+
+
+def _factory(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
+    """A torchft ProcessGroupGloo formed on the store torch hands a backend factory."""
+    from torchft.process_group import ProcessGroupGloo
+
+    return _formed(ProcessGroupGloo(timeout=timeout), store, rank, size, timeout)
 
 
 def _baby_factory(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
     """A torchft ProcessGroupBabyGloo (its collectives run in a worker process it starts)."""
-    from torchft.process_group import ProcessGroupBabyGloo, ReconfigureOptions
+    from torchft.process_group import ProcessGroupBabyGloo
 
-    pg = ProcessGroupBabyGloo(timeout=timeout)
-    store.set(f"handle/{rank}", pg.get_reconfigure_handle())
-    if rank == 0:
-        store.set("uuid", str(uuid.uuid4().int & ((1 << 63) - 1)))
-    keys = ["uuid", *(f"handle/{r}" for r in range(size))]
-    store.wait(keys, timeout)
-    cid, *handles = store.multi_get(keys)
-    opts = ReconfigureOptions()
-    opts.uuid, opts.handles, opts.timeout = int(cid), [h.decode() for h in handles], timeout
-    pg.reconfigure(opts).wait()
-    return pg
+    return _formed(ProcessGroupBabyGloo(timeout=timeout), store, rank, size, timeout)
 
 
 def baby_main(rank: int, port: int, out: Any) -> None:
