@@ -11,6 +11,7 @@ NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -d build/site 2>&1 | { gre
 # Four xdist workers, whole files each (--dist loadfile: a file's module fixtures, e.g. the
 # recorder's C++ kernel, are built once). On the 2-core machine: about 19 minutes serial idle,
 # 11 to 12.5 with four workers; a fresh clone passed with them in 34 minutes while other jobs
-# kept the load average at 10-30 (2026-11-27). The longest file (tests/test_record.py) sets
+# kept the load average at 10-30, and `.ci/run` took 13.5 minutes in all at load 3-5
+# (2026-11-27). The longest file (tests/test_record.py) sets
 # the floor of the wall time: split it before adding workers.
 .venv/bin/python -m pytest tests/ -q -n 4 --dist loadfile "$@"
