@@ -212,7 +212,8 @@ def test_a_run_whose_item_never_came_frees_its_slot() -> None:
     from harness.plugin.ahead import Ahead
 
     runner = _Runner()
-    ahead = Ahead(runner, 1)  # type: ignore[arg-type]
+    # Memory short: one slot only, else n1's run starts beside n0's before n2 is taken.
+    ahead = Ahead(runner, 1, memory_floor=2.0)  # type: ignore[arg-type]
     try:
         for n in range(3):
             ahead.submit(f"n{n}", _Prepared(f"i{n}"))  # type: ignore[arg-type]
