@@ -63,7 +63,7 @@ def _ppid(pid: int) -> int:
 
 def helpers(marker: str) -> dict[int, int]:
     """Live helpers (pid -> parent pid): processes carrying ``marker`` that are neither
-    ranks nor their keepers nor pytest's own processes."""
+    ranks nor keepers nor pytest's own processes."""
     found: dict[int, int] = {}
     for pid in marked(marker):
         try:
@@ -142,7 +142,7 @@ def test_nothing_a_rank_started_outlives_a_sigkilled_pytest(tmp_path: Path) -> N
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=HANG_S)
         wait_for(lambda: not marked(marker), HANG_S,
-                 "every rank, keeper, helper and the forkserver to end with pytest")
+                 "every rank, helper, the keeper and the forkserver to end with pytest")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,4 +1,4 @@
-"""Whatever a rank starts ends with the rank: its process group and its keeper.
+"""Whatever a rank starts ends with the rank: its process group and the owner's keeper.
 
 A backend may start processes of its own from a rank: torchft's ``ProcessGroupBabyGloo`` runs
 its collectives in a worker it starts with ``multiprocessing``. Ranks are therefore ordinary
@@ -13,15 +13,24 @@ make everything a rank starts end with it, whatever happens:
   past its deadline, a rank that died, a failed start, Ctrl-C, the session's end.
 * A rank that dies on its own (a crash, an ``os._exit``, SIGKILL from outside, or the
   ``PR_SET_PDEATHSIG`` that follows pytest's death through the forkserver's) runs nothing at
-  its end, and a backend's child has no reason to notice. So :func:`lead_group` forks a keeper
-  from the rank before any thread exists: a small process in the rank's group that holds
-  ``PR_SET_PDEATHSIG`` on the rank and, when the rank is gone, kills the group, itself
-  included. It does nothing else, holds none of the rank's descriptors (the pool's pipes see
-  the rank's end, not the keeper's), and costs one fork of the rank per pool start.
+  its end, a backend's child has no reason to notice, and an idle pool does not look. So the
+  process that owns pools (pytest, an xdist worker, the fuzzer) starts one keeper, on its
+  first pool: a small standard-library-only Python process (``coll-keeper`` in ``ps``) told
+  each rank's pid (:func:`watch`). It holds a pidfd on every rank and on its owner; when a
+  rank is gone it kills the rank's group at once, and when the owner is gone it kills every
+  group it still watches and exits. It holds none of its owner's descriptors but the end of
+  its own pipe, so a reader of pytest's output sees end of file when pytest ends.
+
+One keeper per owner, not per rank: a keeper forked from each rank (the first version) cost
+about 2 ms of the rank's start for the fork of a process with torch loaded, plus about 4 ms of
+the keeper's CPU, per rank and pool start; the quick suite starts several hundred.
 
 A rank's group is killed with SIGKILL only: there is nothing to flush in a rank, and a
 backend's helper that must clean up after itself does so when its rank stops politely
 (``destroy_process_group``), before the keeper sees the rank go.
+
+This file runs as the keeper itself (``python -I -S keeper.py OWNER_PID``), so it imports
+nothing but the standard library.
 """
 
 from __future__ import annotations
@@ -29,68 +38,145 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import signal
+import subprocess
+import sys
+import threading
 
-PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
-# The keeper waits for this signal, which the kernel sends it when the rank dies; anyone else
-# sending it (a SIGTERM to the rank's group) ends the group the same way.
-RANK_GONE = signal.SIGTERM
+# Without pidfds (Linux before 5.3) the keeper looks at its ranks and owner this often.
+POLL_S = 0.25
 
 
-def _prctl(option: int, arg: int | bytes) -> bool:
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        return False
-    return bool(libc.prctl(option, arg, 0, 0, 0) == 0)
-
-
-def lead_group(rank: int) -> int:
-    """Make the calling rank the leader of a new process group and fork its keeper; returns
-    the keeper's pid (0 where it could not be started: then only the pool's kill ends the
-    rank's children). Call before any thread is started."""
+def lead_group() -> None:
+    """Make the calling rank the leader of a new process group, which whatever it starts
+    joins (then :func:`kill_group` ends them together)."""
     with contextlib.suppress(OSError):  # already a leader (started by a test on its own)
         os.setpgid(0, 0)
-    rank_pid = os.getpid()
-    try:
-        pid = os.fork()
-    except OSError:
-        return 0
-    if pid == 0:
-        _keep(rank, rank_pid)  # never returns
-    return pid
-
-
-def _keep(rank: int, rank_pid: int) -> None:
-    """The keeper's whole life: wait for the rank's end, then kill the rank's group."""
-    try:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {RANK_GONE})
-        _prctl(PR_SET_NAME, f"coll-keeper{rank}".encode()[:15])
-        armed = _prctl(PR_SET_PDEATHSIG, RANK_GONE)
-        # Nothing of the rank's: the pool sees the end of a rank's pipes when the rank ends,
-        # and a reader of pytest's output its end of file when pytest's processes end.
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        os.closerange(3, 1 << 20)
-    except BaseException:
-        os._exit(1)  # no keeper, but never a rank killed for the keeper's own failure
-    if not armed:
-        os._exit(1)
-    # The rank may have died before the death signal was armed: then it never comes.
-    if os.getppid() == rank_pid:
-        with contextlib.suppress(BaseException):
-            signal.sigwait({RANK_GONE})
-    with contextlib.suppress(OSError):
-        os.killpg(0, signal.SIGKILL)
-    os._exit(0)
 
 
 def kill_group(pid: int) -> None:
-    """SIGKILL the rank ``pid`` with every process in its group (its keeper, whatever it
-    started); the rank itself too if it had not made its group yet."""
+    """SIGKILL the rank ``pid`` with every process in its group (whatever it started); the
+    rank itself too if it had not made its group yet."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+
+
+# The owner's side: one keeper per process, started on the first watch(); a process forked
+# from its owner (os.getpid() differs) starts its own.
+_lock = threading.Lock()
+_keeper: subprocess.Popen[bytes] | None = None
+_keeper_owner = 0
+
+
+def _start_keeper() -> subprocess.Popen[bytes] | None:
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            close_fds=True, bufsize=0)
+    except OSError:
+        return None  # no keeper: the pool's own kills still end the ranks it sees end
+
+
+def watch(pid: int) -> None:
+    """Have this process's keeper kill rank ``pid``'s group when the rank ends, or when this
+    process does; starts the keeper on first use. Safe from several threads."""
+    global _keeper, _keeper_owner
+    with _lock:
+        for _attempt in range(2):  # a keeper that died is started again, once
+            if _keeper is None or _keeper_owner != os.getpid() or _keeper.poll() is not None:
+                _keeper, _keeper_owner = _start_keeper(), os.getpid()
+            if _keeper is None or _keeper.stdin is None:
+                return
+            try:
+                _keeper.stdin.write(f"{pid}\n".encode())
+                return
+            except OSError:
+                _keeper = None
+
+
+# The keeper's side.
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd on ``pid``, None where the system has none; raises ProcessLookupError if
+    ``pid`` is gone."""
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise
+    except (OSError, AttributeError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _serve(owner: int) -> None:
+    """The keeper's whole life: watch the ranks its owner names until the owner is gone."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        # Ctrl-C and a terminal's hangup reach the owner's whole process group; the owner
+        # handles them, and the keeper must outlive it to clean up after a hard death.
+        signal.signal(sig, signal.SIG_IGN)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").prctl(PR_SET_NAME, b"coll-keeper", 0, 0, 0)
+    ranks: dict[int, int | None] = {}  # rank pid -> its pidfd (None: looked at every POLL_S)
+    try:
+        owner_fd = _pidfd(owner)
+    except ProcessLookupError:
+        owner_fd = None
+    poller = select.poll()
+    poller.register(0, select.POLLIN)
+    if owner_fd is not None:
+        poller.register(owner_fd, select.POLLIN)
+    buffered = b""
+    by_fd: dict[int, int] = {}
+    while os.getppid() == owner:
+        polled = any(fd is None for fd in ranks.values()) or owner_fd is None
+        events = poller.poll(int(POLL_S * 1000) if polled else None)
+        if owner_fd is not None and any(fd == owner_fd for fd, _ in events):
+            break
+        if any(fd == 0 for fd, _ in events):
+            chunk = os.read(0, 4096)
+            if not chunk:
+                break  # the owner is gone (or closed its end: it wants its ranks ended)
+            lines = (buffered + chunk).split(b"\n")
+            buffered = lines.pop()[:32]
+            for line in lines:
+                if not line.strip().isdigit():
+                    continue
+                pid = int(line)
+                try:
+                    fd = _pidfd(pid)
+                except ProcessLookupError:
+                    kill_group(pid)  # gone before it was watched: its group may not be
+                    continue
+                ranks[pid] = fd
+                if fd is not None:
+                    by_fd[fd] = pid
+                    poller.register(fd, select.POLLIN)
+        gone = [by_fd[fd] for fd, _ in events if fd in by_fd]
+        gone += [pid for pid, fd in ranks.items() if fd is None and not _alive(pid)]
+        for pid in gone:
+            kill_group(pid)
+            fd = ranks.pop(pid, None)
+            if fd is not None:
+                poller.unregister(fd)
+                del by_fd[fd]
+                os.close(fd)
+    for pid in ranks:
+        kill_group(pid)
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]))

@@ -171,6 +171,7 @@ class RankPool:
                                name=f"collective-rank{r}", daemon=False)
             with without_main_module():
                 proc.start()
+            keeper.watch(proc.pid)
             child_conn.close()
             fr_recv.close()
             self.fr_requests.append(fr_send)

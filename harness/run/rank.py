@@ -174,7 +174,7 @@ def rank_main(cfg: RankConfig, conn: Any, progress: Any, fr_requests: Any = None
     """Entry point of a rank process (the target given to the forkserver)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _name_process(f"coll-rank{cfg.rank}")
-    keeper.lead_group(cfg.rank)  # before any thread: it forks
+    keeper.lead_group()  # before a backend could start anything
     _die_with_owner(cfg.owner_pid)
     _redirect_output(cfg.log_path)
     faulthandler.enable(file=sys.stderr, all_threads=True)  # a segfault leaves its stack
