@@ -140,6 +140,9 @@ def test_certify_refuses_a_backend_whose_groups_never_start(tmp_path: Path) -> N
     # The first line is the identity probes', with the start's error as its evidence.
     assert cert["why"][0].startswith("identity: ") and "daemonic" in cert["why"][0]
     assert cert["statuses"]["blocked"] == N - STRIKES
+    # The failed starts were of different cases on one pool: one cause, not one per case.
+    started = [c for c in cert["causes"] if "could not start" in c["cause"]]
+    assert [c["count"] for c in started] == [STRIKES], cert["causes"]
     # The library session's one line is repeated once by collective-certify.
     assert len([ln for ln in proc.stdout.splitlines() if SAID in ln]) == 1, proc.stdout
     lib = json.loads((tmp_path / "out" / "library.json").read_text())

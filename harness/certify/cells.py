@@ -14,6 +14,7 @@ from typing import Any
 
 from ..model import BAD_OUTCOMES
 from ..report.oneline import cause_of, one_line
+from ..run.pool import START_FAILED
 from ..run.ranklog import EARLIER
 
 BLOCKED = "blocked: "  # harness.runner.breaker's skip prefix
@@ -99,8 +100,12 @@ def cause(record: dict[str, Any]) -> str:
     """What a failed record failed on, with its particulars (numbers, paths) taken out, so
     that hundreds of results of one root cause read as one line: the gate's cause key, with
     the outcome and the case in front where no rank raised (a wrong value of broadcast and one
-    of all_reduce are different causes; one exception text is one cause, whatever the case)."""
-    reason = f"{record['outcome']}: {record.get('case', '?')}: {one_line(record)}"
+    of all_reduce are different causes; one exception text is one cause, whatever the case,
+    and so is one process group that could not start: the same pool serves every case)."""
+    text = one_line(record)
+    at = text.find(START_FAILED)
+    reason = (f"{record['outcome']}: {text[at:]}" if at >= 0
+              else f"{record['outcome']}: {record.get('case', '?')}: {text}")
     said = printed_error(record) if record["outcome"] == "hang" else ""
     return cause_of(record, f"{reason}; a blocked rank printed {said}" if said else reason)
 

@@ -67,6 +67,11 @@ class PoolKey:
     bind_device: bool = False
 
 
+# How a start failure's message begins, whatever instance met it (harness.certify.cells
+# groups such failures as one cause, not one per case).
+START_FAILED = "could not start a "
+
+
 class PoolStartError(RuntimeError):
     """The ranks could not form a process group (bad backend, missing device, ...).
 
@@ -220,7 +225,7 @@ class RankPool:
         if errors:
             self.kill()
             raise PoolStartError(
-                f"could not start a {self.key.backend} process group of {self.key.world_size} "
+                f"{START_FAILED}{self.key.backend} process group of {self.key.world_size} "
                 f"rank(s) on {self.key.device}: " + "; ".join(errors), causes=tuple(errors))
 
     def _rank_of(self, obj: Any) -> int:
