@@ -3,6 +3,8 @@ else does (issue 25: the fail-fast grace was a third of the quick suite's time).
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -87,19 +89,22 @@ def test_stranded_needs_every_pending_rank_in_a_collective_at_or_after_the_raise
 
 BUSY = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
 IDLE = "import time\ntime.sleep(30)\n"
+# A rank that sleeps while a worker it started runs (torchft's BabyGloo runs collectives so).
+WORKER = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {BUSY!r}])\n"
 
 
 def test_a_running_rank_is_never_taken_for_a_stranded_one(tmp_path: Path) -> None:
     """The process check: a rank that is still computing (on its way to raise, say) is
-    running and using CPU; a blocked one sleeps without any."""
+    running and using CPU, or its worker process is; a blocked one sleeps without any."""
     inst = one()
     raised = {0: RankResult(rank=0, status="raised", step=0)}
-    procs = {name: subprocess.Popen([sys.executable, "-c", code])
-             for name, code in (("busy", BUSY), ("idle", IDLE))}
+    # Each leads a process group, so that the worker's busy child is killed with it.
+    procs = {name: subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+             for name, code in (("busy", BUSY), ("idle", IDLE), ("worker", WORKER))}
     try:
         wait_for(lambda: (stranded.process_activity(procs["idle"].pid) or ("R",))[0] == "S",
                  HANG_S, "the idle process to sleep")
-        for name, settles in (("busy", False), ("idle", True)):
+        for name, settles in (("busy", False), ("idle", True), ("worker", False)):
             watch = stranded.StrandWatch(inst)
             pid = {1: procs[name].pid}
             states = [watch.settled(t, raised, {1: 0}, pid) for t in (0.0, 0.5)]
@@ -107,14 +112,14 @@ def test_a_running_rank_is_never_taken_for_a_stranded_one(tmp_path: Path) -> Non
                 assert states == [False, True], name
             else:
                 # its CPU time grows between the looks (or it is seen running): never settled
-                wait_for(lambda: (stranded.process_activity(procs["busy"].pid)
+                wait_for(lambda: (stranded.process_activity(procs[name].pid)  # noqa: B023
                                   or ("", 0))[1] > 0, HANG_S,
-                         "the busy process to use CPU time")
+                         f"the {name} process to use CPU time")
                 assert not any(watch.settled(t, raised, {1: 0}, pid)
                                for t in (1.0, 2.0, 3.0, 4.0)), name
     finally:
         for p in procs.values():
-            p.kill()
+            os.killpg(p.pid, signal.SIGKILL)
             p.wait()
     assert stranded.process_activity(procs["idle"].pid) is None  # gone: cannot be read
 

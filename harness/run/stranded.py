@@ -15,7 +15,8 @@ wait ends early only where the program's shape proves the blocked ranks are stra
 * every still-running rank's process is asleep and has used no CPU time (no thread of it: the
   backend's worker threads included) for :data:`SETTLE_S`, with its step unchanged: it is
   waiting, not still on its way into the call (a rank that is about to raise its own error is
-  running, or runnable under load, and so keeps the full grace).
+  running, or runnable under load, and so keeps the full grace). What the rank started counts
+  as the rank: a backend's worker process that is still running keeps the grace too.
 
 Then each blocked rank waits for a call that a raised rank has not made and never will (it left
 the program), and only the process group's own timeout could end the wait; ``--pg-timeout``
@@ -28,6 +29,7 @@ steps, async work, timeouts or declared step errors.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -36,6 +38,8 @@ from ..expr import Expr
 from ..model import Instance, RankResult, Step, flat_steps
 
 SETTLE_S = 0.2
+# Processes under one rank looked at (a backend's workers); more are not read.
+MOST_DESCENDANTS = 64
 # A process group timeout at least this long cannot fire inside the grace period.
 LONG_TIMEOUT_S = 60.0
 # Arguments that give a call a deadline of its own.
@@ -89,9 +93,8 @@ def stranded(inst: Instance, raised: Mapping[int, RankResult],
     return True
 
 
-def process_activity(pid: int) -> tuple[str, int] | None:
-    """(state of the main thread, CPU clock ticks of all threads) from ``/proc``; None when
-    it cannot be read (another OS, the process gone)."""
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state of the main thread, CPU clock ticks of all threads) of one process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             text = fh.read(4096).decode("ascii", "replace")
@@ -101,6 +104,49 @@ def process_activity(pid: int) -> tuple[str, int] | None:
     if len(fields) < 13 or not fields[11].isdigit() or not fields[12].isdigit():
         return None
     return fields[0], int(fields[11]) + int(fields[12])
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started and theirs (at most :data:`MOST_DESCENDANTS`), from the
+    ``children`` lists of their threads; those that cannot be read are left out."""
+    found: list[int] = []
+    todo = [pid]
+    while todo and len(found) < MOST_DESCENDANTS:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children", "rb") as fh:
+                    kids = [int(k) for k in fh.read(65536).split() if k.isdigit()]
+            except OSError:
+                continue
+            found.extend(kids)
+            todo.extend(kids)
+    return found[:MOST_DESCENDANTS]
+
+
+def process_activity(pid: int) -> tuple[str, int] | None:
+    """(state, CPU clock ticks) of rank ``pid`` from ``/proc``, counting what the rank started:
+    a backend may run its collectives in a worker process (torchft's BabyGloo), where a rank
+    that is about to raise does its work while the rank itself sleeps on a pipe. The state is
+    the rank's main thread's unless a descendant is running or in uninterruptible sleep (then
+    that one's); the ticks are summed over the rank's threads and its descendants'. None when
+    the rank cannot be read (another OS, the process gone)."""
+    own = _stat(pid)
+    if own is None:
+        return None
+    state, ticks = own
+    for child in _descendants(pid):
+        act = _stat(child)
+        if act is None:
+            continue  # ended meanwhile: the sum changes, which keeps the grace
+        ticks += act[1]
+        if act[0] in ("R", "D"):
+            state = act[0]
+    return state, ticks
 
 
 @dataclass
