@@ -176,6 +176,10 @@ class _Runner:
     def __init__(self) -> None:
         self.alive, self.most = [0], [0]
         self.launched: list[str] = []
+        self.hung: set[str] = set()  # instances whose need hung twice (Runner.hung_need)
+
+    def hung_need(self, inst: str) -> str:
+        return "blocked: op x hung in a and b" if inst in self.hung else ""
 
     def launch(self, prepared: Any, on_wait: Any = None, started: Any = None) -> Any:
         from harness.runner.execute import Launched
@@ -220,6 +224,32 @@ def test_a_run_whose_item_never_came_frees_its_slot() -> None:
         wait_for(lambda: len(runner.launched) == 1, HANG_S, "the first run ahead")
         # n0's item never takes its run (it failed in the harness): taking n2's run drops
         # n0's (its pool killed, its slot freed) and n1's, instead of waiting forever.
+        got = ahead.take("n2", "i2", lambda _: None)  # type: ignore[arg-type]
+        assert got is not None and not isinstance(got, Exception)
+        got.pool.kill()
+        assert runner.launched == ["i0", "i2"] and runner.alive[0] == 0
+    finally:
+        ahead.close()
+
+
+def test_a_run_ahead_whose_need_hung_since_it_was_submitted_starts_no_pool() -> None:
+    # BabyGloo's subgroup instances, submitted at the session's start, each started a group
+    # of worker interpreters and hung to the deadline after the breaker had tripped on
+    # subgroups, while their items were skipped as blocked.
+    from harness.plugin.ahead import Ahead
+
+    runner = _Runner()
+    ahead = Ahead(runner, 1, memory_floor=2.0)  # type: ignore[arg-type]  # one slot
+    try:
+        for n in range(3):
+            ahead.submit(f"n{n}", _Prepared(f"i{n}"))  # type: ignore[arg-type]
+        wait_for(lambda: len(runner.launched) == 1, HANG_S, "the first run ahead")
+        runner.hung.add("i1")  # the breaker trips while i1 waits for the slot
+        got = ahead.take("n0", "i0", lambda _: None)  # type: ignore[arg-type]
+        assert got is not None and not isinstance(got, Exception)
+        got.pool.kill()
+        # No run for n1: its item prepares again (and is skipped as blocked).
+        assert ahead.take("n1", "i1", lambda _: None) is None  # type: ignore[arg-type]
         got = ahead.take("n2", "i2", lambda _: None)  # type: ignore[arg-type]
         assert got is not None and not isinstance(got, Exception)
         got.pool.kill()

@@ -23,6 +23,12 @@ the session, so two finished runs took both slots and the rest ran in turn (quic
 13.8 -> 25.9 ms per instance). The run of an item pytest went past without taking it is
 dropped (its pool killed), so no slot waits for an item that never comes.
 
+An instance is submitted only when its item would run it, and asked again when its slot
+comes: a need that hung twice since (``--after-hang skip``) makes its item a blocked skip, and
+its run then never starts a pool. On torchft's BabyGloo, whose subgroups never form, the runs
+ahead of the subgroup instances each started a group of worker interpreters and waited out
+the deadline after the breaker had stopped their items.
+
 Must not: run an instance its item would skip, judge a run of any other instance than the one
 the item resolved, produce a record by itself (only the item does, once), write to the
 terminal from a background thread, or leave a pool running after the session: :meth:`close`
@@ -111,6 +117,13 @@ class Ahead:
     def _run(self, nodeid: str, prepared: Prepared) -> Ran:
         if not self._acquire(nodeid):
             return Ran(prepared.instance, failed=True)  # its item runs the ordinary way
+        if self.runner.hung_need(prepared.instance):
+            # What it needs hung twice since it was submitted (--after-hang skip); the
+            # breaker never resets, so its item is skipped as blocked: a pool started now
+            # (a worker interpreter per rank on some backends) and a run to the deadline
+            # would be for nothing. Its item prepares again and records the skip.
+            self._release(nodeid)
+            return Ran(prepared.instance, failed=True)
         ran = self._launch(nodeid, prepared)
         if ran.launched is None:  # no pool is left running
             self._release(nodeid)

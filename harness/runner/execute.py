@@ -110,10 +110,17 @@ class Runner:
         # An isolated instance may have run ahead of its turn, its failed start among those
         # that tripped the start breaker: its record is that error, not a skip.
         blocked = (self.starts.blocked(self.key(inst), inst.key if inst.isolate else "")
-                   or (self.breaker.blocked(inst) if self.breaker else ""))
+                   or self.hung_need(inst))
         if blocked and not prepared.skip:
             prepared = replace(prepared, skip=blocked)
         return prepared
+
+    def hung_need(self, inst: Instance) -> str:
+        """Why ``inst`` is skipped as blocked because what it needs hung before
+        (``--after-hang skip``, :mod:`harness.runner.breaker`), "" while it runs. The breaker
+        never resets, so an instance blocked now is skipped when its item is reached: a run
+        ahead of its turn asks this before it starts a pool (:mod:`harness.plugin.ahead`)."""
+        return self.breaker.blocked(inst) if self.breaker else ""
 
     def news(self) -> list[str]:
         """What the breakers stopped since the last call, one line each, said once (the front
