@@ -7,6 +7,7 @@ That the variables really reach the ranks is shown by the bundled
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,8 @@ from harness.casefile import load as yamlload
 from harness.errors import CaseFileError, CaseFileErrors
 from harness.model import Instance
 from harness.run.pool import PoolKey
+
+from .helpers import run_pytest, write_case_file
 
 
 def instances(body: str, backend: str = "gloo") -> list[Instance]:
@@ -67,3 +70,32 @@ def test_nccl_variables_need_a_nccl_only_case() -> None:
     assert instances("env: {TORCH_NCCL_NAN_CHECK: 1}\nbackends: [nccl]\n") == []
     (inst,) = instances("env: {TORCH_NCCL_NAN_CHECK: 1}\nbackends: [nccl]\n", backend="nccl")
     assert inst.env == (("TORCH_NCCL_NAN_CHECK", "1"),)
+
+
+def test_a_session_runs_the_instances_of_one_pool_together(tmp_path: Path) -> None:
+    # Between two plain cases of the same world size, cases with an environment of their own
+    # and a timeout of their own: the two pools kept (--max-pools 2) made the plain pool close
+    # and start again. Sorted by the whole pool key, each pool's instances are together, so
+    # no pool is needed again after it was closed.
+    text = """
+    cases:
+      - {name: plain_a, op: all_reduce, world_size: 2, shape: [2], input: "i"}
+      - {name: debug_info, op: all_reduce, world_size: 2, shape: [2], input: "i",
+         env: {TORCH_DISTRIBUTED_DEBUG: INFO}}
+      - {name: timed, op: all_reduce, world_size: 2, shape: [2], input: "i", pg_timeout: 30}
+      - {name: debug_detail, op: all_reduce, world_size: 2, shape: [2], input: "i",
+         env: {TORCH_DISTRIBUTED_DEBUG: DETAIL}}
+      - {name: plain_b, op: all_reduce, world_size: 2, shape: [2], input: "i"}
+    """
+    proc = run_pytest(write_case_file(tmp_path, text), "c.yaml", "--collect-only", "-q",
+                      "--no-report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    order = [ln.split("::")[1].split("[")[0] for ln in proc.stdout.splitlines()
+             if ln.startswith("c.yaml::")]
+    assert sorted(order) == sorted(["plain_a", "debug_info", "timed", "debug_detail",
+                                    "plain_b"]), proc.stdout
+    pools = [{"debug_info": "info", "debug_detail": "detail", "timed": "timed"}.get(n, "plain")
+             for n in order]
+    # Each pool's instances in one run: as many runs as pools.
+    runs = [p for i, p in enumerate(pools) if i == 0 or pools[i - 1] != p]
+    assert len(runs) == len(set(pools)) == 4, order

@@ -144,7 +144,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         keep.append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    # Group instances by pool so each pool starts once; other tests keep their order.
+    # Group instances by pool so each pool starts once (CaseItem.pool_key); other tests keep
+    # their order.
     others = [i for i in keep if not isinstance(i, CaseItem)]
     case_items = sorted((i for i in keep if isinstance(i, CaseItem)), key=CaseItem.pool_key)
     cases: list[pytest.Item] = list(case_items)

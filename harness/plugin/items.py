@@ -59,8 +59,16 @@ class CaseItem(pytest.Item):
             self.user_properties.append((key, value))
 
     def pool_key(self) -> tuple[Any, ...]:
+        """What the session sorts its instances by, so that the instances of one pool are
+        together: everything of :func:`harness.runner.prepare.pool_key` that comes from the
+        instance. Without the environment, process-group timeout and device binding a case
+        sets, its instances fell between others of the same world size, and the pools kept
+        (two by default, the least recently used closed first) were closed by them and
+        started again: five more pool starts over the bundled library, each several seconds
+        on a backend whose ranks start a worker interpreter (torchft's BabyGloo)."""
         inst = self.instance
-        return (inst.backend, inst.device, inst.world_size, inst.isolate)
+        return (inst.backend, inst.device, inst.world_size, inst.isolate, inst.env,
+                inst.pg_timeout is not None, inst.pg_timeout or 0.0, inst.bind_device)
 
     def setup(self) -> None:
 
