@@ -258,6 +258,30 @@ def test_a_run_ahead_whose_need_hung_since_it_was_submitted_starts_no_pool() -> 
         ahead.close()
 
 
+def test_the_runner_says_a_need_hung_twice_only_with_the_breaker_on() -> None:
+    # What a run ahead asks before it starts a pool: the session's own hang breaker.
+    from harness.model import InstanceResult, RankState
+    from harness.runner.execute import Runner
+    from harness.runner.settings import RunSettings
+    from tests.helpers import case_instances
+
+    a, b, c = case_instances("""
+cases:
+  - {name: a, op: all_reduce, world_size: 2, input: "rank", shape: [2]}
+  - {name: b, op: all_reduce, world_size: 2, input: "rank", shape: [3]}
+  - {name: c, op: broadcast, world_size: 2, input: "rank", shape: [2], args: {src: 0}}
+""")
+    hung = InstanceResult("hang", "", states=[RankState(0, "blocked", step=0)])
+    skip = Runner(RunSettings(after_hang="skip"), caps=object())  # type: ignore[arg-type]
+    assert skip.breaker is not None
+    skip.breaker.observe(a, hung)
+    assert skip.hung_need(b) == ""  # one case is not enough
+    skip.breaker.observe(b, hung)
+    assert skip.hung_need(a).startswith("blocked: op all_reduce hung in ")
+    assert skip.hung_need(c) == ""  # another op still runs
+    assert Runner(RunSettings(), caps=object()).hung_need(a) == ""  # type: ignore[arg-type]
+
+
 def test_runs_ahead_hold_more_pools_than_threads_while_memory_allows() -> None:
     # Isolated instances wait for their items until late in a session: bounded by threads
     # alone, two finished runs took both slots and the rest of the quick suite's isolated

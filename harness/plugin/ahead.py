@@ -25,9 +25,11 @@ dropped (its pool killed), so no slot waits for an item that never comes.
 
 An instance is submitted only when its item would run it, and asked again when its slot
 comes: a need that hung twice since (``--after-hang skip``) makes its item a blocked skip, and
-its run then never starts a pool. On torchft's BabyGloo, whose subgroups never form, the runs
-ahead of the subgroup instances each started a group of worker interpreters and waited out
-the deadline after the breaker had stopped their items.
+its run then never starts a pool. Without that, a run still waiting for its slot when the
+breaker tripped started a pool (on torchft's BabyGloo a worker interpreter per rank) and, on a
+backend whose subgroups never form, waited out the deadline, for an item that was skipped.
+Runs already started when the breaker trips end as before (their items are skipped and the
+runs dropped).
 
 Must not: run an instance its item would skip, judge a run of any other instance than the one
 the item resolved, produce a record by itself (only the item does, once), write to the
