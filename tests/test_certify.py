@@ -394,6 +394,49 @@ cases:
     assert breaker.blocked(plain[0]).startswith("blocked: op all_reduce hung in ")
 
 
+def test_a_hang_waiting_for_async_work_stops_the_async_op_only() -> None:
+    """torchft's BabyGloo loses futures held in flight (futures_in_flight and
+    works_waited_out_of_order hang in their wait and future steps) while its blocking
+    all_reduce completes: the two hangs stop async all_reduce, not every all_reduce."""
+    from harness.model import InstanceResult, RankState
+    from harness.runner.breaker import Breaker
+    from tests.helpers import case_instances
+
+    held, out_of_order, sync, other_async = case_instances("""
+cases:
+  - name: held
+    world_size: 2
+    tensors: {a: {shape: [2], init: "rank"}}
+    steps:
+      - {op: all_reduce, tensor: a, async: true, handle: ha}
+      - {future: ha, tensor: a, held: true}
+      - {wait: ha}
+    expected: {a: 1}
+  - name: out_of_order
+    world_size: 2
+    tensors: {a: {shape: [2], init: "rank"}, b: {shape: [2], init: "rank"}}
+    steps:
+      - {op: all_reduce, tensor: a, async: true, handle: ha}
+      - {op: all_reduce, tensor: b, async: true, handle: hb}
+      - {wait: hb}
+      - {wait: ha}
+    expected: {a: 1, b: 1}
+  - {name: sync, op: all_reduce, world_size: 2, input: "rank", shape: [2]}
+  - {name: other_async, op: all_reduce, world_size: 2, input: "rank", shape: [2], async: true}
+""")
+    breaker = Breaker()
+    breaker.observe(held, InstanceResult("hang", "", states=[RankState(0, "blocked", step=1)]))
+    breaker.observe(out_of_order,
+                    InstanceResult("hang", "", states=[RankState(1, "blocked", step=3)]))
+    assert breaker.blocked(sync) == ""
+    assert breaker.blocked(other_async).startswith(
+        "blocked: op all_reduce with capability async hung in ")
+    assert breaker.news() == [
+        "--after-hang skip: the ranks hung in 2 cases (" + held.key + " and "
+        + out_of_order.key + "), so op all_reduce with capability async is sent to this "
+        "backend no more: later instances that need it are skipped as blocked"]
+
+
 def test_the_breaker_stops_subgroups_whose_groups_never_form() -> None:
     """Ranks blocked while an instance's groups are made (before its first step, or in a
     new_group step) hung on subgroups, not on the op: subgroup instances of any op are
