@@ -46,10 +46,34 @@ def shipped_on_gloo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return load_report(where / "ok.json")
 
 
+@pytest.fixture(scope="module")
+def shipped_on_the_mutant(tmp_path_factory: pytest.TempPathFactory
+                          ) -> dict[str, dict[str, Any]]:
+    """The committed recordings replayed on the mutant backend, one child session per fault
+    with every workload that fault is chosen for (DTensor and FSDP2 share one): the report of
+    each workload's session, by workload."""
+    where = tmp_path_factory.mktemp("mutant")
+    got: dict[str, dict[str, Any]] = {}
+    for fault in sorted(set(WORKLOADS.values())):
+        names = sorted(n for n, f in WORKLOADS.items() if f == fault)
+        out = where / f"{fault}.json"
+        res = run_pytest(REPO, *(str(_shipped(n)) for n in names), "-q", "--backend-module",
+                         "harness.mutate.backend", "--backend", "mutant", "--report-json",
+                         str(out), extra_env={"COLLECTIVE_MUTANT": fault})
+        assert res.returncode != 0, res.stdout
+        got.update(dict.fromkeys(names, load_report(out)))
+    return got
+
+
+def _records_of(report: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [r for r in report["records"] if r["file"] == f"cases/recorded/{name}.yaml"]
+
+
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_a_workload_recorded_replays_on_gloo_and_the_mutant_fails(
         tmp_path: Path, name: str, request: pytest.FixtureRequest,
-        shipped_on_gloo: dict[str, Any]) -> None:
+        shipped_on_gloo: dict[str, Any], shipped_on_the_mutant: dict[str, dict[str, Any]]
+) -> None:
     if name == "ddp_buckets":  # recorded once for this test and the next one
         recorded, res = request.getfixturevalue("ddp_recorded")
         tmp_path = recorded
@@ -60,15 +84,14 @@ def test_a_workload_recorded_replays_on_gloo_and_the_mutant_fails(
     # the committed file is what the recorder writes today (only the header comment differs)
     assert cases_of(tmp_path / "out.yaml") == cases_of(shipped)
     assert shipped_on_gloo["summary"]["verdict"] == "PASS"
-    mine = [r for r in shipped_on_gloo["records"]
-            if r["file"] == f"cases/recorded/{name}.yaml"]
+    mine = _records_of(shipped_on_gloo, name)
     assert {r["case"] for r in mine} == {str(c["name"]) for c in cases_of(shipped)}
     assert all(r["outcome"] == "passed" for r in mine), [(r["key"], r["outcome"]) for r in mine]
-    bad = run_pytest(REPO, str(shipped), "-q", "--backend-module", "harness.mutate.backend",
-                     "--backend", "mutant", "--report-json", str(tmp_path / "bad.json"),
-                     extra_env={"COLLECTIVE_MUTANT": WORKLOADS[name]})
-    assert bad.returncode != 0, bad.stdout
-    assert load_report(tmp_path / "bad.json")["summary"]["verdict"] == "FAIL"
+    bad = shipped_on_the_mutant[name]
+    assert bad["summary"]["verdict"] == "FAIL"
+    # the fault chosen for this workload fails a case of this workload's own file
+    assert any(r["outcome"] == "failed" for r in _records_of(bad, name)), [
+        (r["key"], r["outcome"]) for r in _records_of(bad, name)]
 
 
 def test_the_ddp_workload_has_several_buckets_and_the_initial_broadcast() -> None:
