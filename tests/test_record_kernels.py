@@ -173,3 +173,15 @@ def test_a_kernel_built_before_is_loaded_without_a_word(tmp_path: Path,
     assert native.load_announced("collective-record") == "module"
     assert capsys.readouterr().err == ""
 
+
+
+def test_another_torch_install_builds_into_a_folder_of_its_own() -> None:
+    """Two environments (venvs) on one machine wrote build files naming different torch headers
+    and libraries into one build folder and rebuilt it in turn: minutes each on a busy machine,
+    with every recorder on the machine waiting on the build's lock. The torch install is part
+    of the kernel's name, so each builds and keeps its own."""
+    import torch
+    here = str(Path(torch.__file__).resolve().parent)
+    assert native.torch_dir() == here
+    assert native.kernel_name(here) == native.NAME
+    assert native.kernel_name("/another/venv/lib/python3.11/site-packages/torch") != native.NAME
