@@ -3,8 +3,11 @@ for in raises/hangs/crashes, and a reused pool cannot hand a later instance stal
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import multiprocessing.connection
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ from harness.bench.overhead import bench_rejection
 from harness.casefile import expand, overrides, validate
 from harness.casefile import load as yamlload
 from harness.model import Instance
+from harness.run import forkserver
 from harness.run.capabilities import probe
 from harness.run.pool import ForeignAnswerError, PoolKey, PoolManager, RankPool
 from harness.run.rank import encode
@@ -436,3 +440,29 @@ def test_bundled_all_gather_size_mismatch_says_what_each_rank_did(tmp_path: Path
     assert res.outcome == "limitation", res.message  # a Gloo override declares it
     assert "rank 0 blocked" in res.message and "rank 1 raised" in res.message
     assert bare.outcome == "hang" and "rank 0 blocked" in bare.message
+
+
+
+def test_an_interrupt_right_after_a_rank_started_still_kills_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM (raised as KeyboardInterrupt) that lands just after a rank's process started,
+    before the pool had listed it, left that rank alive: multiprocessing's exit handler then
+    joined it while it waited for its peer until the process-group timeout (600 s), and the
+    session took ten minutes to end. The pool lists a rank before starting it."""
+    real = forkserver.without_main_module
+
+    @contextlib.contextmanager
+    def then_interrupted() -> Iterator[None]:
+        with real():
+            yield
+        raise KeyboardInterrupt("SIGTERM")  # as the handler raises it, after the start
+
+    before = set(multiprocessing.active_children())
+    monkeypatch.setattr("harness.run.pool.without_main_module", then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        RankPool(KEY)
+    started = [p for p in multiprocessing.active_children() if p not in before]
+    for p in started:  # never left waiting for its peer, whatever the verdict
+        p.kill()
+        p.join()
+    assert not started, "the rank started before the interrupt was left running"

@@ -174,13 +174,16 @@ class RankPool:
             # multiprocessing's handler and so run before it joins its children.
             proc = ctx.Process(target=rank_main, args=(cfg, child_conn, progress, fr_recv),
                                name=f"collective-rank{r}", daemon=False)
+            # Listed before it starts: a KeyboardInterrupt (SIGTERM) right after the start left
+            # an unlisted rank that kill() missed and multiprocessing's exit handler joined while
+            # it waited for its peers, up to the process-group timeout (a 600 s session end).
+            self.procs.append(proc)
             with without_main_module():
                 proc.start()
             keeper.watch(proc.pid)
             child_conn.close()
             fr_recv.close()
             self.fr_requests.append(fr_send)
-            self.procs.append(proc)
             self.conns.append(parent_conn)
             self.progress.append(progress)
 
@@ -501,7 +504,8 @@ class RankPool:
                 if p.pid is not None:
                     keeper.kill_group(p.pid)  # the rank and whatever it started
             for p in self.procs:
-                p.join(2.0)
+                if p.pid is not None:  # not one listed but never started
+                    p.join(2.0)
             for c in (*self.conns, *self.fr_requests):
                 c.close()
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -11,15 +11,16 @@ It needs a C++ compiler and torch's headers (both come with a usual torch instal
 ``g++``); ``collective-record`` builds it before starting the program (about 30 s the first
 time on an idle machine, minutes on a busy one, announced on stderr; then cached under
 ``TORCH_EXTENSIONS_DIR``, from a copy of the sources there so that every checkout of the same
-sources finds the one build), and the ranks load the built module. Where it cannot be built,
-recording uses the Python kernel and says so. The ``_c10d_functional::`` ops (DTensor, FSDP2)
-stay on the Python kernel either way: matching their ``wait_tensor`` needs the Python tensor
-objects.
+sources finds the one build; each torch install, e.g. each venv, builds its own), and the
+ranks load the built module. Where it cannot be built, recording uses the Python kernel and
+says so. The ``_c10d_functional::`` ops (DTensor, FSDP2) stay on the Python kernel either way:
+matching their ``wait_tensor`` needs the Python tensor objects.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -38,12 +39,31 @@ SOURCES = (SOURCE, HERE / "guard.cpp", HERE / "digest.cpp")
 HEADERS = (HERE / "common.h", HERE / "digest.h", HERE / "digest_loops.h")
 # Without contraction into fused multiply-adds the C++ digests add in digest.py's order.
 CFLAGS = ["-O3", "-ffp-contract=off"]
-# Named by the sources' hash: worktrees or installs with different sources then build into
-# folders of their own instead of rebuilding one folder in turn (torch's builder keys its
-# cache by name only across processes).
-NAME = "collective_record_hook_" + hashlib.sha256(
-    b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS)) + " ".join(CFLAGS).encode()
-).hexdigest()[:12]
+
+
+def kernel_name(torch_home: str) -> str:
+    """The kernel's module name, which names its build folder: the hash of the sources, the
+    flags and the torch install at ``torch_home``.
+
+    Why: torch's builder keys its cache by name only across processes. Worktrees or installs
+    with different sources then build into folders of their own instead of rebuilding one
+    folder in turn; so do two environments (two venvs) with the same sources, whose build
+    files name different torch headers and libraries: sharing one folder, each rebuilt it
+    when the other had (minutes on a busy machine, every recorder waiting on its lock)."""
+    data = b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
+    return "collective_record_hook_" + hashlib.sha256(
+        data + " ".join(CFLAGS).encode() + b"\0" + torch_home.encode()).hexdigest()[:12]
+
+
+def torch_dir() -> str:
+    """Where the torch package this process would import lies, found without importing it
+    ("" where there is none)."""
+    spec = importlib.util.find_spec("torch")
+    places = list(spec.submodule_search_locations or []) if spec is not None else []
+    return str(Path(places[0]).resolve()) if places else ""
+
+
+NAME = kernel_name(torch_dir())
 _MODULE: list[Any] = []  # the loaded extension, once
 
 
