@@ -185,3 +185,25 @@ def test_another_torch_install_builds_into_a_folder_of_its_own() -> None:
     assert native.torch_dir() == here
     assert native.kernel_name(here) == native.NAME
     assert native.kernel_name("/another/venv/lib/python3.11/site-packages/torch") != native.NAME
+
+
+def test_a_build_killed_mid_way_does_not_stop_every_later_load(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's builder waits without end while its lock file exists; a build killed mid-way
+    leaves it. Every load of the harness takes its own lock first (released when its holder
+    dies), under which a torch lock file is known to be stale and is removed."""
+    from torch.utils import cpp_extension
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "_MODULE", [])
+    folder = native.build_folder()
+    assert folder is not None
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "lock").write_bytes(b"")  # what a killed build leaves
+
+    def builder(name: str, *args: object, **kwargs: object) -> str:
+        assert not (folder / "lock").exists(), "torch's builder would wait for it forever"
+        return "module"
+
+    monkeypatch.setattr(cpp_extension, "load", builder)
+    assert native.load() == "module"
+

@@ -19,6 +19,8 @@ matching their ``wait_tensor`` needs the Python tensor objects.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import logging
@@ -27,6 +29,7 @@ import shutil
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +85,7 @@ def load(verbose: bool = False) -> Any:
     level = log.level
     log.setLevel(logging.ERROR)  # its compiler warnings would be lines a user cannot act on
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), build_lock(build_folder()):
             warnings.simplefilter("ignore")
             mod = cpp_extension.load(NAME, _stable_sources(cpp_extension), extra_cflags=CFLAGS,
                                      verbose=verbose)
@@ -94,6 +97,35 @@ def load(verbose: bool = False) -> Any:
         log.setLevel(level)
     _MODULE.append(mod)
     return mod
+
+
+@contextlib.contextmanager
+def build_lock(folder: Path | None) -> Iterator[None]:
+    """Hold the harness's own lock on ``folder`` around torch's builder, and remove torch's
+    lock file found there meanwhile.
+
+    Why: torch's lock is a file whose existence is the lock. A build killed mid-way (a first
+    ``collective-record`` stopped with Ctrl-C, a CI job cancelled) leaves it behind, and torch
+    then waits for it without end in every later load on the machine, built or not. This lock
+    (``flock``) is released by the kernel when its holder dies, and every load of the harness
+    holds it around torch's: a torch lock file seen while holding it was left by a build that
+    no longer runs."""
+    if folder is None:
+        yield
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / "harness.flock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # an unwritable cache folder: the build itself will say why
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another process's build: waiting for it is right
+        with contextlib.suppress(FileNotFoundError):
+            (folder / "lock").unlink()
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def build_folder() -> Path | None:
