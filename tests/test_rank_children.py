@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 import uuid
 from pathlib import Path
@@ -19,6 +21,7 @@ from pathlib import Path
 from harness.casefile import expand, validate
 from harness.casefile import load as yamlload
 from harness.model import Instance
+from harness.run import keeper
 from harness.run.pool import PoolKey, PoolManager
 
 from .helpers import (
@@ -148,3 +151,32 @@ def test_nothing_a_rank_started_outlives_a_sigkilled_pytest(tmp_path: Path) -> N
             proc.kill()
         proc.communicate()
         _kill_all(marker)
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return [int(k) for k in fh.read().split()]
+
+
+def test_a_keeper_whose_owner_died_before_it_read_still_ends_the_ranks_it_was_sent() -> None:
+    """On a busy machine the owner can be killed before its keeper has read the pids in its
+    pipe (or even run): the keeper reads them after the owner is gone and ends their groups."""
+    rank = subprocess.Popen(["sh", "-c", "sleep 600 & wait"], start_new_session=True)
+    try:
+        wait_for(lambda: bool(_children(rank.pid)), HANG_S, "the rank's child to start")
+        [child] = _children(rank.pid)
+        gone = subprocess.Popen(["true"])
+        gone.wait()  # its pid names no process any more: an owner already dead
+        watcher = subprocess.Popen([sys.executable, "-I", "-S", keeper.__file__, str(gone.pid)],
+                                   stdin=subprocess.PIPE)
+        assert watcher.stdin is not None
+        watcher.stdin.write(f"{rank.pid}\n".encode())
+        watcher.stdin.close()
+        assert watcher.wait(timeout=HANG_S) == 0
+        assert rank.wait(timeout=HANG_S) == -signal.SIGKILL
+        wait_for(lambda: not os.path.exists(f"/proc/{child}"), HANG_S,
+                 "the rank's child to end with its group")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(rank.pid, signal.SIGKILL)
+        rank.wait()

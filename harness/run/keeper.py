@@ -122,6 +122,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _pids(buffered: bytes, chunk: bytes) -> tuple[list[int], bytes]:
+    """The pids in ``buffered + chunk`` (one per line) and what is left of an unended line."""
+    lines = (buffered + chunk).split(b"\n")
+    rest = lines.pop()[:32]
+    return [int(line) for line in lines if line.strip().isdigit()], rest
+
+
 def _serve(owner: int) -> None:
     """The keeper's whole life: watch the ranks its owner names until the owner is gone."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -131,16 +138,31 @@ def _serve(owner: int) -> None:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").prctl(PR_SET_NAME, b"coll-keeper", 0, 0, 0)
     ranks: dict[int, int | None] = {}  # rank pid -> its pidfd (None: looked at every POLL_S)
+    by_fd: dict[int, int] = {}
+    poller = select.poll()
+    poller.register(0, select.POLLIN)
+    buffered = b""
+
+    def watch_all(pids: list[int]) -> None:
+        for pid in pids:
+            try:
+                fd = _pidfd(pid)
+            except ProcessLookupError:
+                kill_group(pid)  # gone before it was watched: its group may not be
+                continue
+            ranks[pid] = fd
+            if fd is not None:
+                by_fd[fd] = pid
+                poller.register(fd, select.POLLIN)
+
     try:
         owner_fd = _pidfd(owner)
     except ProcessLookupError:
         owner_fd = None
-    poller = select.poll()
-    poller.register(0, select.POLLIN)
     if owner_fd is not None:
         poller.register(owner_fd, select.POLLIN)
-    buffered = b""
-    by_fd: dict[int, int] = {}
+    # The owner may be gone already, even before this process ran (a busy machine): then
+    # the loop does not run and what it wrote is read below.
     while os.getppid() == owner:
         polled = any(fd is None for fd in ranks.values()) or owner_fd is None
         events = poller.poll(int(POLL_S * 1000) if polled else None)
@@ -150,21 +172,8 @@ def _serve(owner: int) -> None:
             chunk = os.read(0, 4096)
             if not chunk:
                 break  # the owner is gone (or closed its end: it wants its ranks ended)
-            lines = (buffered + chunk).split(b"\n")
-            buffered = lines.pop()[:32]
-            for line in lines:
-                if not line.strip().isdigit():
-                    continue
-                pid = int(line)
-                try:
-                    fd = _pidfd(pid)
-                except ProcessLookupError:
-                    kill_group(pid)  # gone before it was watched: its group may not be
-                    continue
-                ranks[pid] = fd
-                if fd is not None:
-                    by_fd[fd] = pid
-                    poller.register(fd, select.POLLIN)
+            pids, buffered = _pids(buffered, chunk)
+            watch_all(pids)
         gone = [by_fd[fd] for fd, _ in events if fd in by_fd]
         gone += [pid for pid, fd in ranks.items() if fd is None and not _alive(pid)]
         for pid in gone:
@@ -174,6 +183,14 @@ def _serve(owner: int) -> None:
                 poller.unregister(fd)
                 del by_fd[fd]
                 os.close(fd)
+    # The owner is gone: the ranks it named and this process had not read yet count too
+    # (the pipe holds them until read; a process the owner forked may hold its end open,
+    # so the pipe is read without waiting).
+    os.set_blocking(0, False)
+    with contextlib.suppress(OSError):
+        while chunk := os.read(0, 65536):
+            pids, buffered = _pids(buffered, chunk)
+            ranks.update(dict.fromkeys(pids))
     for pid in ranks:
         kill_group(pid)
 
