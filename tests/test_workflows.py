@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from importlib.util import find_spec
+from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +165,21 @@ VENV_TOOLS = {"python", "python3", "pip", "pytest", "ruff", "mypy",  # installed
               "mkdocs"}  # with the docs extra (ci/test.sh asks for it)
 
 
+def module_exists(dotted: str) -> bool:
+    """Whether ``python -m dotted`` finds a module on sys.path, without importing it.
+
+    PathFinder, not importlib.util.find_spec: the latter asks setuptools' distutils shim on
+    sys.meta_path, which on "pip" switches its own distutils off for the whole process, and a
+    later import of torch.utils.cpp_extension in the same xdist worker then fails."""
+    path: list[str] | None = None
+    for part in dotted.split("."):
+        spec = PathFinder.find_spec(part, path)
+        if spec is None:
+            return False
+        path = list(spec.submodule_search_locations or [])
+    return True
+
+
 def check_command(words: list[str], where: str) -> list[str]:
     """Problems with one simple command (a list of shell words)."""
     problems: list[str] = []
@@ -182,7 +197,7 @@ def check_command(words: list[str], where: str) -> list[str]:
     if prog in ("python", "python3") and args[:1] == ["-m"]:
         module = args[1]
         local = REPO / (module.replace(".", "/") + ".py")
-        if not local.is_file() and find_spec(module) is None:
+        if not local.is_file() and not module_exists(module):
             problems.append(f"{where}: python -m {module}: no such module")
     for word in words:
         for path in re.findall(r"(?<![\w/.-])(\.?ci/[\w./-]+)", word):
@@ -286,3 +301,14 @@ def test_torch_matrix_script_rejects_bad_usage() -> None:
     proc = subprocess.run(["bash", script, "2.4.1", "--bogus"], capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 4 and "unknown option '--bogus'" in proc.stderr
+
+
+def test_the_module_check_leaves_torch_s_extension_builder_importable() -> None:
+    """Asking whether ``python -m pip`` exists once switched setuptools' own distutils off for
+    the rest of the xdist worker, and the recording kernel's tests after it failed in CI."""
+    code = ("from tests.test_workflows import module_exists\n"
+            "assert module_exists('pip')\n"
+            "from torch.utils import cpp_extension\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, check=False, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
