@@ -50,3 +50,88 @@ def test_alias_bombs_are_bounded() -> None:
         lines.append(f"a{i}: &a{i} [{', '.join([prev] * 10)}]")
     with pytest.raises(CaseFileError, match="expands to more than"):
         load_text("\n".join(lines) + "\n", "bomb.yaml")
+
+
+def _yaml_texts() -> list[tuple[str, str]]:
+    from tests.runs import REPO
+    files = sorted([*REPO.glob("cases/*.yaml"), *REPO.glob("examples/**/*.yaml"),
+                    *REPO.glob("tests/data/**/*.yaml")])
+    return [(str(f.relative_to(REPO)), f.read_text(encoding="utf-8", errors="replace"))
+            for f in files]
+
+
+def _read(text: str, reference: bool) -> object:
+    try:
+        doc = load_text(text, "f.yaml", reference=reference)
+    except CaseFileError as exc:
+        return ("error", str(exc))
+    return (repr(doc.data), doc.positions, doc.key_positions)
+
+
+def test_libyaml_and_pyyaml_read_every_committed_file_alike() -> None:
+    """Collection reads most case files with libyaml's parser; every YAML file in the
+    repository (the bundled suite, examples, the tests' hostile files) gives the same values,
+    positions and errors as PyYAML's pure-Python parser, the reference."""
+    texts = _yaml_texts()
+    assert len(texts) > 100
+    for name, text in texts:
+        assert _read(text, False) == _read(text, True), name
+
+
+@pytest.mark.parametrize("text", [
+    "cases: [a ?b]\n",                        # libyaml reads "a ?b" as one scalar
+    "cases:\n  - {name:\tx}\n",               # libyaml takes a tab as a separator
+    "cases: [{name: , shape: [4]}]\n",        # an empty value placed one column further
+    "--- \n",                                 # an empty document's null placed elsewhere
+    "a: |# x\n  y\n",                          # a block scalar header and a comment
+    # libyaml meets the depth limit before a control character beyond its first buffer
+    "a: " + "[" * 70 + "]" * 70 + "\n" + "# padding\n" * 2000 + "b: \x07\n",
+])
+def test_texts_the_parsers_read_differently_are_read_by_pyyaml(text: str) -> None:
+    assert _read(text, False) == _read(text, True)
+
+
+def test_the_node_budget_and_depth_limit_hold_on_the_libyaml_path() -> None:
+    deep = "a: " + "[" * 100 + "]" * 100 + "\n"
+    assert deep.isascii()
+    with pytest.raises(CaseFileError, match="nested more than 64 levels"):
+        load_text(deep, "f.yaml")
+    wide = "a: [" + ", ".join(["1"] * 300) + "]\n"
+    from harness.casefile.limits import Limits
+    with pytest.raises(CaseFileError, match="more than 200 YAML values"):
+        load_text(wide, "f.yaml", Limits(nodes=200))
+
+
+def test_an_ascii_case_file_is_read_by_libyaml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The speed this buys is real only if the libyaml path is taken: with PyYAML's parser
+    made to fail, a plain case file still loads (and one with a tab does not)."""
+    from harness.casefile import load
+
+    def refuse(*_a: object) -> None:
+        raise AssertionError("read by PyYAML's parser")
+    monkeypatch.setattr(load, "_python_compose", refuse)
+    assert load_text("cases:\n  - {name: x, shape: [4]}\n", "f.yaml").data == {
+        "cases": [{"name": "x", "shape": [4]}]}
+    with pytest.raises(AssertionError, match="PyYAML"):
+        load_text("cases:\n  - {name:\tx}\n", "f.yaml")
+
+
+def test_mutated_case_files_are_read_alike() -> None:
+    """Broken files too: characters inserted, deleted and replaced at random (seeded) in the
+    bundled case files give the same values, positions and errors on both paths (how the
+    differences gated above were found: 20,000 mutations, none left)."""
+    import random
+    texts = [t for _, t in _yaml_texts() if len(t) < 20_000]
+    rng = random.Random(20261127)
+    alphabet = [*":-[]{},&*!|>'\"#%@`\t \n\x07?0aZ\\", "\u00e9", "- ", ": ", "\n  ", "&a x", "*a",
+                "--- \n"]
+    for _ in range(400):
+        chars = list(rng.choice(texts))
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(chars) + 1)
+            if rng.random() < 0.6:
+                chars[at:at] = list(rng.choice(alphabet))
+            elif chars:
+                del chars[min(at, len(chars) - 1)]
+        text = "".join(chars)
+        assert _read(text, False) == _read(text, True), text[:200]
