@@ -634,6 +634,9 @@ class InstanceResult:
     states: list[RankState] = field(default_factory=list)
     duration: float = 0.0
     pool_replaced: bool = False
+    # Why the pool was not kept for the next instance (harness.run.pool's settle: a failed
+    # health check names what failed), or "".
+    pool_replaced_why: str = ""
     # Run on its own pool ahead of its turn (isolated instances: harness.plugin.ahead).
     ran_ahead: bool = False
     # A failure run again on fresh ranks because an earlier instance failed or raised on the

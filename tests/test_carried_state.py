@@ -5,7 +5,9 @@
 after an earlier failure or raise on the same ranks runs once more on fresh ranks: if it passes
 there, its outcome stays ``failed`` and the record (``fresh_rerun``), the message and the
 Markdown report say that state was carried between instances. The reruns are bounded by
-``--fresh-reruns``, and a failure that fails on fresh ranks too is said to.
+``--fresh-reruns``, and a failure that fails on fresh ranks too is said to. Why a pool was
+replaced is on its record and grouped on a certificate (``tests/spent_backend.py``: a group
+unusable after any error).
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ def test_a_failure_that_passes_on_fresh_ranks_says_state_was_carried(tmp_path: P
     assert "state carried between instances" in markdown and "b_reduce" in markdown
     # The suspect ranks were replaced: the next instance runs on the fresh ones.
     assert carried["pool_replaced"] is True
+    assert carried["pool_replaced_why"] == (f"not reused: {KEY.format('b_reduce')} failed or "
+                                            "raised on the same ranks before this instance "
+                                            "failed")
     assert by_case["d_sum"]["outcome"] == "passed"
     assert "fresh_rerun" not in by_case["b_reduce"] and "fresh_rerun" not in by_case["a_sum"]
 
@@ -119,3 +124,31 @@ def test_no_rerun_at_all_with_zero(tmp_path: Path) -> None:
         rec = by_case[name]
         assert rec["outcome"] == "failed" and "fresh_rerun" not in rec
         assert "the session's 0 rerun(s) (--fresh-reruns) are spent" in rec["message"]
+
+
+def test_a_group_unusable_after_an_error_is_on_record_and_on_the_certificate(
+        tmp_path: Path) -> None:
+    """tests/spent_backend.py raises on every call after its first error, the health check
+    included: each verdict is right, and only why the pool was replaced shows the cost (a new
+    process group per rejected call, as on torchft's BabyGloo)."""
+    from harness.certify import cells, render
+
+    write_case_file(tmp_path, CASES)
+    res = run_pytest(tmp_path, "c.yaml", "-q", "-p", "no:randomly", "--backend", "spent",
+                     "--backend-module", "tests.spent_backend")
+    assert res.returncode == 1, res.stdout + res.stderr
+    report = load_report(tmp_path / "reports" / "conformance.json")
+    by_case = {r["case"]: r for r in report["records"]}
+    rejected = by_case["b_reduce"]
+    assert rejected["outcome"] == "error" and rejected["pool_replaced"] is True
+    assert rejected["pool_replaced_why"].startswith("health check failed: rank ")
+    assert "unusable after an earlier error" in rejected["pool_replaced_why"]
+    assert by_case["c_sum"]["outcome"] == by_case["d_sum"]["outcome"] == "passed"  # new group
+    assert "pool_replaced_why" not in by_case["a_sum"]  # kept: nothing to say
+    cert = cells.certificate(None, report, None)
+    assert [(c["count"], c["examples"]) for c in cert["pools_replaced"]] == [
+        (1, [rejected["key"]])]
+    assert cert["pools_replaced"][0]["why"].startswith("health check failed: rank ")
+    text = render.markdown(cert)
+    assert "Process groups not kept after an instance" in text
+    assert "unusable after an earlier error" in text

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import BAD_OUTCOMES
-from ..report.oneline import cause_of, one_line
+from ..report.oneline import cause_of, normalise, one_line
 from ..run.pool import START_FAILED
 from ..run.ranklog import EARLIER
 
@@ -140,6 +140,23 @@ def causes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for c, keys in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
 
 
+# A report written before records said why a pool was replaced.
+UNRECORDED = "why not recorded (a report from before the field existed)"
+
+
+def replacements(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pools not kept after their instance, grouped by why (particulars taken out), largest
+    first. Each instance's verdict can be right while this is not: a backend whose group is
+    unusable after any error shows here as one health-check failure per rejected call, each
+    paid for with a new group, and a certificate that hid it would say less than was seen."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for rec in records:
+        if rec.get("pool_replaced"):
+            groups[normalise(str(rec.get("pool_replaced_why") or UNRECORDED))].append(rec["key"])
+    return [{"why": w, "count": len(keys), "examples": keys[:3]}
+            for w, keys in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+
+
 def identity_problems(report: dict[str, Any] | None) -> list[str]:
     """One line per identity probe that did not pass, with its evidence (empty when all did);
     a missing or incomplete identity session is a problem too."""
@@ -252,6 +269,7 @@ def certificate(identity: dict[str, Any] | None, library: dict[str, Any],
                    "status": c.status, "counts": dict(c.counts), "example": c.example}
                   for _, c in sorted(cells.items())],
         "causes": causes(records),
+        "pools_replaced": replacements(records),
         "reference": {"backend": ref_backend,
                       "differs": reference_diff(cells, ref_cells, bool(ref_backend) and (
                           (manifest or {}).get("inherits") == ref_backend))}

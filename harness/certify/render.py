@@ -38,6 +38,15 @@ def markdown(cert: dict[str, Any]) -> str:
         out += [f"| {c['count']} | {md(c['cause'])} | "
                 + "<br>".join(md(e) for e in c["examples"]) + " |" for c in cert["causes"]]
         out.append("")
+    if cert.get("pools_replaced"):
+        out += ["## Process groups not kept after an instance, largest first", "",
+                "Each started a new group for the next instance; a health check that failed "
+                "after a rank raised means the backend's group was unusable after that error.",
+                "", "| count | why | examples |", "|---:|---|---|"]
+        out += [f"| {c['count']} | {md(c['why'])} | "
+                + "<br>".join(md(e) for e in c["examples"]) + " |"
+                for c in cert["pools_replaced"]]
+        out.append("")
     ref = cert.get("reference")
     if ref is not None:
         out += [f"## Difference from the reference ({md(str(ref['backend']))})", ""]

@@ -110,6 +110,8 @@ def instance_record(inst: Instance, result: InstanceResult, nodeid: str) -> dict
         "message": result.message,
         "duration_s": round(result.duration, 6),
         "pool_replaced": result.pool_replaced,
+        **({"pool_replaced_why": result.pool_replaced_why}
+           if result.pool_replaced and result.pool_replaced_why else {}),
         **({"ran_ahead": True} if result.ran_ahead else {}),
         **({"fresh_rerun": result.fresh_rerun} if result.fresh_rerun else {}),
         **({"phases": result.phases} if result.phases else {}),

@@ -559,6 +559,13 @@ def _read_grown(pool: RankPool, sizes: dict[int, int], end: float) -> dict[int, 
     return out
 
 
+# How a run that did not end with every rank's answer left its pool, in a record's words.
+ENDED = {"failfast": "a rank raised while others were still in the call, and they were "
+                     "ended",
+         "hang": "ranks did not answer by the deadline and were ended",
+         "crash": "a rank died"}
+
+
 def reuse_blockers(inst: Instance, run: PoolRun) -> list[str]:
     """Why a pool cannot be kept after ``run``, whatever a health check says (empty: the
     health check decides).
@@ -570,7 +577,7 @@ def reuse_blockers(inst: Instance, run: PoolRun) -> list[str]:
     """
     why: list[str] = []
     if run.kind != "done":
-        why.append(f"the instance ended with a {run.kind}")
+        why.append(ENDED.get(run.kind, f"the instance ended with a {run.kind}"))
     raised = [r for r in run.results.values() if r.status == "raised"]
     if not raised:
         return why

@@ -214,7 +214,8 @@ class Runner:
                         "error", f"{where}: harness error: two pools in a row answered with "
                         f"messages that do not belong to this instance, so nothing was judged."
                         f"\n  first: {foreign}\n  then: {exc}",
-                        expected_kind=inst.expectation.kind, pool_replaced=True))
+                        expected_kind=inst.expectation.kind, pool_replaced=True,
+                        pool_replaced_why="two pools in a row answered for another instance"))
                 foreign = str(exc)
                 continue
             held.append(launched.pool)
@@ -223,7 +224,8 @@ class Runner:
             result.ran_ahead = ahead
             t_settle = time.monotonic()
             earlier = launched.pool.first_bad
-            result.pool_replaced = self._settle(launched, inst, result)
+            result.pool_replaced_why = self._settle(launched, inst, result)
+            result.pool_replaced = bool(result.pool_replaced_why)
             held.clear()  # settled: kept in a known state, or gone
             result.phases = costs.phases(launched.run, pool_s=launched.pool_s,
                                          run_s=launched.run_s, judge_s=t_settle - t_judge,
@@ -232,16 +234,18 @@ class Runner:
                 self._on_fresh_ranks(prepared, on_wait, launched.pool, earlier, result, held)
             if foreign:
                 result.pool_replaced = True
+                result.pool_replaced_why = (result.pool_replaced_why
+                                            or "the first pool answered for another instance")
                 result.message += ("\n  (run on a fresh pool: the first pool's answer did not "
                                    f"belong to this instance and was discarded: {foreign})")
             return Judged(result, launched.run)
         raise AssertionError("unreachable")
 
-    def _settle(self, launched: Launched, inst: Instance, result: InstanceResult) -> bool:
-        """Keep or replace the pool (PoolManager.settle); whether it was replaced. A kept pool
-        remembers the first instance that failed or in which a rank raised on it."""
+    def _settle(self, launched: Launched, inst: Instance, result: InstanceResult) -> str:
+        """Keep or replace the pool (PoolManager.settle); why it was replaced ("" if kept). A
+        kept pool remembers the first instance that failed or in which a rank raised on it."""
         pool, run = launched.pool, launched.run
-        replaced = bool(self.manager.settle(pool, inst, run))
+        replaced = self.manager.settle(pool, inst, run)
         if not replaced and not pool.first_bad and (
                 result.outcome in BAD_OUTCOMES
                 or any(r.status == "raised" for r in run.results.values())):
@@ -275,6 +279,8 @@ class Runner:
             self.manager.discard(pool.key)
             self.manager.replaced += 1
             result.pool_replaced = True
+            result.pool_replaced_why = (f"not reused: {earlier} failed or raised on the same "
+                                        "ranks before this instance failed")
         try:
             launched = self.launch(prepared, on_wait)
         except (PoolStartError, ForeignAnswerError) as exc:
