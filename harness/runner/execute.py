@@ -279,8 +279,9 @@ class Runner:
             self.manager.discard(pool.key)
             self.manager.replaced += 1
             result.pool_replaced = True
-            result.pool_replaced_why = (f"not reused: {earlier} failed or raised on the same "
-                                        "ranks before this instance failed")
+            # the earlier instance is named in fresh_rerun: this line groups on a certificate
+            result.pool_replaced_why = ("not reused: this instance failed after an earlier one "
+                                        "failed or raised on the same ranks")
         try:
             launched = self.launch(prepared, on_wait)
         except (PoolStartError, ForeignAnswerError) as exc:
