@@ -21,7 +21,20 @@ COMMITTED = sorted((REPO / "reports" / "reference").glob("*-certificate"))
 
 
 def test_there_are_committed_certificates() -> None:
-    assert {p.name for p in COMMITTED} >= {"gloo-cpu-certificate", "torchft-gloo-certificate"}
+    assert {p.name for p in COMMITTED} >= {"gloo-cpu-certificate", "torchft-gloo-certificate",
+                                           "torchft-babygloo-certificate"}
+
+
+def test_babygloo_s_certificate_shows_its_group_unusable_after_an_error() -> None:
+    """torchft's BabyGloo ends its worker on any error, so the next call fails: the committed
+    certificate says so as its largest group of pools not kept, with the evidence (the error
+    the health check met) and examples, not only as a count of failures."""
+    cert = json.loads((REPO / "reports" / "reference" / "torchft-babygloo-certificate" /
+                       "certificate.json").read_text("utf-8"))
+    top = cert["pools_replaced"][0]
+    assert top["why"].startswith("health check failed: ") and "ConnectionResetError" in top["why"]
+    assert top["count"] > 100 and top["examples"]
+    assert cert["level"] == "none" and cert["identity"]["ok"] is False  # rank() answers 0
 
 
 @pytest.mark.parametrize("folder", COMMITTED, ids=lambda p: p.name)
