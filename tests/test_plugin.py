@@ -454,7 +454,6 @@ def test_unrelated_yaml_under_the_rootdir_is_not_reported(tmp_path: Path) -> Non
 
 
 GROUP_ERRORS = """
-cases:
   - name: subgroups_too_big
     world_size: 2
     steps:
@@ -476,6 +475,62 @@ cases:
     expected: {t: 0}
 """
 
+LONELY_RECV = """
+  - name: lonely_recv
+    world_size: 2
+    deadline: 8
+    tensors: {t: {shape: [2], init: 0}}
+    steps:
+      - {op: recv, tensor: t, ranks: [1]}  # from any rank: not matched at collection
+    expected: {t: 0}
+"""
+
+WRONG_EVERYWHERE = """
+  - name: wrong_everywhere
+    op: all_reduce
+    world_size: 4
+    shape: [2]
+    input: "1"
+    expected: 5
+"""
+
+READ_AFTER_WAIT = """
+  - name: read_after_wait
+    world_size: 2
+    tensors:
+      t: {shape: [3], dtype: float32, init: {0: [1, 2, 3], 1: zeros}}
+    steps:
+      - {op: isend, tensor: t, dst: 1, ranks: [0], handle: req}
+      - {op: irecv, tensor: t, src: 0, ranks: [1], handle: req}
+      - {wait: req}
+      - {read: t, as: after_wait, expect: [1, 2, 4], ranks: [1]}
+    expected:
+      t: {0: unchanged, 1: [1, 2, 3]}
+"""
+
+
+@pytest.fixture(scope="module")
+def failures(tmp_path_factory: pytest.TempPathFactory
+             ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """One child session on a file of failing cases that four tests read, each its own
+    case's lines and records (a session per test cost a pytest, a probe and a forkserver
+    each): the result and the project folder. The read expectation's case comes first so
+    that the line its failure names is the same in this file as in a file of its own."""
+    where = tmp_path_factory.mktemp("failures")
+    (where / "c.yaml").write_text("\ncases:" + READ_AFTER_WAIT + LONELY_RECV + WRONG_EVERYWHERE
+                                  + GROUP_ERRORS)
+    return run_pytest(where, "c.yaml", "-q", "--rootdir", str(where)), where
+
+
+def failure_block(stdout: str, case: str) -> str:
+    """The failure report of ``case``'s one instance in a session's output: from the line of
+    underscores naming it to the next such line."""
+    lines = stdout.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("_") and f" {case}[" in ln)
+    tail = next((i for i in range(head + 1, len(lines)) if lines[i].startswith("___")),
+                len(lines))
+    return "\n".join(lines[head:tail])
+
 
 def _no_harness_frames(text: str) -> None:
     """Every frame of ``text`` is outside the harness, and a line says how many were cut."""
@@ -485,17 +540,20 @@ def _no_harness_frames(text: str) -> None:
     assert "distributed_c10d.py" in text  # torch's frames stay
 
 
-def test_group_step_errors_cut_the_harness_frames_everywhere(tmp_path: Path) -> None:
+def test_group_step_errors_cut_the_harness_frames_everywhere(
+        failures: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     """Issue 22, point 8: new_group / split errors, in the message and in the record.
     new_subgroups with a size over the world and new_group with a rank out of the world
     (accepted at collection because of raises:) are rejected by torch at run time on every
     torch; split_group on Gloo raises where torch cannot split a Gloo group (< 2.15)."""
-    (tmp_path / "c.yaml").write_text(GROUP_ERRORS)
-    res = run_pytest(tmp_path, "c.yaml", "-q", "--rootdir", str(tmp_path))
+    res, where = failures
     assert res.returncode == 1, res.stdout + res.stderr
-    report = load_report(tmp_path / "reports" / "conformance.json")
+    report = load_report(where / "reports" / "conformance.json")
     raised: dict[str, int] = {}
+    mine = ("subgroups_too_big", "members_out_of_the_world", "split_on_gloo")
     for rec in report["records"]:
+        if rec["case"] not in mine:
+            continue
         if rec["outcome"] == "error":  # an unexpected error: its message has the traceback
             _no_harness_frames(rec["message"])
         for rank in rec["ranks"]:
@@ -504,8 +562,11 @@ def test_group_step_errors_cut_the_harness_frames_everywhere(tmp_path: Path) -> 
                 raised[rec["case"]] = raised.get(rec["case"], 0) + 1
                 _no_harness_frames(exc["traceback"])
     assert raised.get("subgroups_too_big") == 2 and raised.get("members_out_of_the_world") == 2
-    shown = re.findall(r'File "([^"]+)", line \d+', res.stdout)  # the terminal's blocks
-    assert not [f for f in shown if harness_frame(f)], res.stdout
+    # The terminal's blocks of these cases (a hang's block, of another case here, shows the
+    # blocked ranks' stacks, harness frames included).
+    blocks = "\n".join(failure_block(res.stdout, case) for case in mine)
+    shown = re.findall(r'File "([^"]+)", line \d+', blocks)
+    assert shown and not [f for f in shown if harness_frame(f)], blocks
 
 
 def test_the_missing_baseline_hint_works_when_pasted(tmp_path: Path) -> None:
@@ -529,64 +590,34 @@ def test_the_missing_baseline_hint_works_when_pasted(tmp_path: Path) -> None:
     assert gated.returncode == 0, gated.stdout + gated.stderr
 
 
-def test_a_long_wait_is_not_silence(tmp_path: Path) -> None:
+def test_a_long_wait_is_not_silence(
+        failures: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     """Issue 26, point 4: a recv with no send says who waits where, before the hang."""
-    (tmp_path / "c.yaml").write_text("""
-cases:
-  - name: lonely_recv
-    world_size: 2
-    deadline: 8
-    tensors: {t: {shape: [2], init: 0}}
-    steps:
-      - {op: recv, tensor: t, ranks: [1]}  # from any rank: not matched at collection
-    expected: {t: 0}
-""")
-    res = run_pytest(tmp_path, "c.yaml", "-q", "--no-report")
+    res = failures[0]
     assert res.returncode == 1
-    lines = [ln for ln in res.stdout.splitlines() if "waiting" in ln]
+    lines = [ln for ln in res.stdout.splitlines() if "waiting" in ln and "lonely_recv" in ln]
     # The first note comes 5 s in; the seconds it gives are measured (more on a busy machine).
     assert lines and re.fullmatch(
         r"collective-harness: c\.yaml::lonely_recv\[gloo-ws2-float32-sync\]: waiting \d+ s: "
         r"rank 1 in step 0 \(recv\(tensor=t\)\); 1 rank\(s\) answered; \d+ s left before "
         r"the deadline declares a hang", lines[0]), res.stdout
-    assert "[HANG]" in res.stdout
+    assert re.search(r"^\[HANG\] .*lonely_recv\[", res.stdout, re.MULTILINE), res.stdout
 
 
-def test_identical_wrong_values_on_every_rank_are_one_line(tmp_path: Path) -> None:
+def test_identical_wrong_values_on_every_rank_are_one_line(
+        failures: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     """Issue 26, point 5: 4 ranks with the same wrong value read as one line, not four."""
-    (tmp_path / "c.yaml").write_text("""
-cases:
-  - name: wrong_everywhere
-    op: all_reduce
-    world_size: 4
-    shape: [2]
-    input: "1"
-    expected: 5
-""")
-    res = run_pytest(tmp_path, "c.yaml", "-q", "--no-report")
+    res = failures[0]
     assert res.returncode == 1
-    assert ("  ranks 0-3, buffer 'tensor' (explicit): 2 of 2 element(s) wrong" in res.stdout
-            ), res.stdout
-    assert "  rank 1, buffer" not in res.stdout
+    block = failure_block(res.stdout, "wrong_everywhere")
+    assert "  ranks 0-3, buffer 'tensor' (explicit): 2 of 2 element(s) wrong" in block, block
+    assert "  rank 1, buffer" not in block
 
 
-def test_a_wrong_read_expectation_points_at_the_read_and_claims_no_more(tmp_path: Path) -> None:
+def test_a_wrong_read_expectation_points_at_the_read_and_claims_no_more(
+        failures: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     """Issue 26, point 5: the read step's line, and both explanations the evidence allows."""
-    (tmp_path / "c.yaml").write_text("""
-cases:
-  - name: read_after_wait
-    world_size: 2
-    tensors:
-      t: {shape: [3], dtype: float32, init: {0: [1, 2, 3], 1: zeros}}
-    steps:
-      - {op: isend, tensor: t, dst: 1, ranks: [0], handle: req}
-      - {op: irecv, tensor: t, src: 0, ranks: [1], handle: req}
-      - {wait: req}
-      - {read: t, as: after_wait, expect: [1, 2, 4], ranks: [1]}
-    expected:
-      t: {0: unchanged, 1: [1, 2, 3]}
-""")
-    res = run_pytest(tmp_path, "c.yaml", "-q", "--no-report")
+    res = failures[0]
     assert res.returncode == 1
     want = ("[FAILED] c.yaml:11: read_after_wait[gloo-ws2-float32-async]: a read expectation "
             "was not met: either the backend made the data visible at another time than the async "
@@ -607,8 +638,11 @@ def test_pytest_inside_ones_own_folder_of_cases_says_how_to_collect_them(
         fix = next(line for line in res.stdout.splitlines() if "to collect these:" in line)
         argv = shlex.split(fix.split("to collect these: ", 1)[1])
         assert argv[-2:] == ["-o", "collective_case_dirs=mycases"]
-        again = run_pytest(tmp_path / "mycases", *argv[1:], "--no-report")
-        assert "ar.yaml::sum_basic" in again.stdout or "passed" in again.stdout, again.stdout
+        # Collected is what the hint promises (running the nine instances proves nothing more
+        # about it, at a pool's cost per command).
+        again = run_pytest(tmp_path / "mycases", *argv[1:], "--collect-only")
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "ar.yaml::sum_basic[gloo-ws2-int64-max-sync]" in again.stdout, again.stdout
 
 
 ONE = """
