@@ -161,17 +161,30 @@ def test_the_breaker_skips_what_hung_and_names_the_instance(tmp_path: Path) -> N
     assert shown[0] == said[0] and shown[1].startswith("collective-harness: FAIL: ")
 
 
-def test_identity_finds_a_rank_that_lies(tmp_path: Path) -> None:
-    report = tmp_path / "id.json"
-    ident = REPO / "harness" / "certify" / "data" / "identity.yaml"
-    run("-m", "pytest", str(ident), "-q", "-p", "no:cacheprovider", "--rootdir",
-        str(tmp_path), f"--report-json={report}", f"--report-md={tmp_path / 'r.md'}",
-        f"--report-html={tmp_path / 'r.html'}", "--backend-module", "tests.certify_backend",
-        "--backend", "certfake", "-k", "world_identity", fault="rank_zero")
-    rep = json.loads(report.read_text())
-    problems = cells.identity_problems(rep)
+@pytest.fixture(scope="module")
+def lying(tmp_path_factory: pytest.TempPathFactory
+          ) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """collective-certify on the certfake whose ranks all answer rank() 0, run once: its
+    folder and result. The end-to-end test reads the certificate; the identity test reads the
+    identity session's report in the folder (it ran that session on its own before)."""
+    where = tmp_path_factory.mktemp("lying")
+    (where / "m.yaml").write_text("backend: certfake\nmodule: tests.certify_backend\n"
+                                  "inherits: gloo\n")
+    out = where / "cert"
+    proc = run("-m", "harness.certify", "--manifest", str(where / "m.yaml"),
+               "--cases", str(LIBRARY), "--out", str(out), "--no-reference",
+               fault="rank_zero")
+    return out, proc
+
+
+def test_identity_finds_a_rank_that_lies(
+        lying: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    rep = json.loads((lying[0] / "identity.json").read_text())
+    world = {**rep, "records": [r for r in rep["records"] if r["case"] == "world_identity"]}
+    assert len(world["records"]) == 2  # world sizes 2 and 3
+    problems = cells.identity_problems(world)
     assert problems and "expected dist.get_rank(group) = 1 got 0" in problems[0]
-    assert all(r["outcome"] == "failed" for r in rep["records"])
+    assert all(r["outcome"] == "failed" for r in world["records"])
 
 
 def record(outcome: str, **extra: Any) -> dict[str, Any]:
@@ -203,13 +216,9 @@ def test_own_divergences_make_the_level_declared() -> None:
     assert not cells.meets(cert, "conforming")
 
 
-def test_certify_end_to_end_leads_with_identity(tmp_path: Path) -> None:
-    (tmp_path / "m.yaml").write_text("backend: certfake\nmodule: tests.certify_backend\n"
-                                     "inherits: gloo\n")
-    out = tmp_path / "cert"
-    proc = run("-m", "harness.certify", "--manifest", str(tmp_path / "m.yaml"),
-               "--cases", str(LIBRARY), "--out", str(out), "--no-reference",
-               fault="rank_zero")
+def test_certify_end_to_end_leads_with_identity(
+        lying: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out, proc = lying
     assert proc.returncode == 1, proc.stdout + proc.stderr
     cert = json.loads((out / "certificate.json").read_text())
     assert cert["level"] == "none" and cert["why"][0].startswith("identity: world_identity")
