@@ -162,10 +162,10 @@ def test_internal_failure_is_an_error_record_not_a_missing_one(
     assert rep["summary"]["verdict"] == "FAIL"
 
 
-def test_a_dropped_record_fails_the_gate(tmp_path: Path) -> None:
+def test_a_dropped_record_fails_the_gate(tmp_path: Path, passed_once: Path) -> None:
     """Simulate the old failure mode: pytest failed, yet no failing record (a lost record)."""
-    where = project(tmp_path, PASSING)
-    assert run(where, "-q").returncode == 0
+    where = tmp_path
+    _previous_pass(where, passed_once)
     rep_path = where / "reports" / "conformance.json"
     code, text = gate_against_itself(where, "--pytest-status", "1")
     assert code == 1
@@ -294,21 +294,34 @@ def test_signal_mid_run_writes_an_incomplete_report(tmp_path: Path, sig: signal.
 
 # -- 5b. no stale verdict: a run that does not finish never leaves an older report standing --
 
-def _previous_pass(where: Path, *extra: str) -> dict[str, Any]:
-    """A PASS report at the default paths, as an earlier run leaves it."""
+@pytest.fixture(scope="module")
+def passed_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project whose PASSING cases passed, its reports, junit.xml and the baseline made
+    from them, at the default paths: run once, copied by each test that needs an earlier
+    run (each ran it for itself)."""
+    where = tmp_path_factory.mktemp("passed")
     write_case_file(where, PASSING)
-    assert run(where, "-q", *extra).returncode == 0
-    before = report(where)
-    assert before["summary"]["verdict"] == "PASS"
+    res = run(where, "-q", "--junitxml", "junit.xml")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert report(where)["summary"]["verdict"] == "PASS"
     # The baseline CI keeps from that run, to gate later reports against.
     assert gate.main([str(where / "reports" / "conformance.json"), str(where / "base.json"),
                       "--update"]) == 0
+    return where
+
+
+def _previous_pass(where: Path, passed: Path) -> dict[str, Any]:
+    """The earlier run's project copied into ``where``: a PASS report at the default paths,
+    as an earlier run leaves it."""
+    shutil.copytree(passed, where, dirs_exist_ok=True)
+    before = report(where)
+    assert before["summary"]["verdict"] == "PASS"
     return before
 
 
-def test_a_killed_run_never_leaves_the_previous_pass(tmp_path: Path) -> None:
+def test_a_killed_run_never_leaves_the_previous_pass(tmp_path: Path, passed_once: Path) -> None:
     where = tmp_path
-    _previous_pass(where, "--junitxml", "junit.xml")
+    _previous_pass(where, passed_once)
     assert 'errors="0" failures="0"' in (where / "junit.xml").read_text()
     project(where, SLOW, MARKER_CONFTEST)
     proc = start(where, pytest_argv("c.yaml", "-q", "--rootdir", str(where), "--junitxml",
@@ -337,9 +350,10 @@ def test_a_killed_run_never_leaves_the_previous_pass(tmp_path: Path) -> None:
                       str(where / "base.json")]) == 1
 
 
-def test_a_collection_error_never_leaves_the_previous_pass(tmp_path: Path) -> None:
+def test_a_collection_error_never_leaves_the_previous_pass(tmp_path: Path,
+                                                          passed_once: Path) -> None:
     where = tmp_path
-    _previous_pass(where)
+    _previous_pass(where, passed_once)
     (where / "broken.yaml").write_text("cases:\n  - name: x\n    op: al_reduce\n")
     res = run_pytest(where, "broken.yaml", "-q", "--rootdir", str(where))
     assert res.returncode == 2, res.stdout + res.stderr  # pytest: interrupted at collection
@@ -353,11 +367,11 @@ def test_a_collection_error_never_leaves_the_previous_pass(tmp_path: Path) -> No
     (["--perf", "--perf-min-time", "nan"], "--perf-min-time nan: must be a finite number"),
 ])
 def test_a_usage_error_in_a_harness_option_never_leaves_the_previous_pass(
-        tmp_path: Path, option: list[str], says: str) -> None:
+        tmp_path: Path, option: list[str], says: str, passed_once: Path) -> None:
     """A script that ignores pytest's exit status and gates the report must not gate an
     earlier PASS when the harness refused this run's options."""
     where = tmp_path
-    _previous_pass(where)
+    _previous_pass(where, passed_once)
     res = run(where, "-q", *option)
     assert res.returncode == pytest.ExitCode.USAGE_ERROR, res.stdout + res.stderr
     rep = report(where)
@@ -367,9 +381,10 @@ def test_a_usage_error_in_a_harness_option_never_leaves_the_previous_pass(
     assert "Verdict: PASS" not in (where / "reports" / "conformance.md").read_text()
 
 
-def test_a_session_without_case_files_leaves_the_report_alone(tmp_path: Path) -> None:
+def test_a_session_without_case_files_leaves_the_report_alone(tmp_path: Path,
+                                                             passed_once: Path) -> None:
     where = tmp_path
-    before = _previous_pass(where)
+    before = _previous_pass(where, passed_once)
     (where / "test_plain.py").write_text("def test_ok():\n    assert True\n")
     res = run_pytest(where, "test_plain.py", "-q", "--rootdir", str(where))
     assert res.returncode == 0, res.stdout + res.stderr
