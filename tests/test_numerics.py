@@ -5,6 +5,7 @@ collective-mutate's catalogue that stays within the case's error bound."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +268,23 @@ def _run(tmp_path: Path, fault: str) -> dict[str, Any]:
     return load_report(project / "r.json")
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory
+         ) -> Callable[[str], tuple[Path, dict[str, Any]]]:
+    """The session of CASES behind each fault, run once per fault (two faults each break two
+    properties, and the test of each reads its own case): the folder holding its reports, and
+    the JSON report."""
+    where = tmp_path_factory.mktemp("faults")
+    done: dict[str, tuple[Path, dict[str, Any]]] = {}
+
+    def get(fault: str) -> tuple[Path, dict[str, Any]]:
+        if fault not in done:
+            done[fault] = (where / fault, _run(where, fault))
+        return done[fault]
+
+    return get
+
+
 def _by_case(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["case"]: r for r in report["records"]}
 
@@ -304,16 +322,18 @@ def test_properties_hold_on_gloo_and_reach_every_report(tmp_path: Path) -> None:
     ("run_dependent_sum", "iters", "iterations", "iteration 2 (fresh inputs) failed: buffer "
                                                  "'tensor': 1 of 16 element(s) wrong"),
 ])
-def test_each_property_catches_its_fault(tmp_path: Path, fault: str, case: str, prop: str,
-                                         words: str) -> None:
+def test_each_property_catches_its_fault(
+        runs: Callable[[str], tuple[Path, dict[str, Any]]], fault: str, case: str, prop: str,
+        words: str) -> None:
     """Each fault keeps the values within the error bound: only the property sees it."""
-    rec = _by_case(_run(tmp_path, fault))[case]
+    folder, report = runs(fault)
+    rec = _by_case(report)[case]
     assert rec["outcome"] == "failed", rec["message"]
     assert words in rec["message"], rec["message"]
     assert rec["numerics"]["properties"][prop] != "held"
     assert not any(c.get("ok") is False for rk in rec["ranks"] for c in rk["checks"]), \
         "the value check itself must pass: the fault is within the bound"
-    md = (tmp_path / fault / "r.md").read_text()
+    md = (folder / "r.md").read_text()
     assert f"{prop}: " in md
 
 
