@@ -61,39 +61,97 @@ def test_bad_input_is_one_line_naming_the_option(tmp_path: Path, args: list[str]
     assert list(tmp_path.iterdir()) == []  # every option is checked before --out is made
 
 
-@pytest.mark.parametrize(("fault", "ops", "outcome", "lanes"), [
+FOUND = [
     ("nonzero_root_wrong", "broadcast", "wrong-values", 1),
     ("dropped_contribution", "reduce_scatter_tensor", "wrong-values", 1),
     # Two worker processes: each lane shrinks on its own; one case file for the signature.
     ("dropped_contribution", "reduce_scatter_tensor", "wrong-values", 2),
-])
+]
+Found = tuple[str, str, str, int]
+
+
+@pytest.fixture(scope="module")
+def found(tmp_path_factory: pytest.TempPathFactory
+          ) -> dict[Found, tuple[subprocess.CompletedProcess[str], list[Path]]]:
+    """Each fault of FOUND fuzzed until found: the run and the case files it wrote."""
+    runs = {}
+    for fault, ops, outcome, lanes in FOUND:
+        out = tmp_path_factory.mktemp("found") / f"{fault}-{lanes}"
+        proc = _fuzz("--backend", BACKEND, "--backend-module", BACKEND_MODULE,
+                     "--overrides-for", "gloo", "--lanes", str(lanes),
+                     "--ops", ops, "--world-size", "2", "--examples", "300", "--seed", "3",
+                     "--out", str(out), "--stop-at-first", "--shrink-time", "20s", "-q",
+                     "--skip-signatures", f"{ops}:raise,{ops}:async-contract",
+                     fault=fault)
+        runs[(fault, ops, outcome, lanes)] = (proc, sorted(out.glob("*.yaml")))
+    return runs
+
+
+Replay = tuple[subprocess.CompletedProcess[str], dict[str, list[dict[str, Any]]]]
+
+
+@pytest.fixture(scope="module")
+def replays(found: dict[Found, tuple[subprocess.CompletedProcess[str], list[Path]]],
+            tmp_path_factory: pytest.TempPathFactory) -> dict[str, Replay]:
+    """The written case files run under pytest: behind each fault (``bad-FAULT``: the files
+    found with it) and on Gloo (``good``: all of them), one session each instead of two per
+    file. Each session's result and its records by case file (the file's path under the
+    temporary folder, as :func:`_replayed` names it)."""
+    base = tmp_path_factory.getbasetemp()
+    where = tmp_path_factory.mktemp("replays")
+    files = [f for _, cases in found.values() if len(cases) == 1 for f in cases]
+    sessions: dict[str, tuple[list[str], dict[str, str], list[Path]]] = {
+        "good": (["--backend", "gloo"], {}, files)}
+    for (fault, *_), (_, cases) in found.items():
+        bad = sessions.setdefault(f"bad-{fault}", (
+            ["--backend-module", BACKEND_MODULE, "--backend", BACKEND], {ENV: fault}, []))
+        bad[2].extend(cases if len(cases) == 1 else [])
+    done: dict[str, Replay] = {}
+    for name, (args, env, paths) in sessions.items():
+        report = where / f"{name}.json"
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", *map(str, paths), "-q", "-p", "no:cacheprovider",
+             "--rootdir", str(base), "--report-json", str(report), "--report-md",
+             str(where / f"{name}.md"), "--report-html", str(where / f"{name}.html"),
+             "-o", "collective_baseline=", *args],
+            env={**os.environ, **env}, capture_output=True, text=True, cwd=where,
+            timeout=HANG_S, check=False)
+        by_file: dict[str, list[dict[str, Any]]] = {}
+        if report.exists():
+            for rec in json.loads(report.read_text())["records"]:
+                by_file.setdefault(rec["file"], []).append(rec)
+        done[name] = (proc, by_file)
+    return done
+
+
+def _replayed(case_file: Path, base: Path) -> str:
+    return case_file.relative_to(base).as_posix()
+
+
+@pytest.mark.parametrize(("fault", "ops", "outcome", "lanes"), FOUND)
 def test_a_fault_is_found_shrunk_and_written_as_a_failing_case(
-        tmp_path: Path, fault: str, ops: str, outcome: str, lanes: int) -> None:
-    out = tmp_path / "found"
-    proc = _fuzz("--backend", BACKEND, "--backend-module", BACKEND_MODULE,
-                 "--overrides-for", "gloo", "--lanes", str(lanes),
-                 "--ops", ops, "--world-size", "2", "--examples", "300", "--seed", "3",
-                 "--out", str(out), "--stop-at-first", "--shrink-time", "20s", "-q",
-                 "--skip-signatures", f"{ops}:raise,{ops}:async-contract",
-                 fault=fault)
+        found: dict[Found, tuple[subprocess.CompletedProcess[str], list[Path]]],
+        replays: dict[str, Replay], tmp_path_factory: pytest.TempPathFactory, fault: str,
+        ops: str, outcome: str, lanes: int) -> None:
+    proc, cases = found[(fault, ops, outcome, lanes)]
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"FINDING {ops}:{outcome}" in proc.stdout
-    (case_file,) = out.glob("*.yaml")
+    (case_file,) = cases
     text = case_file.read_text()
     # lane k of N draws with seed 3 + k (its later rounds stride by N)
     assert re.search(rf"Seed: {3 if lanes == 1 else '[34]'}\b", text), text
     assert "@reproduce_failure(" in text
     # The written case fails the same way under pytest behind the fault, passes on Gloo.
-    base = [sys.executable, "-m", "pytest", str(case_file), "-q", "-p", "no:cacheprovider",
-            "--no-report", "-o", "collective_baseline="]
-    bad = subprocess.run([*base, "--backend-module", BACKEND_MODULE, "--backend", BACKEND],
-                         env={**os.environ, ENV: fault}, capture_output=True, text=True,
-                         cwd=tmp_path, timeout=HANG_S, check=False)
-    assert bad.returncode == 1 and "1 failed" in bad.stdout, bad.stdout[-2000:]
-    assert "[FAILED]" in bad.stdout
-    good = subprocess.run([*base, "--backend", "gloo"], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=HANG_S, check=False)
-    assert good.returncode == 0 and "1 passed" in good.stdout, good.stdout[-2000:]
+    mine = _replayed(case_file, tmp_path_factory.getbasetemp())
+    bad, bad_records = replays[f"bad-{fault}"]
+    assert bad.returncode == 1, bad.stdout[-2000:] + bad.stderr[-2000:]
+    assert [r["outcome"] for r in bad_records.get(mine, [])] == ["failed"], bad.stdout[-2000:]
+    assert any(ln.startswith(f"[FAILED] {mine}:") for ln in bad.stdout.splitlines()), \
+        bad.stdout[-2000:]
+    good, good_records = replays["good"]
+    assert good.returncode == 0, good.stdout[-2000:] + good.stderr[-2000:]
+    assert [r["outcome"] for r in good_records.get(mine, [])] == ["passed"], \
+        good.stdout[-2000:]
 
 
 def test_against_reports_a_bit_level_difference(tmp_path: Path) -> None:
