@@ -128,6 +128,13 @@ cases:
 """
 
 
+def _without(text: str, case: str) -> str:
+    """The case file ``text`` without the case named ``case`` (up to the next case)."""
+    head, rest = text.split(f"  - name: {case}\n", 1)
+    return head + ("  - name: " + rest.split("  - name: ", 1)[1] if "  - name: " in rest
+                   else "")
+
+
 def _write(tmp_path: Path, text: str) -> Path:
     return write_case_file(tmp_path, text) / "c.yaml"
 
@@ -218,8 +225,11 @@ def test_standalone_run_skips_what_the_launch_cannot_do(tmp_path: Path) -> None:
 def test_two_agents_pack_resume_after_hang_and_crash_and_match_the_pools(
         tmp_path: Path) -> None:
     """Two torchrun agents (a 2-node launch on one machine): every instance gets a record,
-    the verdicts are the pools' verdicts, and the hang and the crash did not end the run."""
-    _write(tmp_path, MIXED)
+    the verdicts are the pools' verdicts, and the hang and the crash did not end the run.
+    Without MIXED's declared hang: its relaunch cost both agents a restart of their ranks,
+    and a declared hang run under restarts is the sbatch test's (its placement the
+    schedule's)."""
+    _write(tmp_path, _without(MIXED, "declared_hang"))
     port = free_port()
     common = ("--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t", "--max-restarts", "4")
@@ -245,7 +255,8 @@ def test_two_agents_pack_resume_after_hang_and_crash_and_match_the_pools(
                 p["global_rank"] for p in r["placement"]["ranks"])
     shared = [ranks for ranks in rounds.values() if len(ranks) > 2]
     assert shared and all(len(set(ranks)) == len(ranks) for ranks in rounds.values())
-    assert report["metadata"]["options"]["attempt"] >= 3  # hang, hang, crash: restarts
+    assert "c.yaml::declared_hang[gloo-ws2-float32-sync]" not in external
+    assert report["metadata"]["options"]["attempt"] >= 2  # hang, crash: restarts
 
 
 def test_slurm_environment_and_resume_by_hand(tmp_path: Path) -> None:
