@@ -132,12 +132,18 @@ def printed_error(record: dict[str, Any]) -> str:
 
 def causes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Failures grouped by cause, largest first, each with its count and a few examples."""
+    return _largest_first("cause", [(cause(rec), rec["key"]) for rec in records
+                                    if status(rec) in ("broken promise", "not rejected")])
+
+
+def _largest_first(label: str, keyed: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """(group, record key) pairs as groups, largest first, each with its count and a few
+    examples; ``label`` names the group's field."""
     groups: dict[str, list[str]] = defaultdict(list)
-    for rec in records:
-        if status(rec) in ("broken promise", "not rejected"):
-            groups[cause(rec)].append(rec["key"])
-    return [{"cause": c, "count": len(keys), "examples": keys[:3]}
-            for c, keys in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+    for group, key in keyed:
+        groups[group].append(key)
+    return [{label: g, "count": len(keys), "examples": keys[:3]}
+            for g, keys in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
 
 
 # A report written before records said why a pool was replaced.
@@ -149,12 +155,8 @@ def replacements(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     first. Each instance's verdict can be right while this is not: a backend whose group is
     unusable after any error shows here as one health-check failure per rejected call, each
     paid for with a new group, and a certificate that hid it would say less than was seen."""
-    groups: dict[str, list[str]] = defaultdict(list)
-    for rec in records:
-        if rec.get("pool_replaced"):
-            groups[normalise(str(rec.get("pool_replaced_why") or UNRECORDED))].append(rec["key"])
-    return [{"why": w, "count": len(keys), "examples": keys[:3]}
-            for w, keys in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+    return _largest_first("why", [(normalise(str(rec.get("pool_replaced_why") or UNRECORDED)),
+                                   rec["key"]) for rec in records if rec.get("pool_replaced")])
 
 
 def identity_problems(report: dict[str, Any] | None) -> list[str]:

@@ -34,19 +34,12 @@ def markdown(cert: dict[str, Any]) -> str:
             f"Library session: {md(cert['headline'])}", ""]
     if cert["causes"]:
         out += ["## Causes of the failures, largest first", "",
-                "| count | cause | examples |", "|---:|---|---|"]
-        out += [f"| {c['count']} | {md(c['cause'])} | "
-                + "<br>".join(md(e) for e in c["examples"]) + " |" for c in cert["causes"]]
-        out.append("")
+                *_groups_table("cause", cert["causes"]), ""]
     if cert.get("pools_replaced"):
         out += ["## Process groups not kept after an instance, largest first", "",
                 "Each started a new group for the next instance; a health check that failed "
                 "after a rank raised means the backend's group was unusable after that error.",
-                "", "| count | why | examples |", "|---:|---|---|"]
-        out += [f"| {c['count']} | {md(c['why'])} | "
-                + "<br>".join(md(e) for e in c["examples"]) + " |"
-                for c in cert["pools_replaced"]]
-        out.append("")
+                "", *_groups_table("why", cert["pools_replaced"]), ""]
     ref = cert.get("reference")
     if ref is not None:
         out += [f"## Difference from the reference ({md(str(ref['backend']))})", ""]
@@ -69,6 +62,13 @@ def markdown(cert: dict[str, Any]) -> str:
             + ", ".join(f"{n} {s}" for s, n in sorted(c["counts"].items())) + " | "
             f"{md(c['example'])} |" for c in cert["cells"]]
     return "\n".join(out) + "\n"
+
+
+def _groups_table(label: str, groups: list[dict[str, Any]]) -> list[str]:
+    """The lines of a table of grouped records (cells.causes, cells.replacements)."""
+    return [f"| count | {label} | examples |", "|---:|---|---|",
+            *(f"| {g['count']} | {md(g[label])} | " + "<br>".join(md(e) for e in g["examples"])
+              + " |" for g in groups)]
 
 
 def summary_line(cert: dict[str, Any]) -> str:
