@@ -37,4 +37,34 @@ Nothing imported at package import time touches torch; only code that runs insid
 processes does.
 """
 
+import sys
+
 __version__ = "0.1.0"
+
+
+def _leave_unrewritten() -> None:
+    """Take the harness out of pytest's assertion rewriting.
+
+    pytest marks every package of a distribution that declares a ``pytest11`` entry point for
+    rewriting, and its import hook then parses and compiles each such module from source in
+    every session that cannot cache the result (``PYTHONDONTWRITEBYTECODE``, a read-only
+    site-packages): measured at about 0.3 s of each session's start, before the forkserver
+    could start, and again in every child session of the tests. The harness's own asserts
+    need no rewritten messages. pytest has no public way to take a mark back: its hook's two
+    attributes are looked up with care, and a pytest without them is left as it is
+    (``tests/test_session_cost.py`` says when that happens).
+    """
+    for finder in sys.meta_path:
+        if type(finder).__name__ != "AssertionRewritingHook":
+            continue
+        marked = getattr(finder, "_must_rewrite", None)
+        cache = getattr(finder, "_marked_for_rewrite_cache", None)
+        if not isinstance(marked, set) or not isinstance(cache, dict):
+            continue
+        ours = {n for n in (*marked, *cache) if n == __name__ or n.startswith(__name__ + ".")}
+        marked.difference_update(ours)
+        for name in ours:
+            cache.pop(name, None)
+
+
+_leave_unrewritten()

@@ -48,6 +48,10 @@ def pytest_collection_finish(session):
     print(f"FORKSERVER_AT_COLLECTION {_forkserver_children()}")
 
 def pytest_unconfigure(config):
+    ours = [m for m in sys.modules if m.split(".")[0] == "harness"]
+    rewritten = sorted(m for m in ours if type(getattr(sys.modules[m].__spec__, "loader", None))
+                       .__name__ == "AssertionRewritingHook")
+    print(f"HARNESS_MODULES {len(ours)} REWRITTEN {rewritten}")
     print(f"HYPOTHESIS_IMPORTED {'hypothesis' in sys.modules}")
     print(f"HYPOTHESIS_PLUGIN {config.pluginmanager.has_plugin('hypothesispytest')}")
 '''
@@ -80,6 +84,18 @@ def test_a_harness_session_does_not_import_hypothesis(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout[-2000:]
     assert "HYPOTHESIS_IMPORTED False" in out.stdout, out.stdout[-2000:]
     assert "HYPOTHESIS_PLUGIN False" in out.stdout
+
+
+def test_pytest_does_not_rewrite_the_harness_modules(tmp_path: Path) -> None:
+    # pytest marks the whole distribution of a pytest11 plugin for assertion rewriting, and
+    # then compiles each module from source where it cannot cache (PYTHONDONTWRITEBYTECODE,
+    # as here): harness/__init__.py takes the mark back, so only the package root itself,
+    # imported before it could, goes through pytest's hook.
+    out = run_pytest(project(tmp_path), "cases", "-s", "-q", "--no-report")
+    assert out.returncode == 0, out.stdout[-2000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("HARNESS_MODULES"))
+    count, rewritten = line.split()[1], line.split(" REWRITTEN ", 1)[1]
+    assert int(count) > 50 and rewritten == "['harness']", line
 
 
 def test_hypothesis_stays_for_a_session_that_uses_it(tmp_path: Path) -> None:
