@@ -12,6 +12,8 @@ import subprocess
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from .helpers import PYTHON, REPO, run_pytest, subprocess_env
 
 CASE = """
@@ -66,9 +68,19 @@ def project(tmp_path: Path, extra: dict[str, str] | None = None) -> Path:
     return tmp_path
 
 
-def test_the_forkserver_starts_before_collection_ends(tmp_path: Path) -> None:
-    out = run_pytest(project(tmp_path), "cases", "-s", "-q", "--no-report")
+@pytest.fixture(scope="module")
+def plain_session(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """One ordinary harness session with the probe conftest, run once: each test below reads
+    a different line of what it printed."""
+    out = run_pytest(project(tmp_path_factory.mktemp("plain")), "cases", "-s", "-q",
+                     "--no-report")
     assert out.returncode == 0, out.stdout[-2000:]
+    return out
+
+
+def test_the_forkserver_starts_before_collection_ends(
+        plain_session: subprocess.CompletedProcess[str]) -> None:
+    out = plain_session
     assert "FORKSERVER_AT_COLLECTION 1" in out.stdout, out.stdout[-2000:]
 
 
@@ -77,23 +89,22 @@ def test_collect_only_starts_no_forkserver(tmp_path: Path) -> None:
     assert "FORKSERVER_AT_COLLECTION 0" in out.stdout, out.stdout[-2000:]
 
 
-def test_a_harness_session_does_not_import_hypothesis(tmp_path: Path) -> None:
+def test_a_harness_session_does_not_import_hypothesis(
+        plain_session: subprocess.CompletedProcess[str]) -> None:
     # Hypothesis's plugin imports hypothesis in its terminal summary (0.7 s) to print
     # nothing: unregistered when no test imported it.
-    out = run_pytest(project(tmp_path), "cases", "-s", "-q", "--no-report")
-    assert out.returncode == 0, out.stdout[-2000:]
+    out = plain_session
     assert "HYPOTHESIS_IMPORTED False" in out.stdout, out.stdout[-2000:]
     assert "HYPOTHESIS_PLUGIN False" in out.stdout
 
 
-def test_pytest_does_not_rewrite_the_harness_modules(tmp_path: Path) -> None:
+def test_pytest_does_not_rewrite_the_harness_modules(
+        plain_session: subprocess.CompletedProcess[str]) -> None:
     # pytest marks the whole distribution of a pytest11 plugin for assertion rewriting, and
     # then compiles each module from source where it cannot cache (PYTHONDONTWRITEBYTECODE,
     # as here): harness/__init__.py takes the mark back, so only the package root itself,
     # imported before it could, goes through pytest's hook.
-    out = run_pytest(project(tmp_path), "cases", "-s", "-q", "--no-report")
-    assert out.returncode == 0, out.stdout[-2000:]
-    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("HARNESS_MODULES"))
+    line = next(ln for ln in plain_session.stdout.splitlines() if ln.startswith("HARNESS_MODULES"))
     count, rewritten = line.split()[1], line.split(" REWRITTEN ", 1)[1]
     assert int(count) > 50 and rewritten == "['harness']", line
 
