@@ -24,8 +24,9 @@ FAMILIES = r'''
 import os, sys, torch, torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 rank = int(sys.argv[1])
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
-dist.init_process_group("gloo", rank=rank, world_size=2)
+# A file store: a port chosen free by the launcher could be taken before rank 0 listens on it,
+# and rank 1 then retried its connection for the store's whole timeout (seen once in a run).
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
 t = torch.ones(4)
 dist.all_reduce(t); dist.broadcast(t, 1); dist.reduce(t, 0)
 dist.all_gather([torch.zeros(4), torch.zeros(4)], t)
@@ -56,11 +57,10 @@ def test_every_family_is_seen_and_translated(tmp_path: Path) -> None:
     script = tmp_path / "fam.py"
     script.write_text(FAMILIES)
     launcher = tmp_path / "launch.py"
+    store = tmp_path / "store"
     launcher.write_text(
-        "import socket, subprocess, sys\n"
-        "s = socket.socket(); s.bind(('127.0.0.1', 0)); port = str(s.getsockname()[1]); "
-        "s.close()\n"
-        f"ps = [subprocess.Popen([sys.executable, {str(script)!r}, str(r), port]) "
+        "import subprocess, sys\n"
+        f"ps = [subprocess.Popen([sys.executable, {str(script)!r}, str(r), {str(store)!r}]) "
         "for r in (0, 1)]\n"
         "sys.exit(max(p.wait() for p in ps))\n")
     res = record(tmp_path, PY, str(launcher))
